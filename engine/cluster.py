@@ -1,0 +1,140 @@
+"""From a drawn cluster to what TensorFlow needs: ports, ``TF_CONFIG``, device assignment."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from engine.config import TRAINER_ROLES, Cluster, Host, RunConfig, Task, replace
+
+#: Roles that appear in the TF cluster spec (the evaluator is a side-car, outside it).
+CLUSTER_ROLES = ("chief", "worker", "ps")
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port nobody listens on right now (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def resolve_ports(cluster: Cluster, pick: Callable[[], int] = free_port) -> Cluster:
+    """A copy of ``cluster`` with every ``auto`` port replaced by a free one."""
+    taken = {t.port for _, t in cluster.tasks() if t.port is not None}
+    hosts = []
+    for h in cluster.hosts:
+        tasks = []
+        for t in h.tasks:
+            if t.port is None:
+                port = pick()
+                while port in taken:
+                    port = pick()
+                taken.add(port)
+                t = replace(t, port=port)
+            tasks.append(t)
+        hosts.append(replace(h, tasks=tuple(tasks)))
+    return Cluster(hosts=tuple(hosts))
+
+
+def connect_address(host: Host) -> str:
+    """The address other tasks dial: loopback for local hosts (IPv4, as TF's server listens)."""
+    return "127.0.0.1" if host.is_local else host.address.strip()
+
+
+def cluster_spec(cluster: Cluster) -> dict[str, list[str]]:
+    """TF's cluster spec: ``{"worker": ["host:port", ...], ...}``, ordered by task index."""
+    spec: dict[str, list[tuple[int, str]]] = {}
+    for h, t in cluster.tasks():
+        if t.role in CLUSTER_ROLES:
+            if t.port is None:
+                raise ValueError(f"task {t.name} has no port; call resolve_ports first")
+            spec.setdefault(t.role, []).append((t.index, f"{connect_address(h)}:{t.port}"))
+    return {role: [addr for _, addr in sorted(entries)] for role, entries in spec.items()}
+
+
+def tf_config(cluster: Cluster, task: Task) -> dict[str, Any]:
+    """The ``TF_CONFIG`` of one task (a dict; ``json.dumps`` it for the environment)."""
+    return {"cluster": cluster_spec(cluster), "task": {"type": task.role, "index": task.index}}
+
+
+def tf_config_json(cluster: Cluster, task: Task) -> str:
+    return json.dumps(tf_config(cluster, task), sort_keys=True)
+
+
+def gpu_assignment(host: Host) -> dict[str, list[int]]:
+    """GPU ids of ``host`` given to each of its tasks (split evenly over chief/worker tasks).
+
+    ps and evaluator tasks get none, so they never grab a GPU's memory.
+    """
+    trainers = [t for t in host.tasks if t.role in TRAINER_ROLES]
+    result: dict[str, list[int]] = {t.name: [] for t in host.tasks}
+    if host.gpus <= 0 or not trainers:
+        return result
+    per = max(1, host.gpus // len(trainers))
+    for i, t in enumerate(trainers):
+        ids = [g for g in range(i * per, (i + 1) * per) if g < host.gpus]
+        result[t.name] = ids
+    return result
+
+
+@dataclass(frozen=True)
+class TaskPlan:
+    """All a supervisor needs to start one task process."""
+
+    name: str
+    role: str
+    index: int
+    host: str
+    port: int | None
+    gpu_ids: tuple[int, ...]
+    devices: int  # replicas/devices this task trains on (emulated when there is no GPU)
+    env: dict[str, str]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "role": self.role, "index": self.index, "host": self.host, "port": self.port,
+                "gpu_ids": list(self.gpu_ids), "devices": self.devices, "env": dict(self.env)}
+
+    @staticmethod
+    def from_dict(d: dict[str, Any]) -> TaskPlan:
+        return TaskPlan(name=d["name"], role=d["role"], index=int(d["index"]), host=d["host"], port=d.get("port"),
+                        gpu_ids=tuple(d.get("gpu_ids", ())), devices=int(d.get("devices", 1)),
+                        env=dict(d.get("env", {})))
+
+
+def plan_tasks(config: RunConfig) -> list[TaskPlan]:
+    """One :class:`TaskPlan` per task; ports must be resolved already."""
+    plans = []
+    cluster = config.cluster
+    for h in cluster.hosts:
+        gpus = gpu_assignment(h)
+        for t in h.tasks:
+            ids = gpus.get(t.name, [])
+            env = {
+                "TF_CONFIG": tf_config_json(cluster, t),
+                # ps/evaluator tasks see no GPU; trainers see only theirs
+                "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in ids),
+                "CLUSTERDECK_TASK": t.name,
+                "CLUSTERDECK_DEVICES": str(config.devices_of(h, t)),
+            }
+            if config.parallelism.mode == "model":
+                env.update(dtensor_env(cluster, t))
+            plans.append(TaskPlan(name=t.name, role=t.role, index=t.index, host=h.name, port=t.port,
+                                  gpu_ids=tuple(ids), devices=config.devices_of(h, t), env=env))
+    return plans
+
+
+def dtensor_env(cluster: Cluster, task: Task) -> dict[str, str]:
+    """DTensor multi-client variables: one client per worker task."""
+    workers = cluster_spec(cluster).get("worker", [])
+    if len(workers) <= 1:
+        return {}
+    return {
+        "DTENSOR_CLIENT_ID": str(task.index),
+        "DTENSOR_NUM_CLIENTS": str(len(workers)),
+        "DTENSOR_JOB_NAME": "worker",
+        "DTENSOR_JOBS": ",".join(workers),
+    }

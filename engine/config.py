@@ -1,0 +1,749 @@
+"""The one config model of a run: cluster, parallelism, data, model, training.
+
+Plain frozen dataclasses hold the values; :func:`from_dict` parses untrusted
+input (YAML, the GUI) and :func:`validate` checks a config as a whole. Every
+problem names the field, the value and what was expected, e.g.
+``cluster.hosts[1].gpus: expected an integer >= 0, got -2``.
+
+This module imports no TensorFlow and no Qt: the GUI, the CLI and the task
+processes all share it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+SCHEMA_VERSION = 1
+
+ROLES = ("chief", "worker", "ps", "evaluator")
+TRAINER_ROLES = ("chief", "worker")
+MODES = ("data", "model", "async")
+OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop")
+PARTITIONERS = ("none", "min_size", "fixed")
+DATA_SOURCES = ("synthetic",)
+MODELS = ("mlp",)
+LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "")
+
+#: Which parallelism modes each built-in model supports.
+MODEL_MODES: dict[str, tuple[str, ...]] = {"mlp": ("data", "model", "async")}
+
+
+# --------------------------------------------------------------------------- model
+
+
+@dataclass(frozen=True)
+class Task:
+    """One TensorFlow task: a process running as ``role:index``."""
+
+    role: str = "worker"
+    index: int = 0
+    port: int | None = None  # None means: pick a free port at launch
+
+    @property
+    def name(self) -> str:
+        return f"{self.role}:{self.index}"
+
+
+@dataclass(frozen=True)
+class Host:
+    """A machine of the cluster and the tasks placed on it."""
+
+    name: str = "local"
+    address: str = "localhost"
+    gpus: int = 0
+    tasks: tuple[Task, ...] = ()
+    ssh_user: str = ""
+    ssh_port: int = 22
+    python: str = "python3"
+
+    @property
+    def is_local(self) -> bool:
+        return self.address.strip().lower() in LOCAL_ADDRESSES
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hosts: tuple[Host, ...] = ()
+
+    def tasks(self) -> list[tuple[Host, Task]]:
+        return [(h, t) for h in self.hosts for t in h.tasks]
+
+    def tasks_of(self, role: str) -> list[Task]:
+        return sorted((t for _, t in self.tasks() if t.role == role), key=lambda t: t.index)
+
+    def host_of(self, task_name: str) -> Host | None:
+        for h, t in self.tasks():
+            if t.name == task_name:
+                return h
+        return None
+
+    @property
+    def is_local(self) -> bool:
+        return all(h.is_local for h in self.hosts)
+
+
+@dataclass(frozen=True)
+class Parallelism:
+    mode: str = "data"
+    # model parallelism: the DTensor mesh (batch x model)
+    mesh_batch: int = 1
+    mesh_model: int = 2
+    # async: how variables are sharded over the ps tasks
+    partitioner: str = "none"
+    shards: int = 2
+    min_shard_bytes: int = 256 * 1024
+    # synchronous modes: seconds before a stuck collective fails the run (0: TF's default)
+    collective_timeout_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Data:
+    source: str = "synthetic"
+    shape: tuple[int, ...] = (784,)
+    classes: int = 10
+    size: int = 8192
+    path: str = ""
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str = "mlp"
+    hidden: tuple[int, ...] = (256,)
+
+
+@dataclass(frozen=True)
+class Training:
+    global_batch_size: int = 128
+    steps: int | None = 200
+    epochs: int | None = None
+    optimizer: str = "sgd"
+    learning_rate: float = 0.05
+    seed: int = 42
+    checkpoint_every: int = 0  # steps; 0 = only at the end
+    restarts: int = 0
+    metrics_hz: float = 20.0  # at most this many step events per replica per second
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    cluster: Cluster = field(default_factory=Cluster)
+    parallelism: Parallelism = field(default_factory=Parallelism)
+    data: Data = field(default_factory=Data)
+    model: Model = field(default_factory=Model)
+    training: Training = field(default_factory=Training)
+
+    # -- derived figures (used by the launcher, the CLI and the GUI)
+
+    def trainer_tasks(self) -> list[tuple[Host, Task]]:
+        return [(h, t) for h, t in self.cluster.tasks() if t.role in TRAINER_ROLES]
+
+    def devices_of(self, host: Host, task: Task) -> int:
+        """Accelerators (real or emulated) given to one task; at least 1 for a trainer."""
+        if task.role not in TRAINER_ROLES:
+            return 0
+        trainers = sum(1 for t in host.tasks if t.role in TRAINER_ROLES)
+        if host.gpus <= 0 or trainers == 0:
+            return 1
+        return max(1, host.gpus // trainers)
+
+    def num_replicas(self) -> int:
+        if self.parallelism.mode == "async":
+            return len(self.cluster.tasks_of("worker"))
+        if self.parallelism.mode == "model":
+            return max(1, self.parallelism.mesh_batch)
+        return sum(self.devices_of(h, t) for h, t in self.trainer_tasks())
+
+    def total_steps(self) -> int:
+        t = self.training
+        if t.steps is not None:
+            return t.steps
+        per_epoch = max(1, math.ceil(self.data.size / max(1, t.global_batch_size)))
+        return per_epoch * (t.epochs or 1)
+
+
+def default_config() -> RunConfig:
+    """Two local workers, data parallel, synthetic data and the 784-256-10 MLP."""
+    host = Host(name="local", tasks=(Task("worker", 0), Task("worker", 1)))
+    return RunConfig(name="data-2workers", cluster=Cluster(hosts=(host,)))
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@dataclass(frozen=True)
+class Problem:
+    field: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.message}" if self.field else self.message
+
+
+class ConfigError(ValueError):
+    """Raised with every problem found; ``str()`` lists one per line."""
+
+    def __init__(self, problems: Sequence[Problem], source: str = "") -> None:
+        self.problems = list(problems)
+        self.source = source
+        head = f"{source}: " if source else ""
+        lines = [str(p) for p in self.problems]
+        if len(lines) == 1:
+            text = head + lines[0]
+        else:
+            text = head + f"{len(lines)} problems in the config:\n" + "\n".join(f"  - {x}" for x in lines)
+        super().__init__(text)
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Reader:
+    """Reads typed fields out of an untrusted mapping, noting problems with their path."""
+
+    def __init__(self, data: Any, path: str, problems: list[Problem]) -> None:
+        self.path = path
+        self.problems = problems
+        if data is None:
+            data = {}
+        if not isinstance(data, Mapping):
+            self.fail("", f"expected a mapping of fields, got {_show(data)}")
+            data = {}
+        self.data: Mapping[Any, Any] = data
+        self.seen: set[str] = set()
+
+    def where(self, key: str) -> str:
+        if not key:
+            return self.path
+        return f"{self.path}.{key}" if self.path else key
+
+    def fail(self, key: str, message: str) -> None:
+        self.problems.append(Problem(self.where(key), message))
+
+    def raw(self, key: str) -> Any:
+        self.seen.add(key)
+        return self.data.get(key)
+
+    def has(self, key: str) -> bool:
+        return key in self.data and self.data[key] is not None
+
+    def int(self, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+        value = self.raw(key)
+        if value is None:
+            return default
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        if ok and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+            return int(value)
+        self.fail(key, f"expected {_int_range(minimum, maximum)}, got {_show(value)}")
+        return default
+
+    def float(self, key: str, default: float, *, minimum: float | None = None, above: float | None = None) -> float:
+        value = self.raw(key)
+        if value is None:
+            return default
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        if ok and (minimum is None or value >= minimum) and (above is None or value > above):
+            return float(value)
+        if above is not None:
+            want = f"a number > {above:g}"
+        elif minimum is not None:
+            want = f"a number >= {minimum:g}"
+        else:
+            want = "a finite number"
+        self.fail(key, f"expected {want}, got {_show(value)}")
+        return default
+
+    def str(self, key: str, default: str, *, choices: Sequence[str] | None = None, nonempty: bool = False) -> str:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            want = f"one of {_choices(choices)}" if choices else "a string"
+            self.fail(key, f"expected {want}, got {_show(value)}")
+            return default
+        if choices is not None and value not in choices:
+            self.fail(key, f"expected one of {_choices(choices)}, got {_show(value)}")
+            return default
+        if nonempty and not value.strip():
+            self.fail(key, "expected a non-empty string, got ''")
+            return default
+        if len(value) > 4096:
+            self.fail(key, f"expected at most 4096 characters, got {len(value)}")
+            return default
+        return value
+
+    def ints(self, key: str, default: tuple[int, ...], *, minimum: int = 1, min_len: int = 1) -> tuple[int, ...]:
+        value = self.raw(key)
+        if value is None:
+            return default
+        if isinstance(value, int) and not isinstance(value, bool):
+            value = [value]
+        if (
+            isinstance(value, (list, tuple))
+            and min_len <= len(value) <= 64
+            and all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value)
+        ):
+            return tuple(int(v) for v in value)
+        self.fail(key, f"expected a list of {'at least ' + str(min_len) + ' ' if min_len > 1 else ''}"
+                       f"integers >= {minimum}, got {_show(value)}")
+        return default
+
+    def child(self, key: str) -> _Reader:
+        self.seen.add(key)
+        return _Reader(self.data.get(key), self.where(key), self.problems)
+
+    def finish(self, allowed: Iterable[str]) -> None:
+        allowed = set(allowed) | self.seen
+        for key in self.data:
+            if not isinstance(key, str) or key not in allowed:
+                self.fail(_key_text(key), f"unknown field (expected one of {_choices(sorted(allowed))})")
+
+
+def _key_text(key: Any) -> str:
+    return key if isinstance(key, str) else _show(key)
+
+
+def _int_range(minimum: int | None, maximum: int | None) -> str:
+    if minimum is not None and maximum is not None:
+        return f"an integer from {minimum} to {maximum}"
+    if minimum is not None:
+        return f"an integer >= {minimum}"
+    if maximum is not None:
+        return f"an integer <= {maximum}"
+    return "an integer"
+
+
+def _choices(choices: Sequence[str] | None) -> str:
+    return ", ".join(repr(c) for c in (choices or ()))
+
+
+def _parse_task(r: _Reader, fallback_index: int) -> Task:
+    role = r.str("role", "worker", choices=ROLES)
+    index = r.int("index", fallback_index, minimum=0, maximum=9999)
+    port_raw = r.raw("port")
+    port: int | None = None
+    if port_raw is None or port_raw == "auto":
+        port = None
+    elif isinstance(port_raw, int) and not isinstance(port_raw, bool) and 1 <= port_raw <= 65535:
+        port = port_raw
+    else:
+        r.fail("port", f"expected 'auto' or an integer from 1 to 65535, got {_show(port_raw)}")
+    r.finish(("role", "index", "port"))
+    return Task(role=role, index=index, port=port)
+
+
+def _parse_cluster(r: _Reader) -> Cluster:
+    raw_hosts = r.raw("hosts")
+    hosts: list[Host] = []
+    role_counts: dict[str, int] = {}
+    if raw_hosts is None:
+        raw_hosts = []
+    if not isinstance(raw_hosts, list):
+        r.fail("hosts", f"expected a list of hosts, got {_show(raw_hosts)}")
+        raw_hosts = []
+    for i, raw_host in enumerate(raw_hosts[:1024]):
+        h = _Reader(raw_host, f"{r.where('hosts')}[{i}]", r.problems)
+        name = h.str("name", f"host{i}", nonempty=True)
+        address = h.str("address", "localhost", nonempty=True)
+        gpus = h.int("gpus", 0, minimum=0, maximum=64)
+        ssh_user = h.str("ssh_user", "")
+        ssh_port = h.int("ssh_port", 22, minimum=1, maximum=65535)
+        python = h.str("python", "python3", nonempty=True)
+        raw_tasks = h.raw("tasks")
+        tasks: list[Task] = []
+        if raw_tasks is None:
+            raw_tasks = []
+        if not isinstance(raw_tasks, list):
+            h.fail("tasks", f"expected a list of tasks, got {_show(raw_tasks)}")
+            raw_tasks = []
+        for j, raw_task in enumerate(raw_tasks[:1024]):
+            tr = _Reader(raw_task, f"{h.where('tasks')}[{j}]", r.problems)
+            role_guess = raw_task.get("role") if isinstance(raw_task, Mapping) else None
+            role_key = role_guess if isinstance(role_guess, str) else "worker"
+            task = _parse_task(tr, role_counts.get(role_key, 0))
+            role_counts[task.role] = role_counts.get(task.role, 0) + 1
+            tasks.append(task)
+        h.finish(("name", "address", "gpus", "tasks", "ssh_user", "ssh_port", "python"))
+        hosts.append(Host(name=name, address=address, gpus=gpus, tasks=tuple(tasks),
+                          ssh_user=ssh_user, ssh_port=ssh_port, python=python))
+    r.finish(("hosts",))
+    return Cluster(hosts=tuple(hosts))
+
+
+def _parse_parallelism(r: _Reader) -> Parallelism:
+    d = Parallelism()
+    mode = r.str("mode", d.mode, choices=MODES)
+    mesh = r.child("mesh")
+    mesh_batch = mesh.int("batch", d.mesh_batch, minimum=1, maximum=4096)
+    mesh_model = mesh.int("model", d.mesh_model, minimum=1, maximum=4096)
+    mesh.finish(("batch", "model"))
+    part = r.child("partitioner")
+    kind = part.str("kind", d.partitioner, choices=PARTITIONERS)
+    shards = part.int("shards", d.shards, minimum=1, maximum=1024)
+    min_shard_bytes = part.int("min_shard_bytes", d.min_shard_bytes, minimum=1)
+    part.finish(("kind", "shards", "min_shard_bytes"))
+    timeout = r.float("collective_timeout_s", d.collective_timeout_s, minimum=0)
+    r.finish(("mode", "mesh", "partitioner", "collective_timeout_s"))
+    return Parallelism(mode=mode, mesh_batch=mesh_batch, mesh_model=mesh_model, partitioner=kind,
+                       shards=shards, min_shard_bytes=min_shard_bytes, collective_timeout_s=timeout)
+
+
+def _parse_data(r: _Reader) -> Data:
+    d = Data()
+    data = Data(
+        source=r.str("source", d.source, choices=DATA_SOURCES),
+        shape=r.ints("shape", d.shape, minimum=1),
+        classes=r.int("classes", d.classes, minimum=2, maximum=1_000_000),
+        size=r.int("size", d.size, minimum=1, maximum=100_000_000),
+        path=r.str("path", d.path),
+    )
+    r.finish(("source", "shape", "classes", "size", "path"))
+    return data
+
+
+def _parse_model(r: _Reader) -> Model:
+    d = Model()
+    model = Model(name=r.str("name", d.name, choices=MODELS),
+                  hidden=r.ints("hidden", d.hidden, minimum=1, min_len=0))
+    r.finish(("name", "hidden"))
+    return model
+
+
+def _parse_training(r: _Reader) -> Training:
+    d = Training()
+    steps: int | None = r.int("steps", 0, minimum=1) if r.has("steps") else None
+    epochs: int | None = r.int("epochs", 0, minimum=1) if r.has("epochs") else None
+    if steps == 0:
+        steps = d.steps
+    if epochs == 0:
+        epochs = None
+    if steps is None and epochs is None:
+        steps = d.steps
+    training = Training(
+        global_batch_size=r.int("global_batch_size", d.global_batch_size, minimum=1, maximum=1_000_000),
+        steps=steps,
+        epochs=epochs,
+        optimizer=r.str("optimizer", d.optimizer, choices=OPTIMIZERS),
+        learning_rate=r.float("learning_rate", d.learning_rate, above=0),
+        seed=r.int("seed", d.seed, minimum=0, maximum=2**31 - 1),
+        checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0),
+        restarts=r.int("restarts", d.restarts, minimum=0, maximum=100),
+        metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
+    )
+    r.finish(("global_batch_size", "steps", "epochs", "optimizer", "learning_rate", "seed",
+              "checkpoint_every", "restarts", "metrics_hz"))
+    return training
+
+
+def from_dict(raw: Any, *, source: str = "", check: bool = True) -> RunConfig:
+    """Parse an untrusted mapping (e.g. from YAML) into a :class:`RunConfig`.
+
+    Raises :class:`ConfigError` listing every problem; with ``check`` the
+    whole-config rules of :func:`validate` apply too.
+    """
+    problems: list[Problem] = []
+    r = _Reader(raw, "", problems)
+    if isinstance(raw, Mapping) and "schema" in raw:
+        schema = r.raw("schema")
+        if schema != SCHEMA_VERSION:
+            r.fail("schema", f"expected {SCHEMA_VERSION} (the version this ClusterDeck reads), got {_show(schema)}")
+    config = RunConfig(
+        name=r.str("name", "run", nonempty=True),
+        cluster=_parse_cluster(r.child("cluster")),
+        parallelism=_parse_parallelism(r.child("parallelism")),
+        data=_parse_data(r.child("data")),
+        model=_parse_model(r.child("model")),
+        training=_parse_training(r.child("training")),
+    )
+    r.finish(("schema", "name", "cluster", "parallelism", "data", "model", "training"))
+    if problems:
+        raise ConfigError(problems, source)
+    if check:
+        problems = validate(config)
+        if problems:
+            raise ConfigError(problems, source)
+    return config
+
+
+def to_dict(config: RunConfig) -> dict[str, Any]:
+    """A plain mapping that :func:`from_dict` reads back to an equal config."""
+    p, t = config.parallelism, config.training
+    training: dict[str, Any] = {
+        "global_batch_size": t.global_batch_size,
+        "optimizer": t.optimizer,
+        "learning_rate": t.learning_rate,
+        "seed": t.seed,
+        "checkpoint_every": t.checkpoint_every,
+        "restarts": t.restarts,
+        "metrics_hz": t.metrics_hz,
+    }
+    if t.steps is not None:
+        training["steps"] = t.steps
+    if t.epochs is not None:
+        training["epochs"] = t.epochs
+    hosts = []
+    for h in config.cluster.hosts:
+        host: dict[str, Any] = {"name": h.name, "address": h.address, "gpus": h.gpus}
+        if h.ssh_user:
+            host["ssh_user"] = h.ssh_user
+        if h.ssh_port != 22:
+            host["ssh_port"] = h.ssh_port
+        if h.python != "python3":
+            host["python"] = h.python
+        host["tasks"] = [{"role": x.role, "index": x.index, "port": "auto" if x.port is None else x.port}
+                         for x in h.tasks]
+        hosts.append(host)
+    return {
+        "schema": SCHEMA_VERSION,
+        "name": config.name,
+        "cluster": {"hosts": hosts},
+        "parallelism": {
+            "mode": p.mode,
+            "mesh": {"batch": p.mesh_batch, "model": p.mesh_model},
+            "partitioner": {"kind": p.partitioner, "shards": p.shards, "min_shard_bytes": p.min_shard_bytes},
+            "collective_timeout_s": p.collective_timeout_s,
+        },
+        "data": {"source": config.data.source, "shape": list(config.data.shape), "classes": config.data.classes,
+                 "size": config.data.size, "path": config.data.path},
+        "model": {"name": config.model.name, "hidden": list(config.model.hidden)},
+        "training": training,
+    }
+
+
+def dumps(config: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
+
+
+def loads(text: str, *, source: str = "", check: bool = True) -> RunConfig:
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError([Problem("", f"not valid YAML{where}: {reason}")], source) from None
+    except RecursionError:
+        raise ConfigError([Problem("", "not valid YAML: nested too deeply")], source) from None
+    if raw is None:
+        raise ConfigError([Problem("", "the file is empty; expected a ClusterDeck config mapping")], source)
+    if not isinstance(raw, Mapping):
+        raise ConfigError([Problem("", f"expected a mapping of config sections at the top, got {_show(raw)}")],
+                          source)
+    return from_dict(raw, source=source, check=check)
+
+
+MAX_CONFIG_BYTES = 4 * 1024 * 1024
+
+
+def load(path: str | os.PathLike[str], *, check: bool = True) -> RunConfig:
+    """Read a YAML config file; any problem (unreadable, malformed, invalid) is a :class:`ConfigError`."""
+    p = Path(path)
+    try:
+        if p.stat().st_size > MAX_CONFIG_BYTES:
+            raise ConfigError([Problem("", f"the file is larger than {MAX_CONFIG_BYTES // 1024 // 1024} MiB; "
+                                           "expected a small YAML config")], str(p))
+        text = p.read_bytes().decode("utf-8")
+    except ConfigError:
+        raise
+    except FileNotFoundError:
+        raise ConfigError([Problem("", "no such file")], str(p)) from None
+    except IsADirectoryError:
+        raise ConfigError([Problem("", "is a folder; expected a YAML file")], str(p)) from None
+    except UnicodeDecodeError:
+        raise ConfigError([Problem("", "not UTF-8 text; expected a YAML file")], str(p)) from None
+    except OSError as exc:
+        raise ConfigError([Problem("", f"cannot be read: {exc.strerror or exc}")], str(p)) from None
+    return loads(text, source=str(p), check=check)
+
+
+def save(config: RunConfig, path: str | os.PathLike[str]) -> None:
+    """Write atomically: a crash mid-save never leaves half a preset."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(dumps(config), encoding="utf-8")
+    os.replace(tmp, p)
+
+
+# --------------------------------------------------------------------------- validation
+
+
+def validate(config: RunConfig) -> list[Problem]:
+    """Every whole-config rule, in one place. An empty list means: ready to launch."""
+    problems: list[Problem] = []
+
+    def add(where: str, message: str) -> None:
+        problems.append(Problem(where, message))
+
+    if not config.name.strip():
+        add("name", "expected a non-empty string, got ''")
+    _validate_cluster(config, add)
+    _validate_mode(config, add)
+    _validate_training(config, add)
+    _validate_data_model(config, add)
+    return problems
+
+
+def _validate_cluster(config: RunConfig, add: Any) -> None:
+    cluster = config.cluster
+    if not cluster.hosts:
+        add("cluster.hosts", "expected at least one host, got none")
+        return
+    names: dict[str, int] = {}
+    endpoints: dict[tuple[str, int], str] = {}
+    for i, h in enumerate(cluster.hosts):
+        where = f"cluster.hosts[{i}]"
+        if not h.name.strip():
+            add(f"{where}.name", "expected a non-empty string, got ''")
+        elif h.name in names:
+            add(f"{where}.name", f"expected a unique host name, got {h.name!r} (also cluster.hosts[{names[h.name]}])")
+        else:
+            names[h.name] = i
+        if not h.address.strip() or any(c.isspace() for c in h.address.strip()):
+            add(f"{where}.address", f"expected a host name or IP address, got {_show(h.address)}")
+        if h.gpus < 0:
+            add(f"{where}.gpus", f"expected an integer >= 0, got {h.gpus}")
+        trainers = sum(1 for t in h.tasks if t.role in TRAINER_ROLES)
+        if h.gpus > 0 and trainers > 1 and h.gpus % trainers:
+            add(f"{where}.gpus", f"{h.gpus} GPUs cannot be split evenly over the {trainers} chief/worker tasks "
+                                 f"of host {h.name!r}; expected a multiple of {trainers}")
+        for j, t in enumerate(h.tasks):
+            tw = f"{where}.tasks[{j}]"
+            if t.role not in ROLES:
+                add(f"{tw}.role", f"expected one of {_choices(ROLES)}, got {_show(t.role)}")
+            if t.index < 0:
+                add(f"{tw}.index", f"expected an integer >= 0, got {t.index}")
+            if t.port is not None:
+                if not 1 <= t.port <= 65535:
+                    add(f"{tw}.port", f"expected 'auto' or an integer from 1 to 65535, got {t.port}")
+                key = (_canonical_address(h.address), t.port)
+                if key in endpoints:
+                    add(f"{tw}.port", f"port {t.port} on {h.address} is already used by {endpoints[key]}")
+                else:
+                    endpoints[key] = t.name
+    for role in ROLES:
+        placed = [(i, j, t) for i, h in enumerate(cluster.hosts) for j, t in enumerate(h.tasks) if t.role == role]
+        indices = sorted(t.index for _, _, t in placed)
+        if indices != list(range(len(placed))):
+            seen: set[int] = set()
+            for i, j, t in placed:
+                if t.index in seen or t.index >= len(placed):
+                    add(f"cluster.hosts[{i}].tasks[{j}].index",
+                        f"{role} indices must be 0..{len(placed) - 1} with no repeat, got {role}:{t.index} "
+                        f"(all {role} indices: {indices})")
+                    break
+                seen.add(t.index)
+    for role in ("chief", "evaluator"):
+        n = len(cluster.tasks_of(role))
+        if n > 1:
+            add("cluster", f"expected at most one {role} task, got {n}")
+
+
+def _canonical_address(address: str) -> str:
+    a = address.strip().lower()
+    return "127.0.0.1" if a in LOCAL_ADDRESSES else a
+
+
+def _validate_mode(config: RunConfig, add: Any) -> None:
+    mode = config.parallelism.mode
+    cluster = config.cluster
+    count = {role: len(cluster.tasks_of(role)) for role in ROLES}
+    if mode not in MODES:
+        add("parallelism.mode", f"expected one of {_choices(MODES)}, got {_show(mode)}")
+        return
+    if mode == "data":
+        if count["chief"] + count["worker"] == 0:
+            add("cluster", "parallelism 'data' needs at least one worker (or chief) task")
+        if count["ps"]:
+            add("cluster", f"parallelism 'data' does not use ps tasks (found {count['ps']}); "
+                           "remove them or choose parallelism 'async'")
+    elif mode == "async":
+        if count["chief"] != 1:
+            add("cluster", f"parallelism 'async' needs exactly one chief task (the coordinator), got {count['chief']}")
+        if count["worker"] == 0:
+            add("cluster", "parallelism 'async' needs at least one worker task")
+        if count["ps"] == 0:
+            add("cluster", "parallelism 'async' needs at least one ps task")
+        p = config.parallelism
+        if p.partitioner == "fixed" and count["ps"] and p.shards > count["ps"] * 64:
+            add("parallelism.partitioner.shards", f"expected at most {count['ps'] * 64} shards, got {p.shards}")
+    elif mode == "model":
+        if count["worker"] == 0:
+            add("cluster", "parallelism 'model' needs at least one worker task (one DTensor client each)")
+        for role in ("chief", "ps"):
+            if count[role]:
+                add("cluster", f"parallelism 'model' does not use {role} tasks (found {count[role]}); remove them")
+        p = config.parallelism
+        devices = sum(config.devices_of(h, t) for h, t in config.trainer_tasks())
+        if devices and p.mesh_batch * p.mesh_model != devices:
+            add("parallelism.mesh", f"batch x model = {p.mesh_batch} x {p.mesh_model} = "
+                                    f"{p.mesh_batch * p.mesh_model} does not match the {devices} devices "
+                                    "of the worker tasks")
+    if config.model.name in MODEL_MODES and mode not in MODEL_MODES[config.model.name]:
+        add("model.name", f"model {config.model.name!r} supports parallelism "
+                          f"{_choices(MODEL_MODES[config.model.name])}, not {mode!r}")
+
+
+def _validate_training(config: RunConfig, add: Any) -> None:
+    t = config.training
+    if t.global_batch_size < 1:
+        add("training.global_batch_size", f"expected an integer >= 1, got {t.global_batch_size}")
+    if t.steps is not None and t.epochs is not None:
+        add("training", f"expected either steps or epochs, got both (steps={t.steps}, epochs={t.epochs})")
+    if t.steps is None and t.epochs is None:
+        add("training.steps", "expected steps or epochs, got neither")
+    if t.steps is not None and t.steps < 1:
+        add("training.steps", f"expected an integer >= 1, got {t.steps}")
+    if t.epochs is not None and t.epochs < 1:
+        add("training.epochs", f"expected an integer >= 1, got {t.epochs}")
+    if not (t.learning_rate > 0 and math.isfinite(t.learning_rate)):
+        add("training.learning_rate", f"expected a number > 0, got {t.learning_rate}")
+    if t.optimizer not in OPTIMIZERS:
+        add("training.optimizer", f"expected one of {_choices(OPTIMIZERS)}, got {_show(t.optimizer)}")
+    if t.checkpoint_every < 0:
+        add("training.checkpoint_every", f"expected an integer >= 0, got {t.checkpoint_every}")
+    if t.restarts < 0:
+        add("training.restarts", f"expected an integer >= 0, got {t.restarts}")
+    replicas = config.num_replicas()
+    if t.global_batch_size >= 1 and replicas > 1 and t.global_batch_size % replicas:
+        add("training.global_batch_size", f"{t.global_batch_size} is not divisible by the {replicas} replicas; "
+                                          f"expected a multiple of {replicas}")
+
+
+def _validate_data_model(config: RunConfig, add: Any) -> None:
+    d, m = config.data, config.model
+    if d.source not in DATA_SOURCES:
+        add("data.source", f"expected one of {_choices(DATA_SOURCES)}, got {_show(d.source)}")
+    if d.classes < 2:
+        add("data.classes", f"expected an integer >= 2, got {d.classes}")
+    if not d.shape or any(s < 1 for s in d.shape):
+        add("data.shape", f"expected a list of integers >= 1, got {list(d.shape)}")
+    if d.source == "synthetic" and d.size < config.training.global_batch_size:
+        add("data.size", f"{d.size} examples are fewer than one global batch "
+                         f"({config.training.global_batch_size}); expected at least that many")
+    if m.name not in MODELS:
+        add("model.name", f"expected one of {_choices(MODELS)}, got {_show(m.name)}")
+    if any(h < 1 for h in m.hidden):
+        add("model.hidden", f"expected a list of integers >= 1, got {list(m.hidden)}")
+    if config.parallelism.mode == "model" and m.name == "mlp":
+        axis = config.parallelism.mesh_model
+        for i, width in enumerate(m.hidden):
+            if axis > 0 and width % axis:
+                add(f"model.hidden[{i}]", f"{width} is not divisible by the mesh 'model' axis size {axis}")
+
+
+def replace(obj: Any, **changes: Any) -> Any:
+    """``dataclasses.replace``, re-exported so callers need not import dataclasses."""
+    return dataclasses.replace(obj, **changes)

@@ -1,0 +1,90 @@
+"""GPU figures through NVML (``nvidia-ml-py``), where GPUs and the driver exist.
+
+Everything degrades to "no GPU figures" when the library or the driver is
+missing; the NVML module can be swapped for a stand-in in tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+
+@dataclass(frozen=True)
+class GpuSample:
+    index: int
+    util_percent: float
+    mem_used_bytes: int
+    mem_total_bytes: int
+    process_mem_bytes: dict[int, int]  # pid -> bytes this process holds on the GPU
+
+
+def _load_nvml() -> ModuleType | None:
+    try:
+        import pynvml
+    except ImportError:
+        return None
+    return pynvml
+
+
+class GpuSampler:
+    """Samples GPU utilisation and per-process GPU memory; inert without NVML."""
+
+    def __init__(self, nvml: Any | None = None) -> None:
+        self.nvml = nvml if nvml is not None else _load_nvml()
+        self.available = False
+        self.error = ""
+        if self.nvml is None:
+            self.error = "nvidia-ml-py is not installed"
+            return
+        try:
+            self.nvml.nvmlInit()
+            self.count = int(self.nvml.nvmlDeviceGetCount())
+            self.available = self.count > 0
+            if not self.available:
+                self.error = "NVML found no GPU"
+        except Exception as exc:  # noqa: BLE001 - NVMLError has many subclasses; any means: no GPU figures
+            self.error = f"NVML unavailable: {exc}"
+            self.available = False
+
+    def sample(self, indices: list[int] | None = None) -> list[GpuSample]:
+        if not self.available:
+            return []
+        out = []
+        for i in indices if indices is not None else range(self.count):
+            try:
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                util = self.nvml.nvmlDeviceGetUtilizationRates(handle)
+                mem = self.nvml.nvmlDeviceGetMemoryInfo(handle)
+                procs: dict[int, int] = {}
+                try:
+                    for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+                        used = getattr(p, "usedGpuMemory", None)
+                        procs[int(p.pid)] = int(used) if used is not None else 0
+                except Exception:  # noqa: BLE001 - per-process figures are optional on some drivers
+                    pass
+                out.append(GpuSample(i, float(util.gpu), int(mem.used), int(mem.total), procs))
+            except Exception:  # noqa: BLE001
+                continue
+        return out
+
+    def close(self) -> None:
+        if self.available:
+            try:
+                self.nvml.nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass
+            self.available = False
+
+
+def task_gpu_figures(samples: list[GpuSample], gpu_ids: list[int], pid: int) -> dict[str, float | int]:
+    """Utilisation (mean over the task's GPUs) and the memory its process holds on them."""
+    mine = [s for s in samples if s.index in gpu_ids]
+    if not mine:
+        return {}
+    return {
+        "gpu_util": sum(s.util_percent for s in mine) / len(mine),
+        "gpu_mem_bytes": sum(s.process_mem_bytes.get(pid, 0) for s in mine),
+        "gpu_mem_total_bytes": sum(s.mem_total_bytes for s in mine),
+    }

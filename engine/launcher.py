@@ -1,0 +1,395 @@
+"""Launch and stop a run: one supervisor per host, one folder per run, one stream of events.
+
+The single owner of a run's processes. It never imports TensorFlow and never
+blocks its caller for long: events arrive on reader threads, are persisted to
+``events.jsonl``, folded into a :class:`~engine.telemetry.RunState` and handed
+to listeners from one dispatcher thread.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import psutil
+
+from engine import config as config_mod
+from engine import events
+from engine.cluster import TaskPlan, plan_tasks, resolve_ports
+from engine.config import ConfigError, Problem, RunConfig
+from engine.telemetry import RunState
+
+STOP_TIMEOUT = 3.0
+Listener = Callable[[dict[str, Any]], None]
+
+
+def default_runs_root() -> Path:
+    return Path(os.environ.get("CLUSTERDECK_RUNS", "runs"))
+
+
+def new_run_dir(root: Path, name: str) -> Path:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:60] or "run"
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in range(1000):
+        candidate = root / (f"{stamp}-{slug}" + (f"-{n}" if n else ""))
+        try:
+            candidate.mkdir(parents=True, exist_ok=False)
+            return candidate
+        except FileExistsError:
+            continue
+    raise RuntimeError(f"cannot create a run folder under {root}")
+
+
+def primary_roles(mode: str) -> tuple[str, ...]:
+    """Roles whose finishing ends the run (ps servers and evaluators never finish by themselves)."""
+    return ("chief",) if mode == "async" else ("chief", "worker")
+
+
+@dataclass
+class _Supervisor:
+    host: str
+    proc: subprocess.Popen[bytes]
+    tasks: list[str]
+    reader: threading.Thread | None = None
+    stdin_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def send(self, line: str) -> bool:
+        with self.stdin_lock:
+            try:
+                assert self.proc.stdin is not None
+                self.proc.stdin.write(line.encode("utf-8") + b"\n")
+                self.proc.stdin.flush()
+                return True
+            except (BrokenPipeError, OSError, ValueError):
+                return False
+
+
+class Run:
+    """One launch of a config. ``start()``, then ``wait()`` or ``stop()``; listeners see every event."""
+
+    def __init__(self, config: RunConfig, *, runs_root: str | Path | None = None, run_dir: str | Path | None = None,
+                 python: str | None = None, task_env: dict[str, str] | None = None) -> None:
+        self.config = config
+        self.runs_root = Path(runs_root) if runs_root is not None else default_runs_root()
+        self._run_dir = Path(run_dir) if run_dir is not None else None
+        self.python = python or sys.executable
+        self.task_env = dict(task_env or {})
+        self.state = RunState(total_steps=config.total_steps(),
+                              tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()])
+        self.plans: list[TaskPlan] = []
+        self._listeners: list[Listener] = []
+        self._supervisors: list[_Supervisor] = []
+        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._dispatcher: threading.Thread | None = None
+        self._lock = threading.RLock()
+        self._done = threading.Event()
+        self._stop_requested = ""
+        self._failure: tuple[str, str] | None = None
+        self._stopping = False
+        self._writer: events.EventWriter | None = None
+        self._bad = events.ReadStats()
+        self.started = False
+
+    # -- public API
+
+    @property
+    def run_dir(self) -> Path:
+        if self._run_dir is None:
+            raise RuntimeError("the run has not started")
+        return self._run_dir
+
+    def add_listener(self, listener: Listener) -> None:
+        """``listener(event)`` is called on the dispatcher thread for every event, in order."""
+        with self._lock:
+            self._listeners.append(listener)
+
+    def start(self) -> Path:
+        """Validate, pick ports, write the run folder and start every host's supervisor."""
+        problems = config_mod.validate(self.config)
+        remote = [i for i, h in enumerate(self.config.cluster.hosts) if not h.is_local]
+        for i in remote:
+            problems.append(Problem(f"cluster.hosts[{i}].address",
+                                    f"{self.config.cluster.hosts[i].address!r} is a remote host; this version "
+                                    "launches only on this machine (localhost)"))
+        if problems:
+            raise ConfigError(problems)
+        resolved = config_mod.replace(self.config, cluster=resolve_ports(self.config.cluster))
+        self.config = resolved
+        self.plans = plan_tasks(resolved)
+        if self._run_dir is None:
+            self._run_dir = new_run_dir(self.runs_root, resolved.name)
+        else:
+            self._run_dir.mkdir(parents=True, exist_ok=True)
+        run_dir = self._run_dir
+        config_mod.save(resolved, run_dir / "config.yaml")
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        self._writer = events.EventWriter(run_dir / "events.jsonl")
+        self._write_meta("running")
+        self._dispatcher = threading.Thread(target=self._dispatch, name="run-dispatch", daemon=True)
+        self._dispatcher.start()
+        self.started = True
+        self._emit_run("starting")
+        by_host: dict[str, list[TaskPlan]] = {}
+        for plan in self.plans:
+            by_host.setdefault(plan.host, []).append(plan)
+        try:
+            for host, plans in by_host.items():
+                self._start_supervisor(host, plans)
+        except Exception:
+            self.stop(reason="start-up failed")
+            raise
+        self._emit_run("running")
+        watcher = threading.Thread(target=self._watch, name="run-watch", daemon=True)
+        watcher.start()
+        return run_dir
+
+    def stop(self, reason: str = "stopped by the user", wait: bool = True) -> None:
+        """End every process of the run: supervisors stop their tasks, stragglers are killed."""
+        with self._lock:
+            if not self._stop_requested and self._failure is None:
+                self._stop_requested = reason
+            if self._stopping:
+                already = True
+            else:
+                self._stopping = True
+                already = False
+        if already:
+            if wait:
+                self.wait(STOP_TIMEOUT + 2)
+            return
+        if wait:
+            self._stop_all()
+        else:
+            threading.Thread(target=self._stop_all, name="run-stop", daemon=True).start()
+
+    def wait(self, timeout: float | None = None) -> str:
+        """Block until the run ends (or ``timeout``); returns the run state."""
+        self._done.wait(timeout)
+        return self.state.state
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def pids(self) -> list[int]:
+        """Every process of the run we know of: supervisors and tasks."""
+        out = [s.proc.pid for s in self._supervisors]
+        with self._lock:
+            out += [t.pid for t in self.state.tasks.values() if t.pid]
+        return out
+
+    def send(self, host: str, command: str) -> bool:
+        """A command to one host's supervisor (``restart TASK``, ``signal TASK SIGKILL``)."""
+        for s in self._supervisors:
+            if s.host == host:
+                return s.send(command)
+        return False
+
+    # -- starting
+
+    def _start_supervisor(self, host: str, plans: list[TaskPlan]) -> None:
+        host_dir = self.run_dir / "hosts" / re.sub(r"[^A-Za-z0-9_.-]+", "-", host)
+        host_dir.mkdir(parents=True, exist_ok=True)
+        spec = {"run_dir": str(self.run_dir.resolve()), "host": host, "python": self.python,
+                "tasks": [p.to_dict() for p in plans], "env": self.task_env}
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        with open(host_dir / "supervisor.log", "ab") as log:
+            proc = subprocess.Popen([self.python, "-m", "engine.supervisor"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
+        sup = _Supervisor(host=host, proc=proc, tasks=[p.name for p in plans])
+        self._supervisors.append(sup)
+        sup.send(json.dumps(spec))
+        assert proc.stdout is not None
+        sup.reader = threading.Thread(target=self._read, args=(sup, proc.stdout), name=f"read-{host}", daemon=True)
+        sup.reader.start()
+
+    # -- the event path
+
+    def _read(self, sup: _Supervisor, stream: IO[bytes]) -> None:
+        try:
+            while True:
+                line = stream.readline(events.MAX_LINE_BYTES + 1)
+                if not line:
+                    break
+                if len(line) > events.MAX_LINE_BYTES and not line.endswith(b"\n"):
+                    while True:  # drop the rest of an over-long line
+                        rest = stream.readline(events.MAX_LINE_BYTES)
+                        if not rest or rest.endswith(b"\n"):
+                            break
+                    self._bad.note_bad(b"over-long line")
+                    continue
+                event = events.decode(line)
+                if event is None:
+                    if line.strip():
+                        self._bad.note_bad(line)
+                    continue
+                self._queue.put(event)
+        finally:
+            sup.proc.wait()
+
+    def _watch(self) -> None:
+        """Ends the run once every supervisor has exited and its stream is drained."""
+        for sup in list(self._supervisors):
+            if sup.reader is not None:
+                sup.reader.join()
+        self._queue.put(None)
+
+    def _emit_run(self, state: str, **fields: Any) -> None:
+        self._queue.put(events.make("run", "launcher", state=state, **fields))
+
+    def _dispatch(self) -> None:
+        while True:
+            event = self._queue.get()
+            if event is None:
+                self._finish()
+                return
+            self._deliver(event)
+            self._apply_policy(event)
+
+    def _deliver(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            if self._writer is not None:
+                self._writer.write(event)
+            self.state.apply(event)
+            listeners = list(self._listeners)
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
+                print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
+
+    def _apply_policy(self, event: dict[str, Any]) -> None:
+        if event.get("kind") != "status" or self._stopping:
+            return
+        state = event.get("state")
+        name = str(event.get("task", ""))
+        if state == "failed":
+            with self._lock:
+                if self._failure is None:
+                    self._failure = (name, str(event.get("reason", "failed")))
+            self.stop(reason=f"{name} failed", wait=False)
+        elif state == "finished":
+            roles = primary_roles(self.config.parallelism.mode)
+            with self._lock:
+                primaries = [t for t in self.state.tasks.values() if t.role in roles]
+                all_done = bool(primaries) and all(t.state == "finished" for t in primaries)
+            if all_done:
+                with self._lock:
+                    self._stop_requested = self._stop_requested or "finished"
+                self.stop(reason="finished", wait=False)
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._failure is not None:
+                task, reason = self._failure
+                final = {"state": "failed", "reason": f"{task}: {reason}", "failed_task": task}
+            elif self._stop_requested and self._stop_requested != "finished":
+                final = {"state": "stopped", "reason": self._stop_requested}
+            else:
+                roles = primary_roles(self.config.parallelism.mode)
+                primaries = [t for t in self.state.tasks.values() if t.role in roles]
+                if primaries and all(t.state == "finished" for t in primaries):
+                    final = {"state": "finished", "reason": ""}
+                else:
+                    bad = [t for t in primaries if t.state != "finished"]
+                    task = bad[0].name if bad else ""
+                    final = {"state": "failed", "failed_task": task,
+                             "reason": f"{task}: ended without finishing" if task else "no task finished"}
+        if self._bad.bad:
+            self._deliver(events.make("info", "launcher", message=f"{self._bad.bad} malformed event line(s) "
+                                      "skipped", bad_lines=self._bad.bad))
+        self._deliver(events.make("run", "launcher", **final))
+        with self._lock:
+            self._write_meta(final["state"])
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
+        self._done.set()
+
+    # -- stopping
+
+    def _stop_all(self) -> None:
+        deadline = time.monotonic() + STOP_TIMEOUT - 0.4
+        for sup in self._supervisors:
+            sup.send("stop")
+        for sup in self._supervisors:
+            try:
+                sup.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        self._kill_leftovers()
+
+    def _kill_leftovers(self) -> None:
+        for sup in self._supervisors:
+            if sup.proc.poll() is None:
+                _kill_group(sup.proc.pid)
+        with self._lock:
+            pids = [t.pid for t in self.state.tasks.values() if t.pid]
+        for pid in pids:
+            if _is_task_process(pid):
+                _kill_group(pid, only_if_leader=True)
+        for sup in self._supervisors:
+            try:
+                sup.proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                pass
+            if sup.proc.stdin is not None:
+                try:
+                    sup.proc.stdin.close()
+                except OSError:
+                    pass
+
+    # -- run folder
+
+    def _write_meta(self, state: str) -> None:
+        if self._run_dir is None:
+            return
+        meta = {"name": self.config.name, "state": state, "mode": self.config.parallelism.mode,
+                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "summary": self.state.summary()}
+        path = self._run_dir / "run.json"
+        tmp = path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
+        os.replace(tmp, path)
+
+
+def _is_task_process(pid: int) -> bool:
+    """True when ``pid`` still is a ClusterDeck task (a recycled pid must never be killed)."""
+    try:
+        return "engine.runtime.task" in " ".join(psutil.Process(pid).cmdline())
+    except psutil.Error:
+        return False
+
+
+def _kill_group(pid: int, only_if_leader: bool = False) -> None:
+    try:
+        if only_if_leader and os.getpgid(pid) != pid:
+            os.kill(pid, signal.SIGKILL)
+            return
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def run_blocking(config: RunConfig, **kwargs: Any) -> Run:
+    """Start a run and wait for its end (stopping it on Ctrl+C)."""
+    run = Run(config, **kwargs)
+    run.start()
+    try:
+        run.wait()
+    except KeyboardInterrupt:
+        run.stop()
+        run.wait()
+    return run

@@ -1,0 +1,100 @@
+"""What a task process knows about itself: its config, name, folders and emitter."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from engine.config import RunConfig
+from engine.runtime.emitter import Emitter
+
+
+@dataclass
+class TaskContext:
+    config: RunConfig
+    task: str  # "worker:0"
+    role: str
+    index: int
+    run_dir: Path
+    emitter: Emitter
+    devices: int  # devices asked for by the plan (real or emulated)
+    gpus_assigned: bool
+
+    @property
+    def task_dir(self) -> Path:
+        return self.run_dir / "tasks" / self.task.replace(":", "-")
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.run_dir / "checkpoints"
+
+    @staticmethod
+    def from_env(config: RunConfig, run_dir: Path, emitter: Emitter) -> TaskContext:
+        task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
+        role, _, index = task.partition(":")
+        return TaskContext(config=config, task=task, role=role, index=int(index or 0), run_dir=run_dir,
+                           emitter=emitter, devices=int(os.environ.get("CLUSTERDECK_DEVICES", "1")),
+                           gpus_assigned=bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()))
+
+
+class StepReporter:
+    """Turns training steps into ``step`` events at a bounded rate (``training.metrics_hz``).
+
+    Between reports no value is fetched from the device, so the training loop
+    is not synchronised more often than the rate allows; a report averages
+    step time and throughput over the steps since the previous one.
+    """
+
+    def __init__(self, emitter: Emitter | None, replica_ids: Sequence[int], per_replica_batch: int,
+                 hz: float, device_names: Sequence[str] = ("CPU:0",),
+                 memory: Callable[[str], tuple[int | None, int | None]] | None = None) -> None:
+        self.emitter = emitter
+        self.replica_ids = list(replica_ids)
+        self.per_replica_batch = per_replica_batch
+        self.interval = 1.0 / hz if hz > 0 else 0.0
+        self.memory = memory
+        self.device_names = list(device_names)
+        self.last = time.perf_counter()
+        self.last_emit = -float("inf")
+        self.last_memory = -float("inf")
+        self.pending = 0
+        self.reports = 0
+
+    def due(self, now: float | None = None) -> bool:
+        now = time.perf_counter() if now is None else now
+        return now - self.last_emit >= self.interval
+
+    def step_done(self, step: int, fetch: Callable[[], Sequence[float]], force: bool = False,
+                  worker: int | None = None) -> None:
+        """Count one finished step; report it (calling ``fetch`` for per-replica losses) when due."""
+        self.pending += 1
+        now = time.perf_counter()
+        if self.emitter is None or not (force or now - self.last_emit >= self.interval):
+            return
+        losses = fetch()
+        now = time.perf_counter()
+        step_time = (now - self.last) / max(1, self.pending)
+        rate = self.per_replica_batch / step_time if step_time > 0 else 0.0
+        for rid, loss in zip(self.replica_ids, losses):
+            fields = {"replica": rid, "step": step, "loss": float(loss), "examples_per_sec": rate,
+                      "step_time": step_time}
+            if worker is not None:
+                fields["worker"] = worker
+            self.emitter.emit("step", **fields)
+        self.reports += 1
+        self.last = now
+        self.last_emit = now
+        self.pending = 0
+        if self.memory is not None and now - self.last_memory >= 0.5:
+            self.last_memory = now
+            for i, name in enumerate(self.device_names):
+                current, peak = self.memory(name)
+                if current is not None:
+                    self.emitter.emit("device", device=name, device_index=i, tf_bytes=current, tf_peak_bytes=peak)
+
+    def restart_clock(self) -> None:
+        self.last = time.perf_counter()
+        self.pending = 0

@@ -1,0 +1,141 @@
+"""Synchronous data parallelism: MirroredStrategy on one task, MultiWorkerMirroredStrategy across tasks.
+
+A custom loop (``tf.function`` + ``strategy.run``): Keras 3's ``model.fit``
+breaks under MultiWorkerMirroredStrategy (keras-team/keras#20585).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from engine.config import TRAINER_ROLES, RunConfig
+from engine.runtime import data as data_mod
+from engine.runtime import models
+from engine.runtime.context import StepReporter, TaskContext
+from engine.runtime.devices import DeviceSetup, memory_info, setup_devices
+
+
+def trainer_rank(config: RunConfig, role: str, index: int) -> int:
+    """Position of a trainer among all trainers: the chief first, then workers by index."""
+    has_chief = bool(config.cluster.tasks_of("chief"))
+    if role == "chief":
+        return 0
+    return index + (1 if has_chief else 0)
+
+
+def _emulated_multi_worker_devices(setup: DeviceSetup) -> None:
+    """Let MultiWorkerMirroredStrategy use every logical CPU device of this task.
+
+    TF picks one CPU device per worker when no GPU exists; emulated GPUs are
+    logical CPU devices, which its collectives handle fine. This hooks the
+    private device discovery, so it is applied only for emulation.
+    """
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    def local_devices(self: Any, cluster_resolver: Any, worker_device: str) -> tuple[tuple[str, ...], str]:
+        return tuple(f"{worker_device}/device:CPU:{i}" for i in range(setup.count)), "CPU"
+
+    cars.CollectiveAllReduceExtended._initialize_local_devices = local_devices
+
+
+def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strategy:
+    trainers = [t for _, t in ctx.config.cluster.tasks() if t.role in TRAINER_ROLES]
+    if len(trainers) <= 1:
+        return tf.distribute.MirroredStrategy(devices=list(setup.names))
+    if setup.kind == "CPU" and setup.count > 1:
+        try:
+            _emulated_multi_worker_devices(setup)
+        except (ImportError, AttributeError):
+            ctx.emitter.info("this TensorFlow cannot emulate several devices per worker: one replica per worker")
+    timeout = ctx.config.parallelism.collective_timeout_s
+    options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout if timeout > 0 else None)
+    return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
+    """Train to ``config.total_steps()``; returns a summary (also used by the benchmark)."""
+    config = ctx.config
+    setup = setup_devices(ctx.devices, ctx.gpus_assigned)
+    if setup.emulated:
+        ctx.emitter.info(f"no GPU here: {setup.count} GPU(s) emulated as logical CPU devices",
+                         emulated_gpus=setup.count)
+    strategy = make_strategy(ctx, setup)
+    replicas = strategy.num_replicas_in_sync
+    local = len(strategy.extended.worker_devices)
+    rank = trainer_rank(config, ctx.role, ctx.index)
+    base = rank * local
+    global_batch = config.training.global_batch_size
+    if global_batch % replicas:
+        raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the "
+                         f"{replicas} replicas in sync")
+    per_replica = global_batch // replicas
+    kind = "MirroredStrategy" if isinstance(strategy, tf.distribute.MirroredStrategy) else \
+        "MultiWorkerMirroredStrategy"
+    ctx.emitter.info(f"{kind}: {replicas} replicas in sync, {local} on this task", strategy=kind, replicas=replicas, local_replicas=local,
+                     replica_ids=list(range(base, base + local)), devices=list(strategy.extended.worker_devices))
+
+    keras.utils.set_random_seed(config.training.seed)
+    with strategy.scope():
+        model = models.build_model(config)
+        optimizer = models.build_optimizer(config)
+        optimizer.build(model.trainable_variables)
+    loss_obj = models.loss_fn()
+
+    primary = rank == 0
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    ckpt_dir = str(ctx.checkpoint_dir) if primary else tempfile.mkdtemp(prefix=f"ckpt-{rank}-")
+    manager = tf.train.CheckpointManager(ckpt, ckpt_dir, max_to_keep=2)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint)
+        ctx.emitter.info(f"restored checkpoint {os.path.basename(manager.latest_checkpoint)}",
+                         checkpoint=manager.latest_checkpoint)
+    start = int(optimizer.iterations.numpy())
+
+    dist = strategy.distribute_datasets_from_function(lambda ic: data_mod.make_dataset(config, ic))
+    iterator = iter(dist)
+
+    @tf.function
+    def train_step(it: Any) -> Any:
+        def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                per_example = loss_obj(y, model(x, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))
+            # this replica's own mean loss, not the all-reduced one
+            return tf.reduce_mean(per_example)
+
+        return strategy.run(step_fn, args=next(it))
+
+    total = config.total_steps()
+    reporter = StepReporter(ctx.emitter if telemetry else None, range(base, base + local), per_replica,
+                            config.training.metrics_hz, [n.lstrip("/").replace("device:", "") for n in setup.names],
+                            memory_info)
+    every = config.training.checkpoint_every
+    result: Any = None
+    if start < total:
+        ctx.emitter.status("running", step=start, total=total)
+    for step in range(start + 1, total + 1):
+        result = train_step(iterator)
+        reporter.step_done(step, lambda: [t.numpy() for t in strategy.experimental_local_results(result)],
+                           force=step == total or step == start + 1)
+        if every and step % every == 0 and step < total:
+            manager.save(checkpoint_number=step)
+            reporter.restart_clock()
+    final = [float(t.numpy()) for t in strategy.experimental_local_results(result)] if result is not None else []
+    manager.save(checkpoint_number=total)
+    if not primary:
+        # other workers write to throw-away folders (MultiWorkerMirrored needs every worker to save)
+        tf.io.gfile.rmtree(ckpt_dir)
+    return {"steps": total, "start": start, "replicas": replicas, "final_loss": final,
+            "replica_ids": list(range(base, base + local)), "reports": reporter.reports}
+
+
+def summary_json(summary: dict[str, Any]) -> str:
+    return json.dumps(summary)

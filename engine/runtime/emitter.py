@@ -1,0 +1,55 @@
+"""The task side of telemetry: events to the run folder (durable) and to the supervisor (live)."""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from typing import Any
+
+from engine import events
+
+
+class Emitter:
+    """Writes each event to the task's ``events.jsonl`` first, then to the supervisor's pipe.
+
+    Thread-safe. A broken pipe (supervisor gone) leaves the file going: the
+    lifeline watcher ends the process soon after anyway.
+    """
+
+    def __init__(self, task: str, path: str | Path | None, fd: int | None = None) -> None:
+        self.task = task
+        self._lock = threading.Lock()
+        self._file = events.EventWriter(path) if path else None
+        self._fd = fd
+
+    def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
+        event = events.make(kind, self.task, **fields)
+        line = events.encode(event)
+        with self._lock:
+            if self._file is not None:
+                self._file.write_line(line)
+            if self._fd is not None:
+                try:
+                    os.write(self._fd, line.encode("utf-8"))
+                except OSError:
+                    self._fd = None
+        return event
+
+    def status(self, state: str, **fields: Any) -> None:
+        self.emit("status", state=state, pid=os.getpid(), **fields)
+
+    def info(self, message: str, **fields: Any) -> None:
+        self.emit("info", message=message, **fields)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
+            if self._fd is not None:
+                try:
+                    os.close(self._fd)
+                except OSError:
+                    pass
+                self._fd = None

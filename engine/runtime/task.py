@@ -1,0 +1,93 @@
+"""Entry point of a task process: ``python -m engine.runtime.task --run-dir DIR``.
+
+Started by the supervisor with ``TF_CONFIG``, ``CLUSTERDECK_TASK`` and
+``CLUSTERDECK_DEVICES`` in its environment, an event pipe and a lifeline pipe.
+When the lifeline closes (the supervisor died) the task kills itself, so no
+task outlives its run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from engine import config as config_mod
+from engine.runtime.emitter import Emitter
+
+
+def _watch_lifeline(fd: int) -> None:
+    def watch() -> None:
+        while True:
+            try:
+                chunk = os.read(fd, 64)
+            except InterruptedError:
+                continue
+            except OSError:
+                chunk = b""
+            if not chunk:
+                os.kill(os.getpid(), signal.SIGKILL)
+                return
+
+    threading.Thread(target=watch, name="lifeline", daemon=True).start()
+
+
+def _test_faults(emitter: Emitter) -> None:
+    """Test-only hooks, read from the environment: a start-up delay (slow tasks)."""
+    delay = float(os.environ.get("CLUSTERDECK_TEST_START_DELAY", "0") or 0)
+    if delay > 0:
+        emitter.info(f"test delay: sleeping {delay:g} s before start")
+        time.sleep(delay)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="engine.runtime.task")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--event-fd", type=int, default=None)
+    parser.add_argument("--lifeline-fd", type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.lifeline_fd is not None:
+        _watch_lifeline(args.lifeline_fd)
+    run_dir = Path(args.run_dir)
+    task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
+    emitter = Emitter(task, run_dir / "tasks" / task.replace(":", "-") / "events.jsonl", args.event_fd)
+    code = 0
+    try:
+        config = config_mod.load(run_dir / "config.yaml")
+        _test_faults(emitter)
+        from engine.runtime.context import TaskContext  # imports nothing heavy
+
+        ctx = TaskContext.from_env(config, run_dir, emitter)
+        mode = config.parallelism.mode
+        if mode == "data":
+            from engine.runtime import data_parallel
+
+            summary = data_parallel.train(ctx)
+        else:
+            raise NotImplementedError(f"parallelism {mode!r} is not available in this version")
+        emitter.status("finished", **{k: v for k, v in summary.items() if k in ("steps", "final_loss")})
+    except KeyboardInterrupt:
+        emitter.status("stopped", reason="interrupted")
+        code = 130
+    except BaseException as exc:  # noqa: BLE001 - every failure must reach the user as an event
+        lines = traceback.format_exception_only(type(exc), exc)
+        reason = "".join(lines).strip().splitlines()
+        emitter.status("failed", reason=reason[-1][:500] if reason else type(exc).__name__,
+                       traceback=traceback.format_exc()[-4000:])
+        traceback.print_exc()
+        code = 1
+    finally:
+        emitter.close()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    # TF's runtime can hang in its own shutdown (servers, collectives); the work is saved: leave now.
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,407 @@
+"""The per-host supervising process: ``python -m engine.supervisor``.
+
+It reads one JSON line on stdin (the host's task plans), starts every task as
+its own process (own process group, event pipe, lifeline pipe), relays their
+events as JSON lines on stdout, samples their CPU, memory and GPU use, and
+stops them all when told (``stop`` on stdin) or when its launcher is gone
+(stdin closed, stdout broken). The same program runs on remote hosts over SSH.
+
+Commands on stdin, one per line: ``stop``, ``restart TASK``, ``signal TASK NAME``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from engine import events
+from engine.cluster import TaskPlan
+from engine.gpu import GpuSampler, task_gpu_figures
+
+SAMPLE_INTERVAL = 0.5
+STOP_GRACE = 1.5
+NOISE_PREFIXES = ("WARNING: All log messages before absl", "I0000 ", "W0000 ", "E0000 ")
+
+
+def is_noise(line: str) -> bool:
+    """TensorFlow start-up chatter (oneDNN, absl, cpu feature guard, cuda probing)."""
+    text = line.strip()
+    if not text:
+        return True
+    if text.startswith(NOISE_PREFIXES):
+        return True
+    markers = ("oneDNN custom operations", "cpu_feature_guard", "To enable the following instructions",
+               "rebuild TensorFlow with the appropriate compiler flags", "Unable to register cu",
+               "computation placer already registered", "could not find cuda drivers",
+               "cuda_executor", "TF-TRT Warning", "port.cc:", "cudart_stub", "cuInit",
+               "Created device /job:", "onednn", "AVX2 AVX512", "absl::InitializeLog")
+    return any(m in text for m in markers)
+
+
+def log_tail(path: Path, lines: int = 20) -> list[str]:
+    """The last meaningful lines of a task log, TensorFlow start-up noise left out."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - 64 * 1024))
+            text = fh.read().decode("utf-8", "replace")
+    except OSError:
+        return []
+    kept = [x.rstrip() for x in text.splitlines() if not is_noise(x)]
+    return [x[:500] for x in kept[-lines:]]
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+@dataclass
+class TaskProcess:
+    plan: TaskPlan
+    proc: subprocess.Popen[bytes] | None = None
+    event_fd: int | None = None
+    lifeline_fd: int | None = None
+    buffer: bytearray = field(default_factory=bytearray)
+    ps: psutil.Process | None = None
+    terminal_state: str = ""  # the task's own last terminal status, if it sent one
+    reason: str = ""
+    done: bool = False
+    stopping: bool = False
+    restarts: int = 0
+
+
+class Supervisor:
+    def __init__(self, spec: dict[str, Any], out: Any = None) -> None:
+        self.run_dir = Path(spec["run_dir"])
+        self.host = spec.get("host", "local")
+        self.python = spec.get("python") or sys.executable
+        self.extra_env: dict[str, str] = dict(spec.get("env", {}))
+        self.tasks = {d["name"]: TaskProcess(TaskPlan.from_dict(d)) for d in spec["tasks"]}
+        self.sample_interval = float(spec.get("sample_interval", SAMPLE_INTERVAL))
+        self.out = out if out is not None else sys.stdout.buffer
+        self.sel = selectors.DefaultSelector()
+        self.gpus = GpuSampler() if any(t.plan.gpu_ids for t in self.tasks.values()) else None
+        self.stats = events.ReadStats()
+        self.stopping = False
+        self.launcher_gone = False
+        self.stdin_buffer = bytearray()
+
+    # -- output
+
+    def send(self, event: dict[str, Any]) -> None:
+        self.send_line(events.encode(event).encode("utf-8"))
+
+    def send_line(self, line: bytes) -> None:
+        if self.launcher_gone:
+            return
+        try:
+            self.out.write(line)
+            self.out.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.launcher_gone = True
+
+    # -- starting
+
+    def task_dir(self, name: str) -> Path:
+        return self.run_dir / "tasks" / name.replace(":", "-")
+
+    def start_task(self, tp: TaskProcess) -> None:
+        plan = tp.plan
+        tdir = self.task_dir(plan.name)
+        tdir.mkdir(parents=True, exist_ok=True)
+        ev_r, ev_w = os.pipe()
+        life_r, life_w = os.pipe()
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env.update(plan.env)
+        env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cmd = [self.python, "-m", "engine.runtime.task", "--run-dir", str(self.run_dir),
+               "--event-fd", str(ev_w), "--lifeline-fd", str(life_r)]
+        with open(tdir / "log.txt", "ab") as log:
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {plan.name}\n".encode())
+            log.flush()
+            tp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, pass_fds=(ev_w, life_r), start_new_session=True,
+                                       cwd=str(self.run_dir))
+        os.close(ev_w)
+        os.close(life_r)
+        os.set_blocking(ev_r, False)
+        tp.event_fd, tp.lifeline_fd = ev_r, life_w
+        tp.buffer.clear()
+        tp.done = False
+        tp.stopping = False
+        tp.terminal_state = ""
+        tp.reason = ""
+        self.sel.register(ev_r, selectors.EVENT_READ, tp)
+        try:
+            tp.ps = psutil.Process(tp.proc.pid)
+            tp.ps.cpu_percent(None)
+        except psutil.Error:
+            tp.ps = None
+        self.send(events.make("status", plan.name, state="starting", pid=tp.proc.pid, host=self.host,
+                              role=plan.role, gpu_ids=list(plan.gpu_ids), devices=plan.devices,
+                              restarts=tp.restarts))
+
+    # -- relaying
+
+    def read_events(self, tp: TaskProcess) -> None:
+        assert tp.event_fd is not None
+        while True:
+            try:
+                chunk = os.read(tp.event_fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:
+                self.close_events(tp)
+                return
+            tp.buffer.extend(chunk)
+            self.flush_lines(tp)
+            if len(tp.buffer) > events.MAX_LINE_BYTES:
+                self.stats.note_bad(bytes(tp.buffer[:200]))
+                tp.buffer.clear()
+
+    def flush_lines(self, tp: TaskProcess, final: bool = False) -> None:
+        while True:
+            nl = tp.buffer.find(b"\n")
+            if nl < 0:
+                if final and tp.buffer.strip():
+                    self.relay(tp, bytes(tp.buffer))
+                    tp.buffer.clear()
+                return
+            line = bytes(tp.buffer[: nl + 1])
+            del tp.buffer[: nl + 1]
+            self.relay(tp, line)
+
+    def relay(self, tp: TaskProcess, line: bytes) -> None:
+        if not line.strip():
+            return
+        event = events.decode(line)
+        if event is None:
+            self.stats.note_bad(line)
+            return
+        event["task"] = tp.plan.name  # a task speaks only for itself
+        if event["kind"] == "status" and event.get("state") in ("finished", "failed", "stopped"):
+            tp.terminal_state = event["state"]
+            tp.reason = str(event.get("reason", ""))
+            if event["state"] == "failed":
+                tp.reason = tp.reason or "failed"
+                event["log_tail"] = log_tail(self.task_dir(tp.plan.name) / "log.txt")
+        self.stats.good += 1
+        self.send(event)
+
+    def close_events(self, tp: TaskProcess) -> None:
+        if tp.event_fd is not None:
+            self.flush_lines(tp, final=True)
+            try:
+                self.sel.unregister(tp.event_fd)
+            except (KeyError, ValueError):
+                pass
+            os.close(tp.event_fd)
+            tp.event_fd = None
+
+    # -- watching
+
+    def reap(self) -> None:
+        for tp in self.tasks.values():
+            if tp.done or tp.proc is None:
+                continue
+            code = tp.proc.poll()
+            if code is None:
+                continue
+            if tp.event_fd is not None:
+                self.read_events(tp)
+                self.close_events(tp)
+            if tp.lifeline_fd is not None:
+                os.close(tp.lifeline_fd)
+                tp.lifeline_fd = None
+            tp.done = True
+            name = tp.plan.name
+            if code == 0 and tp.terminal_state == "finished":
+                pass  # the task said so itself
+            elif tp.stopping or self.stopping:
+                self.send(events.make("status", name, state="stopped", exit_code=code, reason="stopped by the user"
+                                      if not self.launcher_gone else "the launcher is gone"))
+            elif tp.terminal_state == "failed":
+                self.send(events.make("status", name, state="failed", exit_code=code, reason=tp.reason,
+                                      log_tail=log_tail(self.task_dir(name) / "log.txt"), repeat=True))
+            else:
+                reason = describe_exit(code) if code != 0 else "exited without finishing"
+                self.send(events.make("status", name, state="failed", exit_code=code, reason=reason,
+                                      log_tail=log_tail(self.task_dir(name) / "log.txt")))
+
+    def sample(self) -> None:
+        gpu_samples = self.gpus.sample() if self.gpus is not None and self.gpus.available else []
+        for tp in self.tasks.values():
+            if tp.done or tp.ps is None:
+                continue
+            try:
+                with tp.ps.oneshot():
+                    cpu = tp.ps.cpu_percent(None)
+                    rss = tp.ps.memory_info().rss
+            except psutil.Error:
+                continue
+            fields: dict[str, Any] = {"cpu_percent": cpu, "rss_bytes": rss, "pid": tp.ps.pid}
+            fields.update(task_gpu_figures(gpu_samples, list(tp.plan.gpu_ids), tp.ps.pid))
+            self.send(events.make("device", tp.plan.name, **fields))
+
+    # -- stopping
+
+    def stop_task(self, tp: TaskProcess, grace: float = STOP_GRACE) -> None:
+        self.stop_tasks([tp], grace)
+
+    def stop_tasks(self, tps: list[TaskProcess], grace: float = STOP_GRACE) -> None:
+        live = [tp for tp in tps if tp.proc is not None and tp.proc.poll() is None]
+        for tp in live:
+            tp.stopping = True
+            _signal_group(tp.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(tp.proc.poll() is None for tp in live):  # type: ignore[union-attr]
+            time.sleep(0.02)
+        for tp in live:
+            _signal_group(tp.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
+        for tp in live:
+            try:
+                tp.proc.wait(timeout=2)  # type: ignore[union-attr]
+            except subprocess.TimeoutExpired:
+                pass
+        for tp in tps:
+            tp.stopping = True
+
+    def command(self, line: str) -> None:
+        words = line.strip().split()
+        if not words:
+            return
+        if words[0] == "stop":
+            self.stopping = True
+        elif words[0] == "restart" and len(words) == 2 and words[1] in self.tasks:
+            tp = self.tasks[words[1]]
+            if tp.proc is not None and tp.proc.poll() is None:
+                self.stop_task(tp, grace=0.5)
+                self.reap()
+            tp.restarts += 1
+            self.start_task(tp)
+        elif words[0] == "signal" and len(words) == 3 and words[1] in self.tasks:
+            tp = self.tasks[words[1]]
+            sig = getattr(signal, words[2], None)
+            if isinstance(sig, signal.Signals) and tp.proc is not None and tp.proc.poll() is None:
+                os.kill(tp.proc.pid, sig)
+
+    def read_stdin(self, fd: int) -> None:
+        try:
+            chunk = os.read(fd, 4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:
+            self.launcher_gone = True
+            self.stopping = True
+            try:
+                self.sel.unregister(fd)
+            except (KeyError, ValueError):
+                pass
+            return
+        self.stdin_buffer.extend(chunk)
+        while b"\n" in self.stdin_buffer:
+            line, _, rest = bytes(self.stdin_buffer).partition(b"\n")
+            self.stdin_buffer = bytearray(rest)
+            self.command(line.decode("utf-8", "replace"))
+        if len(self.stdin_buffer) > 4096:
+            self.stdin_buffer.clear()
+
+    def run(self, stdin_fd: int) -> int:
+        os.set_blocking(stdin_fd, False)
+        self.sel.register(stdin_fd, selectors.EVENT_READ, None)
+        for tp in self.tasks.values():
+            self.start_task(tp)
+        next_sample = time.monotonic() + self.sample_interval
+        try:
+            while not self.stopping:
+                timeout = max(0.0, min(0.1, next_sample - time.monotonic()))
+                for key, _ in self.sel.select(timeout):
+                    if key.data is None:
+                        self.read_stdin(key.fd)
+                    else:
+                        self.read_events(key.data)
+                self.reap()
+                if time.monotonic() >= next_sample:
+                    self.sample()
+                    next_sample = time.monotonic() + self.sample_interval
+                if self.launcher_gone:
+                    self.stopping = True
+                if all(tp.done for tp in self.tasks.values()):
+                    break
+        finally:
+            self.stop_tasks(list(self.tasks.values()))
+            for tp in self.tasks.values():
+                if tp.event_fd is not None:
+                    self.read_events(tp)
+            self.reap()
+            for tp in self.tasks.values():
+                self.close_events(tp)
+                if tp.lifeline_fd is not None:
+                    os.close(tp.lifeline_fd)
+                    tp.lifeline_fd = None
+            if self.stats.bad:
+                self.send(events.make("info", f"supervisor@{self.host}", message=f"{self.stats.bad} malformed "
+                                      "event line(s) from tasks were skipped", bad_lines=self.stats.bad))
+            if self.gpus is not None:
+                self.gpus.close()
+        return 0
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def main() -> int:
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the launcher, which says stop
+    stdin_fd = sys.stdin.fileno()
+    first = b""
+    while not first.endswith(b"\n"):
+        chunk = os.read(stdin_fd, 1)
+        if not chunk:
+            return 2
+        first += chunk
+    spec = json.loads(first)
+    sup = Supervisor(spec)
+    try:
+        return sup.run(stdin_fd)
+    except SystemExit:
+        sup.stopping = True
+        sup.stop_tasks(list(sup.tasks.values()))
+        return 143
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""ClusterDeck desktop app (PySide6 + pyqtgraph). Never imports TensorFlow."""
