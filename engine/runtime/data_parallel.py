@@ -6,7 +6,6 @@ breaks under MultiWorkerMirroredStrategy (keras-team/keras#20585).
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from typing import Any
@@ -137,5 +136,6 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
             "replica_ids": list(range(base, base + local)), "reports": reporter.reports}
 
 
-def summary_json(summary: dict[str, Any]) -> str:
-    return json.dumps(summary)
+def main(ctx: TaskContext) -> dict[str, Any]:
+    """Entry of a data-parallel task (every role here trains)."""
+    return train(ctx)

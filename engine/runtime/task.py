@@ -67,9 +67,17 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "data":
             from engine.runtime import data_parallel
 
-            summary = data_parallel.train(ctx)
+            summary = data_parallel.main(ctx)
+        elif mode == "async":
+            from engine.runtime import async_ps
+
+            summary = async_ps.main(ctx)
+        elif mode == "model":
+            from engine.runtime import model_parallel
+
+            summary = model_parallel.main(ctx)
         else:
-            raise NotImplementedError(f"parallelism {mode!r} is not available in this version")
+            raise ValueError(f"parallelism.mode: unknown mode {mode!r}")
         emitter.status("finished", **{k: v for k, v in summary.items() if k in ("steps", "final_loss")})
     except KeyboardInterrupt:
         emitter.status("stopped", reason="interrupted")

@@ -1,0 +1,76 @@
+"""Shared fixtures: every test gets its own runs folder, and no test may leave a process behind."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = ROOT / "presets"
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "runs"
+    monkeypatch.setenv("CLUSTERDECK_RUNS", str(root))
+    return root
+
+
+def clusterdeck_processes() -> list[psutil.Process]:
+    """Task and supervisor processes started from this test session."""
+    found = []
+    for proc in psutil.process_iter(["cmdline", "pid"]):
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        if "engine.runtime.task" in cmd or "engine.supervisor" in cmd:
+            found.append(proc)
+    return found
+
+
+def alive(pids: Iterable[int]) -> list[int]:
+    out = []
+    for pid in pids:
+        try:
+            p = psutil.Process(pid)
+            if p.status() != psutil.STATUS_ZOMBIE:
+                out.append(pid)
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
+    """Pids still alive after ``timeout`` seconds (empty: all gone)."""
+    pids = list(pids)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        left = alive(pids)
+        if not left:
+            return []
+        time.sleep(0.05)
+    return alive(pids)
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes() -> Iterator[None]:
+    before = {p.pid for p in clusterdeck_processes()}
+    yield
+    left = [p for p in clusterdeck_processes() if p.pid not in before]
+    if left:
+        pids = [p.pid for p in left]
+        stragglers = wait_gone(pids, 5.0)
+        for pid in stragglers:
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+        assert not stragglers, f"processes left running by the test: {stragglers}"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _quiet_tf() -> None:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
