@@ -31,6 +31,7 @@ from engine.config import ConfigError, Problem, RunConfig
 from engine.telemetry import RunState
 
 STOP_TIMEOUT = 3.0
+MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
 Listener = Callable[[dict[str, Any]], None]
 
 
@@ -99,6 +100,10 @@ class Run:
         self._stopping = False
         self._writer: events.EventWriter | None = None
         self._bad = events.ReadStats()
+        self._base_config = config  # ports still 'auto': re-resolved on a whole-run restart
+        self._restarting = threading.Event()
+        self._restart_lock = threading.Lock()
+        self.restarts_used = 0
         self.started = False
 
     # -- public API
@@ -124,15 +129,12 @@ class Run:
                                     "launches only on this machine (localhost)"))
         if problems:
             raise ConfigError(problems)
-        resolved = config_mod.replace(self.config, cluster=resolve_ports(self.config.cluster))
-        self.config = resolved
-        self.plans = plan_tasks(resolved)
         if self._run_dir is None:
-            self._run_dir = new_run_dir(self.runs_root, resolved.name)
+            self._run_dir = new_run_dir(self.runs_root, self.config.name)
         else:
             self._run_dir.mkdir(parents=True, exist_ok=True)
         run_dir = self._run_dir
-        config_mod.save(resolved, run_dir / "config.yaml")
+        self._resolve()
         (run_dir / "checkpoints").mkdir(exist_ok=True)
         self._writer = events.EventWriter(run_dir / "events.jsonl")
         self._write_meta("running")
@@ -140,12 +142,8 @@ class Run:
         self._dispatcher.start()
         self.started = True
         self._emit_run("starting")
-        by_host: dict[str, list[TaskPlan]] = {}
-        for plan in self.plans:
-            by_host.setdefault(plan.host, []).append(plan)
         try:
-            for host, plans in by_host.items():
-                self._start_supervisor(host, plans)
+            self._start_supervisors()
         except Exception:
             self.stop(reason="start-up failed")
             raise
@@ -198,11 +196,27 @@ class Run:
 
     # -- starting
 
+    def _resolve(self) -> None:
+        """Pick ports for this generation of the run and write the resolved config the tasks read."""
+        resolved = config_mod.replace(self._base_config, cluster=resolve_ports(self._base_config.cluster))
+        self.config = resolved
+        self.plans = plan_tasks(resolved)
+        config_mod.save(resolved, self.run_dir / "config.yaml")
+
+    def _start_supervisors(self) -> None:
+        by_host: dict[str, list[TaskPlan]] = {}
+        for plan in self.plans:
+            by_host.setdefault(plan.host, []).append(plan)
+        for host, plans in by_host.items():
+            self._start_supervisor(host, plans)
+
     def _start_supervisor(self, host: str, plans: list[TaskPlan]) -> None:
         host_dir = self.run_dir / "hosts" / re.sub(r"[^A-Za-z0-9_.-]+", "-", host)
         host_dir.mkdir(parents=True, exist_ok=True)
+        restartable = [p.name for p in plans if self.config.parallelism.mode == "async" and p.role == "worker"]
         spec = {"run_dir": str(self.run_dir.resolve()), "host": host, "python": self.python,
-                "tasks": [p.to_dict() for p in plans], "env": self.task_env}
+                "tasks": [p.to_dict() for p in plans], "env": self.task_env,
+                "restart_on_failure": restartable, "max_task_restarts": MAX_WORKER_RESTARTS}
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -241,10 +255,17 @@ class Run:
             sup.proc.wait()
 
     def _watch(self) -> None:
-        """Ends the run once every supervisor has exited and its stream is drained."""
-        for sup in list(self._supervisors):
-            if sup.reader is not None:
-                sup.reader.join()
+        """Ends the run once every supervisor has exited and its stream is drained (restarts aside)."""
+        while True:
+            with self._restart_lock:
+                current = list(self._supervisors)
+            for sup in current:
+                if sup.reader is not None:
+                    sup.reader.join()
+            with self._restart_lock:
+                if not self._restarting.is_set() and current == self._supervisors:
+                    break
+            time.sleep(0.05)
         self._queue.put(None)
 
     def _emit_run(self, state: str, **fields: Any) -> None:
@@ -277,6 +298,16 @@ class Run:
         state = event.get("state")
         name = str(event.get("task", ""))
         if state == "failed":
+            if event.get("will_restart"):
+                return  # its supervisor brings it back (async workers)
+            if self._restarting.is_set():
+                return  # a whole-run restart is already under way
+            if self.restarts_used < self.config.training.restarts:
+                self.restarts_used += 1
+                self._restarting.set()
+                reason = f"{name} failed: {event.get('reason', '')}"
+                threading.Thread(target=self._restart_all, args=(reason,), name="run-restart", daemon=True).start()
+                return
             with self._lock:
                 if self._failure is None:
                     self._failure = (name, str(event.get("reason", "failed")))
@@ -319,21 +350,49 @@ class Run:
                 self._writer = None
         self._done.set()
 
+    def _restart_all(self, reason: str) -> None:
+        """Stop every task and start them all again; they resume from the last checkpoint."""
+        self._emit_run("restarting", reason=reason, restart=self.restarts_used,
+                       restarts_allowed=self.config.training.restarts)
+        try:
+            with self._restart_lock:
+                old = list(self._supervisors)
+                self._stop_supervisors(old)
+                for sup in old:
+                    if sup.reader is not None:
+                        sup.reader.join(timeout=5)
+                if self._stopping:
+                    return
+                self._supervisors = []
+                self._resolve()
+                self._start_supervisors()
+            self._emit_run("running", restart=self.restarts_used)
+        except Exception as exc:  # noqa: BLE001 - a failed restart fails the run, visibly
+            with self._lock:
+                self._failure = self._failure or ("launcher", f"restart failed: {exc}")
+            self.stop(reason="restart failed", wait=False)
+        finally:
+            self._restarting.clear()
+
     # -- stopping
 
-    def _stop_all(self) -> None:
+    def _stop_supervisors(self, sups: list[_Supervisor]) -> None:
         deadline = time.monotonic() + STOP_TIMEOUT - 0.4
-        for sup in self._supervisors:
+        for sup in sups:
             sup.send("stop")
-        for sup in self._supervisors:
+        for sup in sups:
             try:
                 sup.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        self._kill_leftovers()
+        self._kill_leftovers(sups)
 
-    def _kill_leftovers(self) -> None:
-        for sup in self._supervisors:
+    def _stop_all(self) -> None:
+        with self._restart_lock:
+            self._stop_supervisors(list(self._supervisors))
+
+    def _kill_leftovers(self, sups: list[_Supervisor]) -> None:
+        for sup in sups:
             if sup.proc.poll() is None:
                 _kill_group(sup.proc.pid)
         with self._lock:
@@ -341,7 +400,7 @@ class Run:
         for pid in pids:
             if _is_task_process(pid):
                 _kill_group(pid, only_if_leader=True)
-        for sup in self._supervisors:
+        for sup in sups:
             try:
                 sup.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:

@@ -18,7 +18,6 @@ import signal
 import subprocess
 import sys
 import time
-from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -82,6 +81,7 @@ class TaskProcess:
     ps: psutil.Process | None = None
     terminal_state: str = ""  # the task's own last terminal status, if it sent one
     reason: str = ""
+    traceback: str = ""
     done: bool = False
     stopping: bool = False
     restarts: int = 0
@@ -99,6 +99,9 @@ class Supervisor:
         self.sel = selectors.DefaultSelector()
         self.gpus = GpuSampler() if any(t.plan.gpu_ids for t in self.tasks.values()) else None
         self.stats = events.ReadStats()
+        # tasks the supervisor restarts itself when they fail (async workers), and how often at most
+        self.restartable: set[str] = set(spec.get("restart_on_failure", ()))
+        self.max_restarts = int(spec.get("max_task_restarts", 10))
         self.stopping = False
         self.launcher_gone = False
         self.stdin_buffer = bytearray()
@@ -153,6 +156,7 @@ class Supervisor:
         tp.stopping = False
         tp.terminal_state = ""
         tp.reason = ""
+        tp.traceback = ""
         self.sel.register(ev_r, selectors.EVENT_READ, tp)
         try:
             tp.ps = psutil.Process(tp.proc.pid)
@@ -207,8 +211,11 @@ class Supervisor:
             tp.terminal_state = event["state"]
             tp.reason = str(event.get("reason", ""))
             if event["state"] == "failed":
+                # held back: one failed event goes out when the process is reaped, saying
+                # whether the task will be restarted
                 tp.reason = tp.reason or "failed"
-                event["log_tail"] = log_tail(self.task_dir(tp.plan.name) / "log.txt")
+                tp.traceback = str(event.get("traceback", ""))
+                return
         self.stats.good += 1
         self.send(event)
 
@@ -244,13 +251,21 @@ class Supervisor:
             elif tp.stopping or self.stopping:
                 self.send(events.make("status", name, state="stopped", exit_code=code, reason="stopped by the user"
                                       if not self.launcher_gone else "the launcher is gone"))
-            elif tp.terminal_state == "failed":
-                self.send(events.make("status", name, state="failed", exit_code=code, reason=tp.reason,
-                                      log_tail=log_tail(self.task_dir(name) / "log.txt"), repeat=True))
             else:
-                reason = describe_exit(code) if code != 0 else "exited without finishing"
+                will_restart = name in self.restartable and tp.restarts < self.max_restarts
+                if tp.terminal_state == "failed":
+                    reason = tp.reason
+                else:
+                    reason = describe_exit(code) if code != 0 else "exited without finishing"
+                extra = {"traceback": tp.traceback} if tp.traceback else {}
                 self.send(events.make("status", name, state="failed", exit_code=code, reason=reason,
-                                      log_tail=log_tail(self.task_dir(name) / "log.txt")))
+                                      log_tail=log_tail(self.task_dir(name) / "log.txt"),
+                                      will_restart=will_restart, **extra))
+                if will_restart:
+                    tp.restarts += 1
+                    self.send(events.make("status", name, state="restarting", reason=reason,
+                                          restarts=tp.restarts))
+                    self.start_task(tp)
 
     def sample(self) -> None:
         gpu_samples = self.gpus.sample() if self.gpus is not None and self.gpus.available else []
