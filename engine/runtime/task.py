@@ -38,7 +38,9 @@ def _watch_lifeline(fd: int) -> None:
 
 
 def _test_faults(emitter: Emitter) -> None:
-    """Test-only hooks, read from the environment: a start-up delay (slow tasks)."""
+    """Test-only hooks, read from the environment: a start-up delay, a forced failure."""
+    if os.environ.get("CLUSTERDECK_TEST_FAIL") == emitter.task:
+        raise RuntimeError("test failure requested (CLUSTERDECK_TEST_FAIL)")
     delay = float(os.environ.get("CLUSTERDECK_TEST_START_DELAY", "0") or 0)
     if delay > 0:
         emitter.info(f"test delay: sleeping {delay:g} s before start")
