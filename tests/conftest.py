@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -21,12 +22,23 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return root
 
 
+# Every process this test session starts inherits this marker, so the leftover check
+# never mistakes another session's processes (or a benchmark's) for ours.
+SESSION_MARK = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+os.environ["CLUSTERDECK_TEST_SESSION"] = SESSION_MARK
+
+
 def clusterdeck_processes() -> list[psutil.Process]:
     """Task and supervisor processes started from this test session."""
     found = []
     for proc in psutil.process_iter(["cmdline", "pid"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
         if "engine.runtime.task" in cmd or "engine.supervisor" in cmd:
+            try:
+                if proc.environ().get("CLUSTERDECK_TEST_SESSION") != SESSION_MARK:
+                    continue
+            except psutil.Error:
+                continue
             found.append(proc)
     return found
 
