@@ -22,6 +22,9 @@ from engine import config as config_mod
 from engine.config import ConfigError, RunConfig
 
 
+DEFAULT_PRESET = "data-2workers"
+
+
 def presets_dir() -> Path:
     """The bundled presets: next to the packages in a checkout, or under share/ when installed."""
     here = Path(__file__).resolve().parent.parent / "presets"
@@ -225,7 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clusterdeck", description="Draw, launch and watch TensorFlow clusters.")
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("run", help="run a preset headless, with live progress")
-    p.add_argument("preset", help="a YAML preset (path or bundled name)")
+    p.add_argument("preset", nargs="?", default=DEFAULT_PRESET,
+                   help=f"a YAML preset (path or bundled name; default: {DEFAULT_PRESET})")
     p.add_argument("--steps", type=int, default=None, help="override training.steps")
     p.add_argument("--out", default=None, help="folder for run folders (default: ./runs or $CLUSTERDECK_RUNS)")
     p.add_argument("--json", action="store_true", help="print every event and a summary as JSON lines")

@@ -9,6 +9,7 @@ task outlives its run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -52,12 +53,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--event-fd", type=int, default=None)
     parser.add_argument("--lifeline-fd", type=int, default=None)
+    parser.add_argument("--bare", action="store_true",
+                        help="train without telemetry (no events, no files): the benchmark's baseline")
+    parser.add_argument("--summary-out", default=None, help="write the final summary here as JSON")
     args = parser.parse_args(argv)
     if args.lifeline_fd is not None:
         _watch_lifeline(args.lifeline_fd)
     run_dir = Path(args.run_dir)
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
-    emitter = Emitter(task, run_dir / "tasks" / task.replace(":", "-") / "events.jsonl", args.event_fd)
+    events_path = None if args.bare else run_dir / "tasks" / task.replace(":", "-") / "events.jsonl"
+    emitter = Emitter(task, events_path, None if args.bare else args.event_fd)
     code = 0
     try:
         config = config_mod.load(run_dir / "config.yaml")
@@ -69,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         if mode == "data":
             from engine.runtime import data_parallel
 
-            summary = data_parallel.main(ctx)
+            summary = data_parallel.main(ctx, telemetry=not args.bare)
         elif mode == "async":
             from engine.runtime import async_ps
 
@@ -80,7 +85,10 @@ def main(argv: list[str] | None = None) -> int:
             summary = model_parallel.main(ctx)
         else:
             raise ValueError(f"parallelism.mode: unknown mode {mode!r}")
-        emitter.status("finished", **{k: v for k, v in summary.items() if k in ("steps", "final_loss")})
+        if args.summary_out:
+            Path(args.summary_out).write_text(json.dumps(summary), encoding="utf-8")
+        emitter.status("finished", **{k: v for k, v in summary.items()
+                                      if k in ("steps", "final_loss", "window_examples_per_sec")})
     except KeyboardInterrupt:
         emitter.status("stopped", reason="interrupted")
         code = 130
