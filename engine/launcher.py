@@ -54,7 +54,11 @@ def new_run_dir(root: Path, name: str) -> Path:
 
 def primary_roles(mode: str) -> tuple[str, ...]:
     """Roles whose finishing ends the run (ps servers and evaluators never finish by themselves)."""
-    return ("chief",) if mode == "async" else ("chief", "worker")
+    if mode == "async":
+        return ("chief",)
+    if mode == "data":
+        return ("chief", "worker", "evaluator")  # the evaluator finishes after the final checkpoint
+    return ("chief", "worker")
 
 
 @dataclass

@@ -113,6 +113,12 @@ class History:
                 if isinstance(value, (int, float)):
                     self._series(f"replica/{rid}/{metric}").append(float(event["step"]), float(value), t)
                     self.version += 1
+        elif kind == "eval":
+            for metric in ("loss", "accuracy"):
+                value = event.get(metric)
+                if isinstance(value, (int, float)) and isinstance(event.get("step"), int):
+                    self._series(f"eval/{metric}").append(float(event["step"]), float(value), t)
+                    self.version += 1
         elif kind == "device":
             name = event["task"]
             for metric in TASK_METRICS:
@@ -143,6 +149,7 @@ class RunState:
         self.replicas: dict[int, ReplicaState] = {}
         self.history = History()
         self.infos: list[dict[str, Any]] = []
+        self.evals: list[dict[str, Any]] = []
         self.state = "pending"
         self.reason = ""
         self.failed_task = ""
@@ -172,6 +179,9 @@ class RunState:
             self._status(event)
         elif kind == "info":
             self.infos.append(event)
+        elif kind == "eval":
+            self.evals.append(event)
+            self.history.add(event)
         elif kind == "progress":
             self.scheduled = event.get("scheduled", self.scheduled)
             self.completed = event.get("completed", self.completed)

@@ -8,14 +8,20 @@ import tensorflow as tf
 from engine.config import RunConfig
 
 
-def synthetic_arrays(config: RunConfig) -> tuple[np.ndarray, np.ndarray]:
-    """A learnable classification task: Gaussian inputs labelled by a fixed random teacher."""
+def synthetic_arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+    """A learnable classification task: Gaussian inputs labelled by a fixed random teacher.
+
+    ``split="eval"`` draws fresh inputs labelled by the same teacher (held-out data).
+    """
     d = config.data
-    rng = np.random.default_rng(config.training.seed)
-    x = rng.standard_normal((d.size, *d.shape), dtype=np.float32)
-    flat = x.reshape(d.size, -1)
-    teacher = rng.standard_normal((flat.shape[1], d.classes), dtype=np.float32)
-    y = np.argmax(flat @ teacher + 0.5 * rng.standard_normal((d.size, d.classes), dtype=np.float32), axis=1)
+    seed = config.training.seed
+    features = int(np.prod(d.shape))
+    teacher = np.random.default_rng([seed, 0]).standard_normal((features, d.classes), dtype=np.float32)
+    size = d.size if split == "train" else max(config.training.global_batch_size, min(d.size, 2048))
+    rng = np.random.default_rng([seed, 1 if split == "train" else 2])
+    x = rng.standard_normal((size, *d.shape), dtype=np.float32)
+    noise = 0.5 * rng.standard_normal((size, d.classes), dtype=np.float32)
+    y = np.argmax(x.reshape(size, -1) @ teacher + noise, axis=1)
     return x, y.astype(np.int32)
 
 

@@ -148,5 +148,9 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
 
 
 def main(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
-    """Entry of a data-parallel task (every role here trains)."""
+    """Entry of a data-parallel task: chief and workers train, an evaluator evaluates checkpoints."""
+    if ctx.role == "evaluator":
+        from engine.runtime import evaluator
+
+        return evaluator.main(ctx)
     return train(ctx, telemetry=telemetry)

@@ -217,3 +217,19 @@ def test_launcher_killed_tasks_exit_by_themselves(tmp_path: Path) -> None:
     run_dir = next((tmp_path / "runs").iterdir())
     assert any(e["kind"] == "step" for e in events.read_file(run_dir / "events.jsonl"))
     assert config_mod.load(run_dir / "config.yaml")
+
+
+def test_evaluator_side_car_evaluates_checkpoints_until_the_final_one(runs_root: Path) -> None:
+    cfg = small(config_mod.load(PRESETS / "data-1worker-2gpus.yaml"), 150, checkpoint_every=50)
+    host = cfg.cluster.hosts[0]
+    cfg = replace(cfg, cluster=Cluster(hosts=(replace(host, tasks=(*host.tasks, Task("evaluator", 0))),)))
+    run = Run(cfg, runs_root=runs_root)
+    run.start()
+    assert run.wait(150) == "finished", run.state.summary()
+    evals = run.state.evals
+    assert evals and evals[-1]["step"] == 150
+    assert all(e["task"] == "evaluator:0" for e in evals)
+    assert 0.0 <= evals[-1]["accuracy"] <= 1.0
+    # held-out data from the same teacher: the trained model beats chance (10 classes)
+    assert evals[-1]["accuracy"] > 0.2
+    assert run.state.tasks["evaluator:0"].state == "finished"
