@@ -25,12 +25,13 @@ from typing import IO, Any
 import psutil
 
 from engine import config as config_mod
-from engine import events
+from engine import events, netns
 from engine.cluster import TaskPlan, plan_tasks, resolve_ports
 from engine.config import ConfigError, Problem, RunConfig
 from engine.telemetry import RunState
 
 STOP_TIMEOUT = 3.0
+LOCAL_GROUP = "localhost"  # the supervisor of every host that is this machine
 MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
 Listener = Callable[[dict[str, Any]], None]
 
@@ -84,12 +85,15 @@ class Run:
     """One launch of a config. ``start()``, then ``wait()`` or ``stop()``; listeners see every event."""
 
     def __init__(self, config: RunConfig, *, runs_root: str | Path | None = None, run_dir: str | Path | None = None,
-                 python: str | None = None, task_env: dict[str, str] | None = None) -> None:
+                 python: str | None = None, task_env: dict[str, str] | None = None,
+                 isolate: bool | None = None) -> None:
         self.config = config
         self.runs_root = Path(runs_root) if runs_root is not None else default_runs_root()
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self.python = python or sys.executable
         self.task_env = dict(task_env or {})
+        self.isolate = isolate  # None: on unless CLUSTERDECK_NETNS=0
+        self.isolated = False
         self.state = RunState(total_steps=config.total_steps(),
                               tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()])
         self.plans: list[TaskPlan] = []
@@ -146,6 +150,7 @@ class Run:
         self._dispatcher.start()
         self.started = True
         self._emit_run("starting")
+        self._decide_isolation()
         try:
             self._start_supervisors()
         except Exception:
@@ -191,10 +196,10 @@ class Run:
             out += [t.pid for t in self.state.tasks.values() if t.pid]
         return out
 
-    def send(self, host: str, command: str) -> bool:
-        """A command to one host's supervisor (``restart TASK``, ``signal TASK SIGKILL``)."""
+    def send(self, task: str, command: str) -> bool:
+        """A command to the supervisor of ``task`` (``restart TASK``, ``signal TASK SIGKILL``)."""
         for s in self._supervisors:
-            if s.host == host:
+            if task in s.tasks:
                 return s.send(command)
         return False
 
@@ -208,11 +213,38 @@ class Run:
         config_mod.save(resolved, self.run_dir / "config.yaml")
 
     def _start_supervisors(self) -> None:
+        # every local host is this machine: one supervisor (and one network namespace) for them all
         by_host: dict[str, list[TaskPlan]] = {}
+        local = {h.name for h in self.config.cluster.hosts if h.is_local}
         for plan in self.plans:
-            by_host.setdefault(plan.host, []).append(plan)
+            key = LOCAL_GROUP if plan.host in local else plan.host
+            by_host.setdefault(key, []).append(plan)
         for host, plans in by_host.items():
             self._start_supervisor(host, plans)
+
+    def _decide_isolation(self) -> None:
+        """Private network namespace for all-local runs; a visible warning wherever ports stay exposed."""
+        wanted = self.isolate if self.isolate is not None else os.environ.get("CLUSTERDECK_NETNS", "1") != "0"
+        self.isolated = False
+        if not wanted:
+            self._emit_info("network isolation is off: TensorFlow's ports (no authentication) listen on every "
+                            "interface of this machine", warning="ports-exposed")
+            return
+        if not self.config.cluster.is_local:
+            self._emit_info("multi-host cluster: TensorFlow's gRPC ports listen on all interfaces without "
+                            "authentication; run it only on a trusted network", warning="ports-exposed")
+            return
+        ok, why = netns.available()
+        if ok:
+            self.isolated = True
+            self._emit_info("tasks run in a private network namespace: their ports are not reachable from "
+                            "outside this run", isolated=True)
+        else:
+            self._emit_info(f"cannot isolate the run's ports ({why}); TensorFlow's ports listen on every "
+                            "interface without authentication", warning="ports-exposed")
+
+    def _emit_info(self, message: str, **fields: Any) -> None:
+        self._queue.put(events.make("info", "launcher", message=message, **fields))
 
     def _start_supervisor(self, host: str, plans: list[TaskPlan]) -> None:
         host_dir = self.run_dir / "hosts" / re.sub(r"[^A-Za-z0-9_.-]+", "-", host)
@@ -224,8 +256,11 @@ class Run:
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        cmd = [self.python, "-m", "engine.supervisor"]
+        if self.isolated and host == LOCAL_GROUP:
+            cmd = netns.wrap(cmd)
         with open(host_dir / "supervisor.log", "ab") as log:
-            proc = subprocess.Popen([self.python, "-m", "engine.supervisor"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
         sup = _Supervisor(host=host, proc=proc, tasks=[p.name for p in plans])
         self._supervisors.append(sup)

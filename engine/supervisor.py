@@ -163,7 +163,7 @@ class Supervisor:
             tp.ps.cpu_percent(None)
         except psutil.Error:
             tp.ps = None
-        self.send(events.make("status", plan.name, state="starting", pid=tp.proc.pid, host=self.host,
+        self.send(events.make("status", plan.name, state="starting", pid=tp.proc.pid, host=plan.host,
                               role=plan.role, gpu_ids=list(plan.gpu_ids), devices=plan.devices,
                               restarts=tp.restarts))
 

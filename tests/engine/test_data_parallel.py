@@ -233,3 +233,42 @@ def test_evaluator_side_car_evaluates_checkpoints_until_the_final_one(runs_root:
     # held-out data from the same teacher: the trained model beats chance (10 classes)
     assert evals[-1]["accuracy"] > 0.2
     assert run.state.tasks["evaluator:0"].state == "finished"
+
+
+def test_local_run_ports_are_not_reachable_from_outside(runs_root: Path) -> None:
+    from engine import netns
+
+    ok, why = netns.available()
+    if not ok:
+        pytest.skip(f"network namespaces are not allowed here: {why}")
+    import psutil
+    import socket
+
+    cfg = small(config_mod.load(PRESETS / "data-2workers.yaml"), 100_000)
+    run = Run(cfg, runs_root=runs_root)
+    got_step = threading.Event()
+    run.add_listener(lambda e: got_step.set() if e["kind"] == "step" else None)
+    run.start()
+    try:
+        assert got_step.wait(90)
+        assert run.isolated
+        ports = [t.port for _, t in run.config.cluster.tasks()]
+        assert all(ports)
+        # the tasks do listen (they train together), but only inside their namespace
+        listening = {c.laddr.port for c in psutil.net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert not set(ports) & listening
+        for port in ports:
+            with socket.socket() as s:
+                s.settimeout(1)
+                assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} reachable from outside"
+        assert any(e.get("isolated") for e in run.state.infos)
+    finally:
+        run.stop()
+
+
+def test_without_isolation_the_user_is_warned(runs_root: Path) -> None:
+    cfg = small(config_mod.load(PRESETS / "data-1worker-2gpus.yaml"), 5)
+    run = Run(cfg, runs_root=runs_root, isolate=False)
+    run.start()
+    assert run.wait(120) == "finished"
+    assert any(e.get("warning") == "ports-exposed" for e in run.state.infos)
