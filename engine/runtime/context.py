@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from engine.config import RunConfig
 from engine.runtime.emitter import Emitter
@@ -50,8 +51,10 @@ class StepReporter:
 
     def __init__(self, emitter: Emitter | None, replica_ids: Sequence[int], per_replica_batch: int,
                  hz: float, device_names: Sequence[str] = ("CPU:0",),
-                 memory: Callable[[str], tuple[int | None, int | None]] | None = None) -> None:
+                 memory: Callable[[str], tuple[int | None, int | None]] | None = None,
+                 summaries: Any = None) -> None:
         self.emitter = emitter
+        self.summaries = summaries  # engine.runtime.summaries.Summaries, or None
         self.replica_ids = list(replica_ids)
         self.per_replica_batch = per_replica_batch
         self.interval = 1.0 / hz if hz > 0 else 0.0
@@ -84,6 +87,8 @@ class StepReporter:
             if worker is not None:
                 fields["worker"] = worker
             self.emitter.emit("step", **fields)
+            if self.summaries is not None:
+                self.summaries.replica(rid, step, loss=float(loss), examples_per_sec=rate, step_time=step_time)
         self.reports += 1
         self.last = now
         self.last_emit = now

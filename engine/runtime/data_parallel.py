@@ -18,6 +18,7 @@ from engine.config import TRAINER_ROLES, RunConfig
 from engine.runtime import data as data_mod
 from engine.runtime import models
 from engine.runtime.context import StepReporter, TaskContext
+from engine.runtime.summaries import Summaries
 from engine.runtime.devices import DeviceSetup, memory_info, setup_devices
 
 
@@ -114,9 +115,10 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
         return strategy.run(step_fn, args=next(it))
 
     total = config.total_steps()
+    summaries = Summaries(ctx.run_dir / "tensorboard" / ctx.task.replace(":", "-")) if telemetry else None
     reporter = StepReporter(ctx.emitter if telemetry else None, range(base, base + local), per_replica,
                             config.training.metrics_hz, [n.lstrip("/").replace("device:", "") for n in setup.names],
-                            memory_info)
+                            memory_info, summaries)
     every = config.training.checkpoint_every
     result: Any = None
     # steady-state throughput, measured the same way with and without telemetry (the benchmark reads it)
@@ -135,6 +137,8 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
             manager.save(checkpoint_number=step)
             reporter.restart_clock()
     final = [float(t.numpy()) for t in strategy.experimental_local_results(result)] if result is not None else []
+    if summaries is not None:
+        summaries.close()
     window_eps = None
     if window_start is not None and total > warm_until:
         window_eps = (total - warm_until) * global_batch / (time.perf_counter() - window_start)

@@ -22,6 +22,12 @@ from tests.conftest import PRESETS, ROOT, alive, wait_gone
 pytestmark = pytest.mark.cluster
 
 
+def tensor_value(proto: object) -> float:
+    from tensorboard.util import tensor_util
+
+    return float(tensor_util.make_ndarray(proto))
+
+
 def small(cfg: RunConfig, steps: int, **training: object) -> RunConfig:
     return replace(cfg, training=replace(cfg.training, steps=steps, epochs=None, **training))
 
@@ -62,6 +68,16 @@ def test_two_workers_complete_with_events_from_both_replicas(runs_root: Path) ->
     assert (run_dir / "config.yaml").exists() and config_mod.load(run_dir / "config.yaml").name == cfg.name
     assert json.loads((run_dir / "run.json").read_text())["state"] == "finished"
     assert any(p.name.startswith("ckpt-60") for p in (run_dir / "checkpoints").iterdir())
+    # the same scalars as TensorBoard summaries, read back with TensorBoard's own reader
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for r, name in ((0, "worker-0"), (1, "worker-1")):
+        acc = EventAccumulator(str(run_dir / "tensorboard" / name), size_guidance={"tensors": 0})
+        acc.Reload()
+        points = {int(ev.step): float(tensor_value(ev.tensor_proto)) for ev in acc.Tensors(f"replica_{r}/loss")}
+        streamed = {e["step"]: e["loss"] for e in by_replica[r]}
+        assert points.keys() == streamed.keys()
+        assert all(abs(points[k] - streamed[k]) < 1e-5 for k in points)
     # device use was sampled by the supervisor
     assert any(e["kind"] == "device" and "cpu_percent" in e for e in seen)
     assert not alive(run.pids())
