@@ -1,0 +1,64 @@
+"""Entry point of the desktop app: ``gui.app.main(argv)`` (what ``clusterdeck`` with no arguments runs).
+
+The GUI process imports the engine's control half only, never TensorFlow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QApplication
+
+from gui import theme
+from gui.controller import Controller
+from gui.main_window import APPLICATION, ORGANIZATION, MainWindow, app_icon, app_settings
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="clusterdeck gui", description="Open the ClusterDeck desktop app.")
+    parser.add_argument("preset", nargs="?", help="a YAML preset to open")
+    parser.add_argument("--run", action="store_true", help="start the preset at once")
+    return parser.parse_args(list(argv))
+
+
+def application() -> QApplication:
+    """The QApplication (created once, with the app's names, icon and the system's colour scheme)."""
+    app = QApplication.instance()
+    if not isinstance(app, QApplication):
+        app = QApplication(sys.argv[:1])
+    app.setOrganizationName(ORGANIZATION)
+    app.setApplicationName(APPLICATION)
+    app.setApplicationDisplayName("ClusterDeck")
+    app.setWindowIcon(app_icon())
+    return app
+
+
+def create_window(argv: Sequence[str] = ()) -> MainWindow:
+    """Build and show the main window, open the preset of ``argv`` and start it with ``--run``."""
+    args = parse_args(argv)
+    app = application()
+    choice = str(app_settings().value("theme", "system"))
+    theme.apply_palette(app, None if choice not in ("light", "dark") else choice == "dark")
+    window = MainWindow(Controller())
+    window.show()
+    if args.preset:
+        if window.open_path(args.preset, ask=False) and args.run:
+            QTimer.singleShot(0, window.start_run)
+    return window
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the app until its window closes; returns the exit status."""
+    argv = sys.argv[1:] if argv is None else argv
+    app = application()
+    window = create_window(argv)
+    code = app.exec()
+    del window
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,483 @@
+"""The cluster canvas: hosts as boxes with their GPU slots, tasks as coloured chips inside them.
+
+The scene is rebuilt from the controller's document on every edit (clusters are
+small); run state only recolours the chips. Items never change the config
+themselves: they call the controller, deferred to the next event-loop turn so an
+item is never deleted inside its own event handler.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
+from PySide6.QtGui import (
+    QAction,
+    QBrush,
+    QColor,
+    QContextMenuEvent,
+    QFont,
+    QKeySequence,
+    QPainter,
+    QPainterPath,
+    QPen,
+    QWheelEvent,
+)
+from PySide6.QtWidgets import (
+    QGraphicsItem,
+    QGraphicsObject,
+    QGraphicsScene,
+    QGraphicsSceneMouseEvent,
+    QGraphicsSimpleTextItem,
+    QGraphicsView,
+    QLabel,
+    QMenu,
+    QStyleOptionGraphicsItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.cluster import gpu_assignment
+from engine.config import ROLES, Host, Problem, Task
+from engine.telemetry import TaskState
+from gui import theme
+from gui.controller import Controller, Selection, problem_target
+
+CHIP_W = 122.0
+CHIP_H = 40.0
+PAD = 10.0
+COLUMNS = 2
+HEADER_H = 42.0
+GPU_ROW_H = 24.0
+HOST_W = PAD + COLUMNS * (CHIP_W + PAD)
+MAX_GPU_SLOTS = 16
+
+
+def _defer(fn: object) -> None:
+    QTimer.singleShot(0, fn)  # type: ignore[arg-type]
+
+
+class ChipItem(QGraphicsObject):
+    """One task: a chip coloured by role, with a state dot while a run is shown."""
+
+    def __init__(self, canvas: ClusterCanvas, host_index: int, task_index: int, task: Task,
+                 parent: QGraphicsItem) -> None:
+        super().__init__(parent)
+        self.canvas = canvas
+        self.host_index = host_index
+        self.task_index = task_index
+        self.task = task
+        self.problems: list[str] = []
+        self.run_state: TaskState | None = None
+        self.home = QPointF()
+        self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
+        self.setCursor(Qt.CursorShape.OpenHandCursor)
+        self.setAcceptHoverEvents(True)
+        self.update_tooltip()
+
+    @property
+    def selection(self) -> Selection:
+        return ("task", self.host_index, self.task_index)
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-2, -2, CHIP_W + 4, CHIP_H + 4)
+
+    def update_tooltip(self) -> None:
+        t = self.task
+        lines = [f"<b>{t.name}</b> — port {'auto' if t.port is None else t.port}",
+                 "Drag onto another host to move it; right-click for more."]
+        if self.run_state is not None and self.run_state.state != "pending":
+            s = self.run_state
+            lines.append(f"State: <b>{s.state}</b>" + (f" (pid {s.pid})" if s.pid else ""))
+            if s.reason:
+                lines.append(f"Reason: {s.reason}")
+        for p in self.problems:
+            lines.append(f"<span style='color:{theme.PROBLEM_COLOR}'>⚠ {p}</span>")
+        self.setToolTip("<br>".join(lines))
+
+    def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget: QWidget | None = None) -> None:
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        fill = QColor(theme.ROLE_COLORS.get(self.task.role, "#777777"))
+        rect = QRectF(0, 0, CHIP_W, CHIP_H)
+        if self.problems:
+            pen = QPen(QColor(theme.PROBLEM_COLOR), 3)
+        elif self.isSelected():
+            pen = QPen(self.canvas.palette().highlight().color().lighter(140), 3)
+        else:
+            pen = QPen(fill.darker(140), 1)
+        painter.setPen(pen)
+        painter.setBrush(QBrush(fill))
+        painter.drawRoundedRect(rect, 7, 7)
+        painter.setPen(QColor("white"))
+        font = QFont(painter.font())
+        font.setBold(True)
+        font.setPointSizeF(9.5)
+        painter.setFont(font)
+        painter.drawText(QRectF(10, 3, CHIP_W - 30, 18), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                         self.task.name)
+        font.setBold(False)
+        font.setPointSizeF(8)
+        painter.setFont(font)
+        port = "port auto" if self.task.port is None else f"port {self.task.port}"
+        state = self.run_state.state if self.run_state is not None else ""
+        detail = f"{state} · {port}" if state and state != "pending" else port
+        painter.drawText(QRectF(10, 20, CHIP_W - 14, 16), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+                         detail)
+        if state and state != "pending":
+            painter.setPen(QPen(QColor("white"), 1.5))
+            painter.setBrush(QColor(theme.STATE_COLORS.get(state, "#888888")))
+            painter.drawEllipse(QPointF(CHIP_W - 13, 12), 6, 6)
+        if self.problems:
+            painter.setPen(QColor("white"))
+            painter.drawText(QRectF(CHIP_W - 24, 20, 20, 16), Qt.AlignmentFlag.AlignCenter, "⚠")
+
+    def mousePressEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        self.setCursor(Qt.CursorShape.ClosedHandCursor)
+        self.setZValue(10)
+        super().mousePressEvent(event)
+
+    def mouseReleaseEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        super().mouseReleaseEvent(event)
+        self.setCursor(Qt.CursorShape.OpenHandCursor)
+        self.setZValue(0)
+        if (self.pos() - self.home).manhattanLength() < 4:
+            self.setPos(self.home)
+            return
+        target = self.canvas.host_at(event.scenePos(), exclude=self)
+        if target is not None and target.host_index != self.host_index:
+            i, j, k = self.host_index, self.task_index, target.host_index
+            _defer(lambda: self.canvas.controller.move_task(i, j, k))
+        else:
+            self.setPos(self.home)
+
+
+class HostItem(QGraphicsObject):
+    """One host: name, address, GPU slots and its task chips."""
+
+    def __init__(self, canvas: ClusterCanvas, index: int, host: Host) -> None:
+        super().__init__()
+        self.canvas = canvas
+        self.host_index = index
+        self.host = host
+        self.problems: list[str] = []
+        self.chips: list[ChipItem] = []
+        self.press_pos = QPointF()
+        rows = max(1, (len(host.tasks) + COLUMNS - 1) // COLUMNS)
+        self.height = HEADER_H + GPU_ROW_H + rows * (CHIP_H + PAD) + PAD
+        self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
+        gpus = gpu_assignment(host)
+        self.gpu_owner: dict[int, str] = {g: name for name, ids in gpus.items() for g in ids}
+        for j, task in enumerate(host.tasks):
+            chip = ChipItem(canvas, index, j, task, self)
+            chip.home = QPointF(PAD + (j % COLUMNS) * (CHIP_W + PAD), HEADER_H + GPU_ROW_H + (j // COLUMNS) * (CHIP_H + PAD))
+            chip.setPos(chip.home)
+            self.chips.append(chip)
+        if not host.tasks:
+            hint = QGraphicsSimpleTextItem("Right-click to add a task", self)
+            hint.setBrush(canvas.palette().placeholderText())
+            hint.setPos(PAD + 4, HEADER_H + GPU_ROW_H + 12)
+        self.update_tooltip()
+
+    @property
+    def selection(self) -> Selection:
+        return ("host", self.host_index)
+
+    def boundingRect(self) -> QRectF:
+        return QRectF(-2, -2, HOST_W + 4, self.height + 4)
+
+    def update_tooltip(self) -> None:
+        h = self.host
+        lines = [f"<b>{h.name}</b> at {h.address} — {h.gpus} GPU{'s' if h.gpus != 1 else ''}",
+                 "Drag to move; right-click to add tasks or GPUs."]
+        for p in self.problems:
+            lines.append(f"<span style='color:{theme.PROBLEM_COLOR}'>⚠ {p}</span>")
+        self.setToolTip("<br>".join(lines))
+
+    def paint(self, painter: QPainter, option: QStyleOptionGraphicsItem, widget: QWidget | None = None) -> None:
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+        pal = self.canvas.palette()
+        dark = theme.is_dark(pal)
+        rect = QRectF(0, 0, HOST_W, self.height)
+        if self.problems:
+            pen = QPen(QColor(theme.PROBLEM_COLOR), 2.5)
+        elif self.isSelected():
+            pen = QPen(pal.highlight().color(), 2.5)
+        else:
+            pen = QPen(pal.mid().color(), 1.2)
+        painter.setPen(pen)
+        painter.setBrush(QColor("#2c313a") if dark else QColor("#ffffff"))
+        painter.drawRoundedRect(rect, 10, 10)
+        header = QPainterPath()
+        header.addRoundedRect(QRectF(1, 1, HOST_W - 2, HEADER_H - 2), 9, 9)
+        painter.fillPath(header, QColor("#363c47") if dark else QColor("#eef1f5"))
+        text = pal.text().color()
+        painter.setPen(text)
+        font = QFont(painter.font())
+        font.setBold(True)
+        font.setPointSizeF(10.5)
+        painter.setFont(font)
+        painter.drawText(QRectF(PAD, 3, HOST_W - 2 * PAD - 20, 20), Qt.AlignmentFlag.AlignVCenter, self.host.name)
+        font.setBold(False)
+        font.setPointSizeF(8.5)
+        painter.setFont(font)
+        painter.setPen(pal.placeholderText().color())
+        painter.drawText(QRectF(PAD, 21, HOST_W - 2 * PAD, 16), Qt.AlignmentFlag.AlignVCenter, self.host.address)
+        if self.problems:
+            painter.setPen(QColor(theme.PROBLEM_COLOR))
+            painter.drawText(QRectF(HOST_W - 28, 4, 20, 20), Qt.AlignmentFlag.AlignCenter, "⚠")
+        self._paint_gpus(painter, text)
+
+    def _paint_gpus(self, painter: QPainter, text: QColor) -> None:
+        y = HEADER_H + 3
+        gpus = self.host.gpus
+        painter.setPen(self.canvas.palette().placeholderText().color())
+        if gpus <= 0:
+            painter.drawText(QRectF(PAD, y, 120, 16), Qt.AlignmentFlag.AlignVCenter, "no GPU (CPU only)")
+            return
+        painter.drawText(QRectF(PAD, y, 40, 16), Qt.AlignmentFlag.AlignVCenter, "GPUs")
+        x = PAD + 36
+        for g in range(min(gpus, MAX_GPU_SLOTS)):
+            owner = self.gpu_owner.get(g)
+            role = owner.split(":")[0] if owner else ""
+            color = QColor(theme.ROLE_COLORS.get(role, "#9aa0a6"))
+            painter.setPen(QPen(color.darker(130), 1))
+            painter.setBrush(color if owner else QColor(0, 0, 0, 0))
+            painter.drawRoundedRect(QRectF(x, y + 2, 11, 12), 2, 2)
+            x += 14
+        if gpus > MAX_GPU_SLOTS:
+            painter.setPen(text)
+            painter.drawText(QRectF(x + 2, y, 40, 16), Qt.AlignmentFlag.AlignVCenter, f"+{gpus - MAX_GPU_SLOTS}")
+
+    def mousePressEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        self.press_pos = self.pos()
+        super().mousePressEvent(event)
+
+    def mouseReleaseEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        super().mouseReleaseEvent(event)
+        if (self.pos() - self.press_pos).manhattanLength() >= 2:
+            i, pos = self.host_index, (self.pos().x(), self.pos().y())
+            _defer(lambda: self.canvas.controller.move_host(i, pos))
+
+
+class ClusterView(QGraphicsView):
+    """The view: context menus, Ctrl+wheel zoom."""
+
+    def __init__(self, canvas: ClusterCanvas) -> None:
+        super().__init__(canvas.scene)
+        self.canvas = canvas
+        self.setRenderHint(QPainter.RenderHint.Antialiasing)
+        self.setDragMode(QGraphicsView.DragMode.RubberBandDrag)
+        self.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.setToolTip("")
+
+    def contextMenuEvent(self, event: QContextMenuEvent) -> None:
+        item = self.canvas.item_at(self.mapToScene(event.pos()))
+        if item is not None and not item.isSelected():
+            self.scene().clearSelection()
+            item.setSelected(True)
+        menu = self.canvas.context_menu(item, self.mapToScene(event.pos()))
+        menu.exec(event.globalPos())
+
+    def wheelEvent(self, event: QWheelEvent) -> None:
+        if event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            factor = 1.15 if event.angleDelta().y() > 0 else 1 / 1.15
+            self.scale(factor, factor)
+            return
+        super().wheelEvent(event)
+
+
+class ClusterCanvas(QWidget):
+    """Hosts and tasks of the current config, editable with mouse, menus and the Delete key."""
+
+    itemsRebuilt = Signal()
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.scene = QGraphicsScene(self)
+        self.view = ClusterView(self)
+        self.view.setObjectName("clusterView")
+        self.banner = QLabel()
+        self.banner.setObjectName("clusterProblems")
+        self.banner.setWordWrap(True)
+        self.banner.setStyleSheet(f"QLabel {{ color: white; background: {theme.PROBLEM_COLOR}; padding: 4px 8px; "
+                                  "border-radius: 4px; }")
+        self.banner.setToolTip("Problems with the cluster as a whole; fix them before running")
+        self.banner.hide()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(4)
+        layout.addWidget(self.banner)
+        layout.addWidget(self.view)
+        self.hosts: list[HostItem] = []
+        self._syncing = False
+        self.delete_action = QAction("Delete", self)
+        self.delete_action.setShortcuts([QKeySequence(QKeySequence.StandardKey.Delete), QKeySequence(Qt.Key.Key_Backspace)])
+        self.delete_action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
+        self.delete_action.setToolTip("Delete the selected host or task")
+        self.delete_action.triggered.connect(controller.delete_selection)
+        self.view.addAction(self.delete_action)
+        self.scene.selectionChanged.connect(self._scene_selection)
+        controller.documentChanged.connect(self.rebuild)
+        controller.problemsChanged.connect(self._apply_problems)
+        controller.selectionChanged.connect(self._select)
+        controller.runUpdated.connect(self.refresh_states)
+        controller.runLoaded.connect(self.refresh_states)
+        self.rebuild()
+
+    # ------------------------------------------------------------------ building
+
+    def rebuild(self) -> None:
+        self._syncing = True
+        try:
+            self.scene.clear()
+            self.hosts = []
+            doc = self.controller.document
+            for i, host in enumerate(doc.config.cluster.hosts):
+                item = HostItem(self, i, host)
+                x, y = doc.layout[i] if i < len(doc.layout) else (0.0, 0.0)
+                item.setPos(x, y)
+                self.scene.addItem(item)
+                self.hosts.append(item)
+            if not self.hosts:
+                hint = self.scene.addSimpleText("No hosts yet: press “Add host” or right-click here.")
+                hint.setBrush(self.palette().placeholderText())
+            rect = self.scene.itemsBoundingRect().adjusted(-40, -30, 40, 30)
+            self.scene.setSceneRect(rect.united(QRectF(-20, -20, 400, 200)))
+            self._apply_problems(self.controller.problems)
+            self.refresh_states()
+            self._select(self.controller.selection)
+        finally:
+            self._syncing = False
+        self.itemsRebuilt.emit()
+
+    def chip(self, i: int, j: int) -> ChipItem | None:
+        if 0 <= i < len(self.hosts) and 0 <= j < len(self.hosts[i].chips):
+            return self.hosts[i].chips[j]
+        return None
+
+    def item_for(self, selection: Selection) -> QGraphicsObject | None:
+        if selection is None:
+            return None
+        if selection[0] == "host":
+            return self.hosts[selection[1]] if selection[1] < len(self.hosts) else None
+        return self.chip(selection[1], selection[2])
+
+    def host_at(self, pos: QPointF, exclude: QGraphicsItem | None = None) -> HostItem | None:
+        for item in self.scene.items(pos):
+            if item is exclude:
+                continue
+            while item is not None and not isinstance(item, HostItem):
+                item = item.parentItem()
+            if isinstance(item, HostItem):
+                return item
+        return None
+
+    def item_at(self, pos: QPointF) -> HostItem | ChipItem | None:
+        for item in self.scene.items(pos):
+            while item is not None and not isinstance(item, (HostItem, ChipItem)):
+                item = item.parentItem()
+            if isinstance(item, (HostItem, ChipItem)):
+                return item
+        return None
+
+    # ------------------------------------------------------------------ state
+
+    def _apply_problems(self, problems: list[Problem]) -> None:
+        for host in self.hosts:
+            host.problems = []
+            for chip in host.chips:
+                chip.problems = []
+        general: list[str] = []
+        for p in problems:
+            target = problem_target(p)
+            item = self.item_for(target)
+            if isinstance(item, HostItem):
+                item.problems.append(f"{p.field.split('.', 2)[-1] if '.' in p.field else p.field}: {p.message}")
+            elif isinstance(item, ChipItem):
+                item.problems.append(f"{p.field.rsplit('.', 1)[-1]}: {p.message}")
+            elif p.field in ("cluster", "cluster.hosts"):
+                general.append(p.message)
+        for host in self.hosts:
+            host.update_tooltip()
+            host.update()
+            for chip in host.chips:
+                chip.update_tooltip()
+                chip.update()
+        self.banner.setText("\n".join(f"⚠ {m}" for m in general))
+        self.banner.setVisible(bool(general))
+
+    def refresh_states(self) -> None:
+        tasks = self.controller.state.tasks
+        for host in self.hosts:
+            for chip in host.chips:
+                state = tasks.get(chip.task.name)
+                if state is not chip.run_state or (state is not None):
+                    chip.run_state = state
+                    chip.update_tooltip()
+                    chip.update()
+
+    # ------------------------------------------------------------------ selection
+
+    def _scene_selection(self) -> None:
+        if self._syncing:
+            return
+        selected = [i for i in self.scene.selectedItems() if isinstance(i, (HostItem, ChipItem))]
+        self.controller.select(selected[0].selection if len(selected) == 1 else None)
+
+    def _select(self, selection: Selection) -> None:
+        was = self._syncing
+        self._syncing = True
+        try:
+            self.scene.clearSelection()
+            item = self.item_for(selection)
+            if item is not None:
+                item.setSelected(True)
+        finally:
+            self._syncing = was
+
+    # ------------------------------------------------------------------ menus
+
+    def context_menu(self, item: HostItem | ChipItem | None, scene_pos: QPointF | None = None) -> QMenu:
+        """The right-click menu for a chip, a host or the empty canvas."""
+        c = self.controller
+        menu = QMenu(self)
+        menu.setToolTipsVisible(True)
+
+        def add(text: str, slot: object, tip: str, enabled: bool = True) -> QAction:
+            action = menu.addAction(text)
+            action.setToolTip(tip)
+            action.setEnabled(enabled)
+            action.triggered.connect(lambda _=False: _defer(slot))
+            return action
+
+        if isinstance(item, ChipItem):
+            i, j = item.host_index, item.task_index
+            roles = menu.addMenu("Role")
+            roles.setToolTip("Change this task's role")
+            for role in ROLES:
+                a = roles.addAction(role)
+                a.setCheckable(True)
+                a.setChecked(role == item.task.role)
+                a.triggered.connect(lambda _=False, r=role: _defer(lambda: c.update_task(i, j, role=r)))
+            hosts = c.config.cluster.hosts
+            if len(hosts) > 1:
+                move = menu.addMenu("Move to host")
+                for k, h in enumerate(hosts):
+                    if k != i:
+                        a = move.addAction(h.name)
+                        a.triggered.connect(lambda _=False, k=k: _defer(lambda: c.move_task(i, j, k)))
+            menu.addSeparator()
+            add("Delete task", lambda: c.remove_task(i, j), "Remove this task from its host")
+        elif isinstance(item, HostItem):
+            i = item.host_index
+            for role in ROLES:
+                add(f"Add {role} task", lambda r=role: c.add_task(i, r), f"Place a new {role} task on this host")
+            menu.addSeparator()
+            gpus = item.host.gpus
+            add("Add GPU", lambda: c.update_host(i, gpus=gpus + 1), "One more GPU slot on this host")
+            add("Remove GPU", lambda: c.update_host(i, gpus=gpus - 1), "One GPU slot fewer", enabled=gpus > 0)
+            menu.addSeparator()
+            add("Delete host", lambda: c.remove_host(i), "Remove this host and its tasks")
+        else:
+            pos = (scene_pos.x(), scene_pos.y()) if scene_pos is not None else None
+            add("Add host here", lambda: c.add_host(pos), "Add a host box at this place")
+        return menu

@@ -1,0 +1,208 @@
+"""The edited document: a run config plus where each host box sits on the canvas.
+
+Every cluster edit of the app is a pure function here (old document in, new one
+out), so the controller can push before/after snapshots onto its undo stack and
+the rules (unique names, task indices 0..n-1 per role, fixes for a parallelism
+mode) are tested without any widget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine import config as cfg
+from engine.config import ROLES, Cluster, Host, RunConfig, Task
+
+HOST_SPACING_X = 300.0
+HOST_SPACING_Y = 250.0
+HOSTS_PER_ROW = 3
+
+Position = tuple[float, float]
+
+
+def auto_position(i: int) -> Position:
+    """Where host ``i`` goes when the user has not placed it."""
+    return ((i % HOSTS_PER_ROW) * HOST_SPACING_X, (i // HOSTS_PER_ROW) * HOST_SPACING_Y)
+
+
+def auto_layout(n: int) -> tuple[Position, ...]:
+    return tuple(auto_position(i) for i in range(n))
+
+
+@dataclass(frozen=True)
+class Document:
+    """A config and the canvas position of each of its hosts (one per host, same order)."""
+
+    config: RunConfig = field(default_factory=cfg.default_config)
+    layout: tuple[Position, ...] = ()
+
+    @staticmethod
+    def of(config: RunConfig) -> Document:
+        return Document(config, auto_layout(len(config.cluster.hosts)))
+
+    def with_cluster(self, cluster: Cluster, layout: tuple[Position, ...] | None = None) -> Document:
+        new = cfg.replace(self.config, cluster=cluster)
+        if layout is None:
+            layout = self.layout
+        if len(layout) != len(cluster.hosts):
+            layout = tuple(layout[:len(cluster.hosts)]) + tuple(
+                auto_position(i) for i in range(len(layout), len(cluster.hosts)))
+        return Document(new, layout)
+
+
+# --------------------------------------------------------------------------- cluster rules
+
+
+def renumber(cluster: Cluster) -> Cluster:
+    """Task indices 0..n-1 per role, in the order the tasks appear on the canvas."""
+    counters: dict[str, int] = {}
+    hosts = []
+    for h in cluster.hosts:
+        tasks = []
+        for t in h.tasks:
+            index = counters.get(t.role, 0)
+            counters[t.role] = index + 1
+            tasks.append(t if t.index == index else cfg.replace(t, index=index))
+        hosts.append(cfg.replace(h, tasks=tuple(tasks)))
+    return Cluster(hosts=tuple(hosts))
+
+
+def unique_host_name(cluster: Cluster, base: str = "host") -> str:
+    names = {h.name for h in cluster.hosts}
+    if base not in names and base != "host":
+        return base
+    n = len(cluster.hosts)
+    while f"{base}{n}" in names:
+        n += 1
+    return f"{base}{n}"
+
+
+def _replace_host(cluster: Cluster, i: int, host: Host) -> Cluster:
+    hosts = list(cluster.hosts)
+    hosts[i] = host
+    return Cluster(hosts=tuple(hosts))
+
+
+# --------------------------------------------------------------------------- edits
+
+
+def add_host(doc: Document, position: Position | None = None, name: str | None = None) -> Document:
+    cluster = doc.config.cluster
+    host = Host(name=name or unique_host_name(cluster), address="localhost", gpus=0)
+    pos = position if position is not None else auto_position(len(cluster.hosts))
+    return doc.with_cluster(Cluster(hosts=cluster.hosts + (host,)), doc.layout + (pos,))
+
+
+def remove_host(doc: Document, i: int) -> Document:
+    hosts = list(doc.config.cluster.hosts)
+    del hosts[i]
+    layout = list(doc.layout)
+    del layout[i]
+    return doc.with_cluster(renumber(Cluster(hosts=tuple(hosts))), tuple(layout))
+
+
+def update_host(doc: Document, i: int, **changes: object) -> Document:
+    cluster = doc.config.cluster
+    return doc.with_cluster(_replace_host(cluster, i, cfg.replace(cluster.hosts[i], **changes)))
+
+
+def move_host(doc: Document, i: int, position: Position) -> Document:
+    layout = list(doc.layout)
+    layout[i] = (float(position[0]), float(position[1]))
+    return Document(doc.config, tuple(layout))
+
+
+def add_task(doc: Document, i: int, role: str = "worker") -> Document:
+    if role not in ROLES:
+        raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {role!r}")
+    cluster = doc.config.cluster
+    host = cluster.hosts[i]
+    host = cfg.replace(host, tasks=host.tasks + (Task(role=role, index=len(cluster.tasks_of(role))),))
+    return doc.with_cluster(renumber(_replace_host(cluster, i, host)))
+
+
+def remove_task(doc: Document, i: int, j: int) -> Document:
+    cluster = doc.config.cluster
+    host = cluster.hosts[i]
+    tasks = list(host.tasks)
+    del tasks[j]
+    return doc.with_cluster(renumber(_replace_host(cluster, i, cfg.replace(host, tasks=tuple(tasks)))))
+
+
+def update_task(doc: Document, i: int, j: int, **changes: object) -> Document:
+    cluster = doc.config.cluster
+    host = cluster.hosts[i]
+    tasks = list(host.tasks)
+    tasks[j] = cfg.replace(tasks[j], **changes)
+    cluster = _replace_host(cluster, i, cfg.replace(host, tasks=tuple(tasks)))
+    return doc.with_cluster(renumber(cluster) if "role" in changes else cluster)
+
+
+def move_task(doc: Document, i: int, j: int, k: int) -> Document:
+    """Move task ``j`` of host ``i`` to the end of host ``k``."""
+    if i == k:
+        return doc
+    hosts = list(doc.config.cluster.hosts)
+    src = list(hosts[i].tasks)
+    task = src.pop(j)
+    hosts[i] = cfg.replace(hosts[i], tasks=tuple(src))
+    hosts[k] = cfg.replace(hosts[k], tasks=hosts[k].tasks + (task,))
+    return doc.with_cluster(renumber(Cluster(hosts=tuple(hosts))))
+
+
+# --------------------------------------------------------------------------- parallelism
+
+
+def cluster_fix(config: RunConfig, mode: str) -> tuple[Cluster, list[str]]:
+    """The cluster ``mode`` needs and what changed, in words (no change: same cluster, no words).
+
+    async needs exactly one chief, at least one worker and one ps; data and model use no ps,
+    and model no chief either (its chief becomes a worker).
+    """
+    cluster = config.cluster
+    changes: list[str] = []
+    hosts = [list(h.tasks) for h in cluster.hosts]
+    if not hosts:
+        return cluster, changes
+
+    def count(role: str) -> int:
+        return sum(1 for ts in hosts for t in ts if t.role == role)
+
+    if mode == "async":
+        chiefs = [(i, j) for i, ts in enumerate(hosts) for j, t in enumerate(ts) if t.role == "chief"]
+        for i, j in chiefs[1:]:
+            hosts[i][j] = cfg.replace(hosts[i][j], role="worker")
+            changes.append("turn the extra chief tasks into workers")
+        if not chiefs:
+            hosts[0].insert(0, Task(role="chief"))
+            changes.append(f"add a chief task to host {cluster.hosts[0].name!r}")
+        if count("worker") == 0:
+            hosts[0].append(Task(role="worker"))
+            changes.append(f"add a worker task to host {cluster.hosts[0].name!r}")
+        if count("ps") == 0:
+            hosts[0].append(Task(role="ps"))
+            changes.append(f"add a ps task to host {cluster.hosts[0].name!r}")
+    else:
+        ps = count("ps")
+        if ps:
+            hosts = [[t for t in ts if t.role != "ps"] for ts in hosts]
+            changes.append(f"remove the {ps} ps task{'s' if ps > 1 else ''}")
+        if mode == "model" and count("chief"):
+            hosts = [[cfg.replace(t, role="worker") if t.role == "chief" else t for t in ts] for ts in hosts]
+            changes.append("turn the chief task into a worker")
+        if count("chief") + count("worker") == 0:
+            hosts[0].append(Task(role="worker"))
+            changes.append(f"add a worker task to host {cluster.hosts[0].name!r}")
+    if not changes:
+        return cluster, []
+    fixed = Cluster(hosts=tuple(cfg.replace(h, tasks=tuple(ts)) for h, ts in zip(cluster.hosts, hosts, strict=True)))
+    return renumber(fixed), list(dict.fromkeys(changes))
+
+
+def mesh_fix(config: RunConfig) -> tuple[int, int]:
+    """A DTensor mesh (batch, model) matching the worker devices, keeping the model axis if it fits."""
+    devices = sum(config.devices_of(h, t) for h, t in config.trainer_tasks()) or 1
+    model = config.parallelism.mesh_model
+    if model < 1 or devices % model or any(w % model for w in config.model.hidden):
+        model = 1
+    return devices // model, model

@@ -1,0 +1,560 @@
+"""The main window: menus, toolbar, the cluster canvas, live plots, settings, tasks and logs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
+from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QIcon, QKeySequence
+from PySide6.QtWidgets import (
+    QApplication,
+    QDockWidget,
+    QFileDialog,
+    QLabel,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QSplitter,
+    QStyle,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import cli
+from engine.config import ROLES, ConfigError
+from gui import theme
+from gui.canvas import ClusterCanvas
+from gui.controller import Controller
+from gui.logs import LogView
+from gui.plots import PlotsPanel
+from gui.problems_list import ProblemsList
+from gui.properties_panel import PropertiesPanel
+from gui.run_status import RunStatus
+from gui.settings_panel import SettingsPanel
+from gui.task_table import TaskTable
+
+ORGANIZATION = "ClusterDeck"
+APPLICATION = "ClusterDeck"
+MAX_RECENT = 8
+RESOURCES = Path(__file__).resolve().parent.parent / "resources"
+YAML_FILTER = "ClusterDeck presets (*.yaml *.yml);;All files (*)"
+
+
+def app_settings() -> QSettings:
+    """The app's settings (an INI file under the user's config folder; tests point it elsewhere)."""
+    return QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope, ORGANIZATION, APPLICATION)
+
+
+def app_icon() -> QIcon:
+    path = RESOURCES / "icons" / "clusterdeck.svg"
+    return QIcon(str(path)) if path.exists() else QIcon()
+
+
+class MainWindow(QMainWindow):
+    """ClusterDeck's window. Takes the controller; every change goes through it."""
+
+    def __init__(self, controller: Controller | None = None, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller if controller is not None else Controller()
+        self.controller.setParent(self)
+        self.setObjectName("mainWindow")
+        self.setWindowIcon(app_icon())
+        self.setDockNestingEnabled(True)
+        self._close_when_stopped = False
+        self._theme_choice = "system"
+
+        c = self.controller
+        self.canvas = ClusterCanvas(c)
+        self.canvas.setToolTip("")
+        self.plots = PlotsPanel(c)
+        self.properties = PropertiesPanel(c)
+        self.problems = ProblemsList(c)
+        self.settings_panel = SettingsPanel(c)
+        self.task_table = TaskTable(c)
+        self.logs = LogView(c)
+        self.run_status = RunStatus(c)
+
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.setObjectName("centralSplitter")
+        self.splitter.addWidget(self._titled("Cluster", self.canvas,
+                                             "Hosts and their tasks. Right-click to add, drag to move, "
+                                             "Delete to remove."))
+        self.splitter.addWidget(self.plots)
+        self.splitter.setStretchFactor(0, 2)
+        self.splitter.setStretchFactor(1, 3)
+        self.setCentralWidget(self.splitter)
+
+        selection = QWidget()
+        sel_layout = QVBoxLayout(selection)
+        sel_layout.setContentsMargins(0, 0, 0, 0)
+        sel_layout.addWidget(self.properties, 1)
+        sel_layout.addWidget(self.problems, 1)
+        self.selection_dock = self._dock("Selection", "selectionDock", selection, Qt.DockWidgetArea.LeftDockWidgetArea)
+        self.settings_dock = self._dock("Run settings", "settingsDock", self.settings_panel,
+                                        Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tasks_dock = self._dock("Tasks", "tasksDock", self.task_table, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.logs_dock = self._dock("Logs", "logsDock", self.logs, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.tabifyDockWidget(self.tasks_dock, self.logs_dock)
+        self.tasks_dock.raise_()
+
+        self._build_actions()
+        self._build_menus()
+        self._build_toolbar()
+        self.path_label = QLabel()
+        self.path_label.setToolTip("Where new runs are written (CLUSTERDECK_RUNS or ./runs)")
+        self.statusBar().addPermanentWidget(self.path_label)
+        self.path_label.setText(f"runs: {c.runs_root}")
+
+        c.problemsChanged.connect(self._update_actions)
+        c.runStateChanged.connect(self._run_state_changed)
+        c.pathChanged.connect(self._path_changed)
+        c.documentChanged.connect(self._update_title)
+        c.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        c.undo_stack.cleanChanged.connect(lambda _clean: self._update_title())
+        self.problems.fieldActivated.connect(self._focus_field)
+        self.plots.compare_button.clicked.connect(self.compare_with_run)
+        QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _s: self._apply_theme())
+
+        self._restore_settings()
+        self._update_actions()
+        self._update_title()
+        self.statusBar().showMessage("Ready", 3000)
+
+    # ------------------------------------------------------------------ building
+
+    def _titled(self, title: str, widget: QWidget, tip: str) -> QWidget:
+        box = QWidget()
+        layout = QVBoxLayout(box)
+        layout.setContentsMargins(4, 4, 4, 0)
+        layout.setSpacing(2)
+        label = QLabel(f"<b>{title}</b>")
+        label.setToolTip(tip)
+        layout.addWidget(label)
+        layout.addWidget(widget, 1)
+        return box
+
+    def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+        dock = QDockWidget(title, self)
+        dock.setObjectName(name)
+        dock.setWidget(widget)
+        dock.setToolTip("")
+        self.addDockWidget(area, dock)
+        return dock
+
+    def _action(self, text: str, tip: str, slot: object = None, shortcut: object = None,
+                icon: QStyle.StandardPixmap | None = None) -> QAction:
+        action = QAction(text, self)
+        action.setToolTip(tip)
+        action.setStatusTip(tip)
+        if shortcut is not None:
+            action.setShortcut(QKeySequence(shortcut))  # type: ignore[arg-type]
+        if icon is not None:
+            action.setIcon(self.style().standardIcon(icon))
+        if slot is not None:
+            action.triggered.connect(lambda _checked=False: slot())  # type: ignore[operator]
+        self.addAction(action)
+        return action
+
+    def _build_actions(self) -> None:
+        c = self.controller
+        SP = QStyle.StandardPixmap
+        K = QKeySequence.StandardKey
+        self.new_action = self._action("&New", "Start a new config (two local workers)", self.new_document, K.New,
+                                       SP.SP_FileIcon)
+        self.open_action = self._action("&Open…", "Open a YAML preset", self.open_preset, K.Open,
+                                        SP.SP_DialogOpenButton)
+        self.save_action = self._action("&Save", "Save the config to its file", self.save, K.Save,
+                                        SP.SP_DialogSaveButton)
+        self.save_as_action = self._action("Save &As…", "Save the config to a new file", self.save_as, K.SaveAs)
+        self.open_run_action = self._action("Open &Run Folder…", "Show a past run: its config, tasks, curves and "
+                                            "logs", self.open_run_folder, "Ctrl+Shift+O", SP.SP_DirOpenIcon)
+        self.compare_action = self._action("&Compare with Run…", "Overlay another run's replica curves, dashed",
+                                           self.compare_with_run)
+        self.clear_compare_action = self._action("Clear Comparison", "Remove the overlaid runs",
+                                                 c.clear_comparisons)
+        self.quit_action = self._action("&Quit", "Quit ClusterDeck", self.close, K.Quit)
+        self.undo_action = c.undo_stack.createUndoAction(self, "&Undo")
+        self.undo_action.setShortcut(QKeySequence(K.Undo))
+        self.undo_action.setToolTip("Undo the last edit (Ctrl+Z)")
+        self.undo_action.setIcon(self.style().standardIcon(SP.SP_ArrowBack))
+        self.redo_action = c.undo_stack.createRedoAction(self, "&Redo")
+        self.redo_action.setShortcuts([QKeySequence(K.Redo), QKeySequence("Ctrl+Shift+Z")])
+        self.redo_action.setToolTip("Redo the last undone edit (Ctrl+Shift+Z)")
+        self.redo_action.setIcon(self.style().standardIcon(SP.SP_ArrowForward))
+        self.addAction(self.undo_action)
+        self.addAction(self.redo_action)
+        self.add_host_action = self._action("Add &Host", "Add a host (localhost) to the cluster", c.add_host,
+                                            "Ctrl+Shift+H")
+        self.add_task_action = self._action("Add &Task", "Add a worker to the selected host (the arrow offers "
+                                            "other roles)", lambda: self.add_task("worker"), "Ctrl+Shift+T")
+        self.add_task_menu = QMenu("Add task", self)
+        self.add_task_menu.setToolTipsVisible(True)
+        self.role_actions: dict[str, QAction] = {}
+        for role in ROLES:
+            a = self.add_task_menu.addAction(f"Add {role}")
+            a.setToolTip(f"Add a {role} task to the selected host")
+            a.triggered.connect(lambda _=False, r=role: self.add_task(r))
+            self.role_actions[role] = a
+        self.delete_action = self._action("&Delete Selected", "Delete the selected host or task (Del on the canvas)",
+                                          c.delete_selection)
+        self.run_action = self._action("&Run", "Launch the cluster and train (F5)", self.start_run, "F5",
+                                       SP.SP_MediaPlay)
+        self.stop_action = self._action("S&top", "Stop the run: every task ends (Shift+F5)", c.stop_run, "Shift+F5",
+                                        SP.SP_MediaStop)
+        self.fit_action = self._action("Fit Cluster in View", "Zoom the canvas so every host shows",
+                                       self._fit_canvas, "Ctrl+0")
+        self.theme_group = QActionGroup(self)
+        self.theme_actions: dict[str, QAction] = {}
+        for key, text in (("system", "Follow the System"), ("light", "Light"), ("dark", "Dark")):
+            a = QAction(text, self, checkable=True)
+            a.setToolTip(f"Colour scheme: {text.lower()}")
+            a.triggered.connect(lambda _=False, k=key: self.set_theme(k))
+            self.theme_group.addAction(a)
+            self.theme_actions[key] = a
+
+    def _build_menus(self) -> None:
+        bar = self.menuBar()
+        m = bar.addMenu("&File")
+        m.setToolTipsVisible(True)
+        m.addAction(self.new_action)
+        m.addAction(self.open_action)
+        self.recent_menu = m.addMenu("Open &Recent")
+        self.recent_menu.setToolTipsVisible(True)
+        self.recent_menu.aboutToShow.connect(self._fill_recent)
+        self.presets_menu = m.addMenu("&Presets")
+        self.presets_menu.setToolTipsVisible(True)
+        self.presets_menu.aboutToShow.connect(self._fill_presets)
+        m.addSeparator()
+        m.addAction(self.save_action)
+        m.addAction(self.save_as_action)
+        m.addSeparator()
+        m.addAction(self.open_run_action)
+        m.addAction(self.compare_action)
+        m.addAction(self.clear_compare_action)
+        m.addSeparator()
+        m.addAction(self.quit_action)
+        m = bar.addMenu("&Edit")
+        m.addAction(self.undo_action)
+        m.addAction(self.redo_action)
+        m.addSeparator()
+        m.addAction(self.add_host_action)
+        m.addMenu(self.add_task_menu)
+        m.addAction(self.delete_action)
+        m = bar.addMenu("&Run")
+        m.addAction(self.run_action)
+        m.addAction(self.stop_action)
+        m = bar.addMenu("&View")
+        for dock in (self.selection_dock, self.settings_dock, self.tasks_dock, self.logs_dock):
+            m.addAction(dock.toggleViewAction())
+        m.addSeparator()
+        m.addAction(self.fit_action)
+        theme_menu = m.addMenu("&Theme")
+        for a in self.theme_actions.values():
+            theme_menu.addAction(a)
+        m = bar.addMenu("&Help")
+        m.addAction(self._action("&About ClusterDeck", "What ClusterDeck is", self._about))
+
+    def _build_toolbar(self) -> None:
+        tb = self.addToolBar("Main")
+        tb.setObjectName("mainToolbar")
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
+        tb.addAction(self.new_action)
+        tb.addAction(self.open_action)
+        tb.addAction(self.save_action)
+        tb.addSeparator()
+        tb.addAction(self.undo_action)
+        tb.addAction(self.redo_action)
+        tb.addSeparator()
+        tb.addAction(self.add_host_action)
+        tb.addAction(self.add_task_action)
+        button = tb.widgetForAction(self.add_task_action)
+        if isinstance(button, QToolButton):
+            button.setMenu(self.add_task_menu)
+            button.setPopupMode(QToolButton.ToolButtonPopupMode.MenuButtonPopup)
+        tb.addSeparator()
+        tb.addAction(self.run_action)
+        tb.addAction(self.stop_action)
+        tb.addWidget(self.run_status)
+        self.toolbar = tb
+
+    # ------------------------------------------------------------------ state of actions and title
+
+    def _update_actions(self, *_args: object) -> None:
+        c = self.controller
+        problems = c.problems
+        running = c.is_running
+        self.run_action.setEnabled(not problems and not running)
+        if problems:
+            text = "Cannot run:\n" + "\n".join(f"• {p}" for p in problems)
+        elif running:
+            text = "A run is in progress; stop it first (Shift+F5)"
+        else:
+            text = "Launch the cluster and train (F5)"
+        self.run_action.setToolTip(text)
+        button = self.toolbar.widgetForAction(self.run_action) if hasattr(self, "toolbar") else None
+        if button is not None:
+            button.setToolTip(text)
+        self.stop_action.setEnabled(running and c.run_state != "stopping")
+        self.open_run_action.setEnabled(not running)
+        self.clear_compare_action.setEnabled(bool(c.comparisons))
+        has_selection = c.selection is not None
+        self.delete_action.setEnabled(has_selection)
+
+    def _run_state_changed(self, state: str) -> None:
+        self._update_actions()
+        if state in ("failed",) and not self.controller.is_running:
+            self.tasks_dock.raise_()
+        if self._close_when_stopped and not self.controller.is_running:
+            QTimer.singleShot(0, self.close)
+
+    def _path_changed(self, path: Path | None) -> None:
+        if path is not None:
+            self._add_recent(path)
+        self._update_title()
+
+    def _update_title(self) -> None:
+        c = self.controller
+        where = str(c.path) if c.path is not None else "untitled"
+        self.setWindowModified(c.is_modified)
+        self.setWindowTitle(f"{c.config.name} — {where}[*] — ClusterDeck")
+        self._update_actions()
+
+    # ------------------------------------------------------------------ files
+
+    def maybe_save(self) -> bool:
+        """True when it is fine to drop the current document (saved, discarded, or unchanged)."""
+        if not self.controller.is_modified:
+            return True
+        answer = QMessageBox.question(
+            self, "Unsaved changes", f"The config “{self.controller.config.name}” has unsaved changes. Save them?",
+            QMessageBox.StandardButton.Save | QMessageBox.StandardButton.Discard | QMessageBox.StandardButton.Cancel,
+            QMessageBox.StandardButton.Save)
+        if answer == QMessageBox.StandardButton.Save:
+            return self.save()
+        return answer == QMessageBox.StandardButton.Discard
+
+    def new_document(self) -> None:
+        if self.maybe_save():
+            self.controller.new_document()
+            self.controller.reset_run_view()
+
+    def open_preset(self) -> None:
+        if not self.maybe_save():
+            return
+        path, _ = QFileDialog.getOpenFileName(self, "Open preset", self._last_dir(), YAML_FILTER)
+        if path:
+            self.open_path(path, ask=False)
+
+    def open_path(self, path: str | Path, ask: bool = True) -> bool:
+        """Open a preset; a problem with the file is told in a message box."""
+        if ask and not self.maybe_save():
+            return False
+        try:
+            self.controller.open_preset(path)
+        except ConfigError as exc:
+            QMessageBox.critical(self, "Cannot open the preset", str(exc))
+            return False
+        self._remember_dir(Path(path).parent)
+        self.statusBar().showMessage(f"Opened {path}", 5000)
+        return True
+
+    def save(self) -> bool:
+        if self.controller.path is None:
+            return self.save_as()
+        return self._save_to(self.controller.path)
+
+    def save_as(self) -> bool:
+        suggested = str(Path(self._last_dir()) / f"{self.controller.config.name}.yaml")
+        path, _ = QFileDialog.getSaveFileName(self, "Save preset as", suggested, YAML_FILTER)
+        if not path:
+            return False
+        if not Path(path).suffix:
+            path += ".yaml"
+        return self._save_to(Path(path))
+
+    def _save_to(self, path: Path) -> bool:
+        try:
+            self.controller.save(path)
+        except ConfigError as exc:
+            QMessageBox.critical(self, "Cannot save the preset", str(exc))
+            return False
+        self._remember_dir(path.parent)
+        return True
+
+    def open_run_folder(self, path: str | Path | None = None) -> bool:
+        if self.controller.is_running or not self.maybe_save():
+            return False
+        if path is None:
+            path = QFileDialog.getExistingDirectory(self, "Open run folder", str(self.controller.runs_root))
+            if not path:
+                return False
+        try:
+            self.controller.open_run(path)
+        except ConfigError as exc:
+            QMessageBox.critical(self, "Cannot open the run folder", str(exc))
+            return False
+        return True
+
+    def compare_with_run(self, path: str | Path | None = None) -> bool:
+        if not path:
+            path = QFileDialog.getExistingDirectory(self, "Compare with run", str(self.controller.runs_root))
+            if not path:
+                return False
+        try:
+            label = self.controller.compare_with(path)
+        except ConfigError as exc:
+            QMessageBox.critical(self, "Cannot compare with this run", str(exc))
+            return False
+        self.statusBar().showMessage(f"Comparing with {label} (dashed curves)", 5000)
+        self._update_actions()
+        return True
+
+    def _fill_recent(self) -> None:
+        self.recent_menu.clear()
+        recent = self.recent_files()
+        for p in recent:
+            a = self.recent_menu.addAction(Path(p).name)
+            a.setToolTip(p)
+            a.triggered.connect(lambda _=False, p=p: self.open_path(p))
+        if not recent:
+            self.recent_menu.addAction("(none)").setEnabled(False)
+
+    def _fill_presets(self) -> None:
+        self.presets_menu.clear()
+        for p in sorted(cli.presets_dir().glob("*.yaml")):
+            a = self.presets_menu.addAction(p.stem)
+            a.setToolTip(str(p))
+            a.triggered.connect(lambda _=False, p=p: self.open_path(p))
+        if self.presets_menu.isEmpty():
+            self.presets_menu.addAction("(no presets found)").setEnabled(False)
+
+    def recent_files(self) -> list[str]:
+        value = app_settings().value("recentFiles", [])
+        if isinstance(value, str):
+            value = [value]
+        return [str(v) for v in (value or [])]
+
+    def _add_recent(self, path: Path) -> None:
+        text = str(Path(path).resolve())
+        recent = [text] + [p for p in self.recent_files() if p != text]
+        app_settings().setValue("recentFiles", recent[:MAX_RECENT])
+
+    def _last_dir(self) -> str:
+        return str(app_settings().value("lastDir", str(Path.cwd())))
+
+    def _remember_dir(self, folder: Path) -> None:
+        app_settings().setValue("lastDir", str(folder))
+
+    # ------------------------------------------------------------------ editing and running
+
+    def add_task(self, role: str) -> None:
+        c = self.controller
+        sel = c.selection
+        hosts = c.config.cluster.hosts
+        if not hosts:
+            c.add_host()
+            sel = c.selection
+        host = sel[1] if sel is not None else len(c.config.cluster.hosts) - 1
+        c.add_task(host, role)
+
+    def start_run(self) -> None:
+        try:
+            self.controller.start_run()
+        except ConfigError as exc:
+            QMessageBox.warning(self, "Cannot run", str(exc))
+        except RuntimeError as exc:
+            self.statusBar().showMessage(str(exc), 5000)
+        self._update_actions()
+
+    def _focus_field(self, field: str) -> None:
+        self.settings_dock.show()
+        self.settings_dock.raise_()
+        self.settings_panel.focus_field(field)
+
+    def _fit_canvas(self) -> None:
+        view = self.canvas.view
+        view.fitInView(self.canvas.scene.itemsBoundingRect().adjusted(-20, -20, 20, 20),
+                       Qt.AspectRatioMode.KeepAspectRatio)
+
+    def _about(self) -> None:
+        QMessageBox.about(self, "About ClusterDeck",
+                          "<b>ClusterDeck</b><br>Draw a TensorFlow training cluster, pick a parallelism, "
+                          "launch it and watch every replica train live.")
+
+    # ------------------------------------------------------------------ theme and settings
+
+    def set_theme(self, choice: str) -> None:
+        """``system``, ``light`` or ``dark``; remembered."""
+        self._theme_choice = choice
+        self.theme_actions[choice].setChecked(True)
+        app_settings().setValue("theme", choice)
+        self._apply_theme()
+
+    def _apply_theme(self) -> None:
+        app = QApplication.instance()
+        if isinstance(app, QApplication):
+            dark = None if self._theme_choice == "system" else self._theme_choice == "dark"
+            theme.apply_palette(app, dark)
+        self.canvas.rebuild()
+
+    def _restore_settings(self) -> None:
+        s = app_settings()
+        self._theme_choice = str(s.value("theme", "system"))
+        if self._theme_choice not in self.theme_actions:
+            self._theme_choice = "system"
+        self.theme_actions[self._theme_choice].setChecked(True)
+        geometry = s.value("window/geometry")
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            self.restoreGeometry(geometry)
+        else:
+            self.resize(1500, 940)
+            self.resizeDocks([self.selection_dock, self.settings_dock], [250, 300], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.tasks_dock], [190], Qt.Orientation.Vertical)
+            self.splitter.setSizes([300, 480])
+        state = s.value("window/state")
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            self.restoreState(state)
+        splitter = s.value("window/splitter")
+        if isinstance(splitter, QByteArray) and not splitter.isEmpty():
+            self.splitter.restoreState(splitter)
+
+    def save_settings(self) -> None:
+        s = app_settings()
+        s.setValue("window/geometry", self.saveGeometry())
+        s.setValue("window/state", self.saveState())
+        s.setValue("window/splitter", self.splitter.saveState())
+        s.sync()
+
+    # ------------------------------------------------------------------ closing
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        c = self.controller
+        if c.is_running:
+            if not self._close_when_stopped:
+                answer = QMessageBox.question(self, "A run is in progress",
+                                              "Stop the run and quit? Every task of the run will end.",
+                                              QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No,
+                                              QMessageBox.StandardButton.No)
+                if answer != QMessageBox.StandardButton.Yes:
+                    event.ignore()
+                    return
+                self._close_when_stopped = True
+                c.stop_run()
+                self.statusBar().showMessage("Stopping the run before quitting…")
+            event.ignore()  # closes once the run has ended (see _run_state_changed)
+            return
+        if not self._close_when_stopped and not self.maybe_save():
+            event.ignore()
+            return
+        self.save_settings()
+        self.shutdown()
+        event.accept()
+
+    def shutdown(self) -> None:
+        """Stop every timer of the window (and the run, without waiting)."""
+        self.controller.shutdown()
+        self.statusBar().clearMessage()  # its message timeout is a timer too
+        self.plots.stop()
+        self.logs.stop()
+        self.run_status.stop()

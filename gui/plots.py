@@ -1,0 +1,405 @@
+"""Live plots of a run: loss, throughput and step time per replica; CPU, GPU and memory per task.
+
+Curves are created once per series and only ``setData`` afterwards, from one
+timer at <= 30 Hz, and only when :attr:`History.version` moved (or a view
+setting changed). Other runs can be overlaid (dashed) for comparison.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyqtgraph as pg
+import pyqtgraph.exporters
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
+from PySide6.QtGui import QPalette
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QSlider,
+    QToolButton,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.telemetry import History, RunState
+from gui import theme
+from gui.controller import Controller
+
+REDRAW_INTERVAL_MS = 40  # 25 Hz
+
+
+@dataclass(frozen=True)
+class PlotSpec:
+    """What one plot shows: ``scope/<id>/<metric>`` series (the second metric drawn dotted)."""
+
+    key: str
+    title: str
+    scope: str  # "replica" (x = step) or "task" (x = wall time)
+    metrics: tuple[str, ...]
+    unit: str = ""
+    scale: float = 1.0
+    smooth: bool = True
+    total: bool = False
+    compare: bool = True
+    log_y: bool = False
+
+
+PLOTS = (
+    PlotSpec("loss", "Loss per replica", "replica", ("loss",)),
+    PlotSpec("throughput", "Examples/s", "replica", ("examples_per_sec",), "examples/s", total=True),
+    PlotSpec("step_time", "Step time", "replica", ("step_time",), "ms", scale=1000.0),
+    PlotSpec("utilisation", "CPU / GPU use per task", "task", ("cpu_percent", "gpu_util"), "%",
+             smooth=False, compare=False),
+    PlotSpec("memory", "Memory per task (RSS / GPU)", "task", ("rss_bytes", "gpu_mem_bytes"), "MiB",
+             scale=1 / 2**20, smooth=False, compare=False),
+)
+
+SECONDARY_LABEL = {"gpu_util": "GPU", "gpu_mem_bytes": "GPU"}
+
+
+def ema(y: np.ndarray, weight: float, start: int = 0, prev: np.ndarray | None = None) -> np.ndarray:
+    """Exponential moving average (TensorBoard-style weight in [0, 1)), extending ``prev`` from ``start``."""
+    out = np.empty_like(y)
+    if start and prev is not None:
+        out[:start] = prev[:start]
+    last = out[start - 1] if start else (y[0] if len(y) else 0.0)
+    w, a = weight, 1.0 - weight
+    for i in range(start, len(y)):
+        last = w * last + a * y[i]
+        out[i] = last
+    return out
+
+
+def _natural(key: str) -> list[object]:
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
+
+
+class MetricPlot(QWidget):
+    """One pyqtgraph plot with a title bar, a legend (click an entry to hide its curve) and exports."""
+
+    def __init__(self, spec: PlotSpec, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.spec = spec
+        self.setObjectName(f"plot-{spec.key}")
+        self.title = QLabel(f"<b>{spec.title}</b>")
+        self.title.setToolTip(f"{spec.title}; click a legend entry to hide or show its curve")
+        self.png_button = QToolButton()
+        self.png_button.setText("PNG")
+        self.png_button.setToolTip(f"Export the “{spec.title}” plot as a PNG image")
+        self.csv_button = QToolButton()
+        self.csv_button.setText("CSV")
+        self.csv_button.setToolTip(f"Export the data of the “{spec.title}” plot as CSV (curve, x, y)")
+        header = QHBoxLayout()
+        header.setContentsMargins(4, 0, 4, 0)
+        header.addWidget(self.title, 1)
+        header.addWidget(self.png_button)
+        header.addWidget(self.csv_button)
+        self.widget = pg.PlotWidget()
+        self.item: pg.PlotItem = self.widget.getPlotItem()
+        self.item.setClipToView(True)
+        self.item.setDownsampling(auto=True, mode="peak")
+        self.item.showGrid(x=True, y=True, alpha=0.25)
+        self.item.setMenuEnabled(True)
+        self.item.getViewBox().setMouseEnabled(x=True, y=True)
+        self.item.setLabel("left", spec.unit or None)
+        self.legend = self.item.addLegend(offset=(-6, 6), labelTextSize="8pt", verSpacing=-6)
+        self.curves: dict[str, pg.PlotDataItem] = {}
+        self.raw: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # curve -> unsmoothed (x, y) as shown
+        self.labels: dict[str, str] = {}
+        self._ema: dict[str, tuple[float, int, np.ndarray]] = {}
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 2, 0, 0)
+        layout.setSpacing(0)
+        layout.addLayout(header)
+        layout.addWidget(self.widget, 1)
+        self.png_button.clicked.connect(self._ask_png)
+        self.csv_button.clicked.connect(self._ask_csv)
+        self.apply_theme()
+
+    # ------------------------------------------------------------------ theme
+
+    def apply_theme(self) -> None:
+        pal = self.palette()
+        self.widget.setBackground(pal.color(QPalette.ColorRole.Base))
+        text = pal.color(QPalette.ColorRole.Text)
+        for name in ("left", "bottom"):
+            axis = self.item.getAxis(name)
+            axis.setPen(pg.mkPen(pal.color(QPalette.ColorRole.Mid)))
+            axis.setTextPen(pg.mkPen(text))
+        self.legend.setLabelTextColor(text)
+        self.legend.setBrush(pg.mkBrush(pal.color(QPalette.ColorRole.Base).darker(103 if not theme.is_dark(pal) else 90)))
+
+    def changeEvent(self, event: QEvent) -> None:
+        if event.type() == QEvent.Type.PaletteChange:
+            self.apply_theme()
+        super().changeEvent(event)
+
+    # ------------------------------------------------------------------ curves
+
+    def clear(self) -> None:
+        for curve in self.curves.values():
+            self.item.removeItem(curve)
+        self.legend.clear()
+        self.curves.clear()
+        self.raw.clear()
+        self.labels.clear()
+        self._ema.clear()
+
+    def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
+               width: float = 1.6) -> pg.PlotDataItem:
+        curve = self.curves.get(key)
+        if curve is None:
+            curve = self.item.plot([], [], pen=pg.mkPen(color, width=width, style=style), name=label)
+            curve.setClipToView(True)
+            curve.setDownsampling(auto=True, method="peak")
+            self.curves[key] = curve
+            self.labels[key] = label
+        return curve
+
+    def _smoothed(self, key: str, y: np.ndarray, weight: float) -> np.ndarray:
+        if weight <= 0 or not self.spec.smooth or len(y) == 0:
+            return y
+        cached = self._ema.get(key)
+        start, prev = 0, None
+        if cached is not None and cached[0] == weight and cached[1] <= len(y):
+            start, prev = cached[1], cached[2]
+            if start == len(y):
+                return prev[: len(y)]
+        out = ema(y, weight, start, prev)
+        self._ema[key] = (weight, len(y), out)
+        return out
+
+    def set_curve(self, key: str, label: str, color: str, x: np.ndarray, y: np.ndarray, smoothing: float,
+                  style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6) -> None:
+        curve = self._curve(key, label, color, style, width)
+        y = y * self.spec.scale if self.spec.scale != 1.0 else y
+        self.raw[key] = (x, y)
+        curve.setData(x, self._smoothed(key, y, smoothing), skipFiniteCheck=True)
+
+    def set_x_label(self, text: str) -> None:
+        self.item.setLabel("bottom", text)
+
+    def points(self, key: str) -> int:
+        """Points of one curve (tests and the status line use it)."""
+        raw = self.raw.get(key)
+        return 0 if raw is None else len(raw[0])
+
+    # ------------------------------------------------------------------ export
+
+    def export_png(self, path: str | Path, width: int = 1200) -> Path:
+        exporter = pyqtgraph.exporters.ImageExporter(self.item)
+        exporter.parameters()["width"] = int(width)
+        exporter.export(str(path))
+        return Path(path)
+
+    def export_csv(self, path: str | Path) -> Path:
+        """Every curve's unsmoothed points: ``curve,x,y`` rows."""
+        with open(path, "w", newline="", encoding="utf-8") as fh:
+            w = csv.writer(fh)
+            w.writerow(["curve", "x", "y"])
+            for key in sorted(self.raw, key=_natural):
+                x, y = self.raw[key]
+                label = self.labels.get(key, key)
+                for xi, yi in zip(x.tolist(), y.tolist(), strict=True):
+                    w.writerow([label, repr(xi), repr(yi)])
+        return Path(path)
+
+    def _ask_png(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, f"Export {self.spec.title} as PNG", f"{self.spec.key}.png",
+                                              "PNG images (*.png)")
+        if path:
+            self._export(self.export_png, path)
+
+    def _ask_csv(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self, f"Export {self.spec.title} data as CSV", f"{self.spec.key}.csv",
+                                              "CSV files (*.csv)")
+        if path:
+            self._export(self.export_csv, path)
+
+    def _export(self, fn: object, path: str) -> None:
+        try:
+            fn(path)  # type: ignore[operator]
+        except OSError as exc:
+            QMessageBox.warning(self, "Export failed", f"{path}: cannot be written: {exc.strerror or exc}")
+
+
+class PlotsPanel(QWidget):
+    """All live plots with shared view settings: x axis (step or wall time) and EMA smoothing."""
+
+    redrawn = Signal()
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.x_mode = QComboBox()
+        self.x_mode.setObjectName("xAxis")
+        self.x_mode.addItems(["Step", "Wall time"])
+        self.x_mode.setToolTip("X axis of the replica plots: training step, or seconds since the run began")
+        self.smoothing = QSlider(Qt.Orientation.Horizontal)
+        self.smoothing.setObjectName("smoothing")
+        self.smoothing.setRange(0, 99)
+        self.smoothing.setValue(60)
+        self.smoothing.setFixedWidth(140)
+        self.smoothing.setToolTip("Exponential moving average of the replica curves (0: raw points)")
+        self.smoothing_label = QLabel()
+        self.smoothing_label.setMinimumWidth(32)
+        self.compare_button = QPushButton("Compare with run…")
+        self.compare_button.setToolTip("Overlay another run's replica curves, dashed")
+        self.clear_compare = QPushButton("Clear comparison")
+        self.clear_compare.setToolTip("Remove the overlaid runs")
+        self.hint = QLabel("No curves yet: run the config (F5) or open a run folder.")
+        self.hint.setObjectName("plotsHint")
+        self.hint.setToolTip("Curves appear as soon as the replicas report their first steps")
+        bar = QHBoxLayout()
+        bar.setContentsMargins(4, 2, 4, 2)
+        bar.addWidget(QLabel("X axis"))
+        bar.addWidget(self.x_mode)
+        bar.addSpacing(12)
+        bar.addWidget(QLabel("Smoothing"))
+        bar.addWidget(self.smoothing)
+        bar.addWidget(self.smoothing_label)
+        bar.addSpacing(12)
+        bar.addWidget(self.hint, 1)
+        bar.addWidget(self.compare_button)
+        bar.addWidget(self.clear_compare)
+        self.plots: dict[str, MetricPlot] = {spec.key: MetricPlot(spec) for spec in PLOTS}
+        grid = QGridLayout()
+        grid.setContentsMargins(2, 2, 2, 2)
+        grid.setSpacing(6)
+        grid.addWidget(self.plots["loss"], 0, 0, 1, 2)
+        grid.addWidget(self.plots["throughput"], 0, 2)
+        grid.addWidget(self.plots["step_time"], 1, 0)
+        grid.addWidget(self.plots["utilisation"], 1, 1)
+        grid.addWidget(self.plots["memory"], 1, 2)
+        for c in range(3):
+            grid.setColumnStretch(c, 1)
+        grid.setRowStretch(0, 3)
+        grid.setRowStretch(1, 2)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addLayout(bar)
+        layout.addLayout(grid, 1)
+        self.plots["throughput"].item.setXLink(self.plots["loss"].item)
+        self.plots["step_time"].item.setXLink(self.plots["loss"].item)
+        self.plots["memory"].item.setXLink(self.plots["utilisation"].item)
+
+        self._version = -1
+        self._dirty = True
+        self.timer = QTimer(self)
+        self.timer.setObjectName("plotsTimer")
+        self.timer.setInterval(REDRAW_INTERVAL_MS)
+        self.timer.timeout.connect(self.redraw_if_needed)
+        self.x_mode.currentIndexChanged.connect(self._settings_changed)
+        self.smoothing.valueChanged.connect(self._settings_changed)
+        self.clear_compare.clicked.connect(controller.clear_comparisons)
+        controller.runLoaded.connect(self._reset)
+        controller.comparisonsChanged.connect(self._comparisons_changed)
+        self._settings_changed()
+        self.timer.start()
+
+    @property
+    def loss(self) -> MetricPlot:
+        return self.plots["loss"]
+
+    @property
+    def weight(self) -> float:
+        return self.smoothing.value() / 100.0
+
+    @property
+    def by_time(self) -> bool:
+        return self.x_mode.currentIndex() == 1
+
+    def _settings_changed(self, *_args: object) -> None:
+        self.smoothing_label.setText(f"{self.weight:.2f}")
+        self._dirty = True
+        self.redraw_if_needed()
+
+    def _reset(self) -> None:
+        for plot in self.plots.values():
+            plot.clear()
+        self._dirty = True
+        self.redraw_if_needed()
+
+    def _comparisons_changed(self) -> None:
+        for plot in self.plots.values():
+            for key in [k for k in plot.curves if k.startswith("cmp:")]:
+                plot.item.removeItem(plot.curves.pop(key))
+                plot.legend.removeItem(plot.labels.pop(key))
+                plot.raw.pop(key, None)
+        self.clear_compare.setEnabled(bool(self.controller.comparisons))
+        self._dirty = True
+        self.redraw_if_needed()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def redraw_if_needed(self) -> None:
+        history = self.controller.state.history
+        if history.version == self._version and not self._dirty:
+            return
+        self._version = history.version
+        self._dirty = False
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Push the latest points of every series into its curve."""
+        state = self.controller.state
+        weight = self.weight
+        x_label = "wall time (s)" if self.by_time else "step"
+        for plot in self.plots.values():
+            spec = plot.spec
+            plot.set_x_label(x_label if spec.scope == "replica" else "wall time (s)")
+            self._draw_run(plot, state, "", weight, Qt.PenStyle.SolidLine)
+            if spec.compare:
+                for n, (label, other) in enumerate(self.controller.comparisons.items()):
+                    style = (Qt.PenStyle.DashLine, Qt.PenStyle.DashDotLine, Qt.PenStyle.DotLine)[n % 3]
+                    self._draw_run(plot, other, label, weight, style)
+        self.clear_compare.setEnabled(bool(self.controller.comparisons))
+        self.hint.setVisible(not state.history.series)
+        self.redrawn.emit()
+
+    def _xy(self, history: History, key: str) -> tuple[np.ndarray, np.ndarray]:
+        s = history.series[key]
+        t0 = history.t0 or 0.0
+        if key.startswith("task/"):
+            return s.x - t0, s.y
+        return (s.t - t0, s.y) if self.by_time else (s.x, s.y)
+
+    def _draw_run(self, plot: MetricPlot, state: RunState, label: str, weight: float, style: Qt.PenStyle) -> None:
+        spec = plot.spec
+        history = state.history
+        prefix = f"cmp:{label}:" if label else ""
+        suffix = f" · {label}" if label else ""
+        owners = sorted({k.split("/")[1] for k in history.series if k.startswith(spec.scope + "/")}, key=_natural)
+        totals: list[tuple[np.ndarray, np.ndarray]] = []
+        for n, owner in enumerate(owners):
+            for m, metric in enumerate(spec.metrics):
+                key = f"{spec.scope}/{owner}/{metric}"
+                if key not in history.series or len(history.series[key]) == 0:
+                    continue
+                x, y = self._xy(history, key)
+                name = f"replica {owner}" if spec.scope == "replica" else owner
+                if m:
+                    name += f" {SECONDARY_LABEL.get(metric, metric)}"
+                color = theme.curve_color(int(owner) if owner.isdigit() else n)
+                pen_style = Qt.PenStyle.DotLine if m and not label else style
+                plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style)
+                if spec.total and m == 0:
+                    totals.append((x, y))
+        if spec.total and len(totals) > 1:
+            base_x = max(totals, key=lambda xy: len(xy[0]))[0]
+            total = np.zeros_like(base_x)
+            for x, y in totals:
+                total += np.interp(base_x, x, y)
+            plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
+                           base_x, total, weight, style, width=2.2)

@@ -1,0 +1,60 @@
+"""The visible list of what stops a launch, with a one-line summary; a click shows the culprit."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget
+
+from engine.config import Problem
+from gui import theme
+from gui.controller import Controller, problem_target
+
+
+class ProblemsList(QWidget):
+    """Every validation problem of the current config, ``field: message`` per line."""
+
+    fieldActivated = Signal(str)  # a non-cluster field the user clicked (e.g. training.global_batch_size)
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.summary = QLabel()
+        self.summary.setObjectName("problemsSummary")
+        self.summary.setWordWrap(True)
+        self.summary.setToolTip("Whether the config can be launched")
+        self.list = QListWidget()
+        self.list.setObjectName("problemsList")
+        self.list.setWordWrap(True)
+        self.list.setToolTip("Click a problem to select the host, task or setting it is about")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.summary)
+        layout.addWidget(self.list, 1)
+        self.list.itemClicked.connect(self._clicked)
+        controller.problemsChanged.connect(self.refresh)
+        self.refresh(controller.problems)
+
+    def refresh(self, problems: list[Problem]) -> None:
+        self.list.clear()
+        for p in problems:
+            item = QListWidgetItem(f"⚠ {p}")
+            item.setData(Qt.ItemDataRole.UserRole, p.field)
+            item.setToolTip(str(p))
+            self.list.addItem(item)
+        if problems:
+            n = len(problems)
+            self.summary.setText(f"<b style='color:{theme.PROBLEM_COLOR}'>{n} problem{'s' if n > 1 else ''}</b>"
+                                 " — Run is disabled until fixed")
+        else:
+            self.summary.setText(f"<b style='color:{theme.STATE_COLORS['running']}'>✓ Ready to run</b>")
+        self.list.setVisible(bool(problems))
+
+    def _clicked(self, item: QListWidgetItem) -> None:
+        field = str(item.data(Qt.ItemDataRole.UserRole))
+        for p in self.controller.problems:
+            if p.field == field:
+                target = problem_target(p)
+                if target is not None:
+                    self.controller.select(target)
+                    return
+        self.fieldActivated.emit(field)

@@ -1,0 +1,138 @@
+"""Properties of the selected host or task, edited in place (every change is an undoable edit)."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFormLayout,
+    QLabel,
+    QLineEdit,
+    QSpinBox,
+    QStackedWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.config import ROLES
+from gui import theme
+from gui.controller import Controller, Selection, problem_target
+
+
+class PropertiesPanel(QWidget):
+    """Shows host fields (name, address, GPUs) or task fields (role, port) for the selection."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.stack = QStackedWidget()
+        self.empty = QLabel("Select a host or a task on the canvas to edit it.")
+        self.empty.setWordWrap(True)
+        self.empty.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.stack.addWidget(self.empty)
+
+        host_page = QWidget()
+        form = QFormLayout(host_page)
+        self.host_name = QLineEdit()
+        self.host_name.setObjectName("hostName")
+        self.host_name.setToolTip("A unique name for this host")
+        self.host_address = QLineEdit()
+        self.host_address.setObjectName("hostAddress")
+        self.host_address.setToolTip("Host name or IP address the tasks are reached at (localhost runs here)")
+        self.host_gpus = QSpinBox()
+        self.host_gpus.setObjectName("hostGpus")
+        self.host_gpus.setRange(0, 64)
+        self.host_gpus.setKeyboardTracking(False)
+        self.host_gpus.setToolTip("GPUs of this host, split evenly over its chief/worker tasks "
+                                  "(emulated as CPU devices where there is no GPU)")
+        form.addRow("Name", self.host_name)
+        form.addRow("Address", self.host_address)
+        form.addRow("GPUs", self.host_gpus)
+        self.stack.addWidget(host_page)
+
+        task_page = QWidget()
+        form = QFormLayout(task_page)
+        self.task_role = QComboBox()
+        self.task_role.setObjectName("taskRole")
+        self.task_role.addItems(list(ROLES))
+        self.task_role.setToolTip("chief coordinates (async) or trains; workers train; ps hold variables (async); "
+                                  "the evaluator evaluates checkpoints")
+        self.task_index = QLabel()
+        self.task_index.setToolTip("Task indices are numbered 0..n-1 per role, in canvas order")
+        self.task_port = QSpinBox()
+        self.task_port.setObjectName("taskPort")
+        self.task_port.setRange(0, 65535)
+        self.task_port.setSpecialValueText("auto")
+        self.task_port.setKeyboardTracking(False)
+        self.task_port.setToolTip("The task's gRPC port; 'auto' picks a free one at launch")
+        form.addRow("Role", self.task_role)
+        form.addRow("Index", self.task_index)
+        form.addRow("Port", self.task_port)
+        self.stack.addWidget(task_page)
+
+        self.problems = QLabel()
+        self.problems.setObjectName("selectionProblems")
+        self.problems.setWordWrap(True)
+        self.problems.setStyleSheet(f"color: {theme.PROBLEM_COLOR};")
+        self.problems.hide()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(6, 6, 6, 6)
+        layout.addWidget(self.stack)
+        layout.addWidget(self.problems)
+        layout.addStretch(1)
+
+        self.host_name.editingFinished.connect(lambda: self._host(name=self.host_name.text().strip()))
+        self.host_address.editingFinished.connect(lambda: self._host(address=self.host_address.text().strip()))
+        self.host_gpus.valueChanged.connect(lambda v: self._host(gpus=int(v)))
+        self.task_role.activated.connect(lambda _i: self._task(role=self.task_role.currentText()))
+        self.task_port.valueChanged.connect(lambda v: self._task(port=int(v) or None))
+        controller.selectionChanged.connect(self.refresh)
+        controller.documentChanged.connect(self.refresh)
+        controller.problemsChanged.connect(self.refresh)
+        self.refresh()
+
+    def _host(self, **changes: object) -> None:
+        sel = self.controller.selection
+        if sel is None or sel[0] != "host":
+            return
+        host = self.controller.config.cluster.hosts[sel[1]]
+        if any(getattr(host, k) != v for k, v in changes.items()):
+            self.controller.update_host(sel[1], **changes)
+
+    def _task(self, **changes: object) -> None:
+        sel = self.controller.selection
+        if sel is None or sel[0] != "task":
+            return
+        task = self.controller.config.cluster.hosts[sel[1]].tasks[sel[2]]
+        if any(getattr(task, k) != v for k, v in changes.items()):
+            self.controller.update_task(sel[1], sel[2], **changes)
+
+    def refresh(self, *_args: object) -> None:
+        sel: Selection = self.controller.selection
+        hosts = self.controller.config.cluster.hosts
+        widgets = (self.host_name, self.host_address, self.host_gpus, self.task_role, self.task_port)
+        for w in widgets:
+            w.blockSignals(True)
+        try:
+            if sel is None:
+                self.stack.setCurrentIndex(0)
+            elif sel[0] == "host":
+                h = hosts[sel[1]]
+                if not self.host_name.hasFocus() or self.host_name.text().strip() == h.name:
+                    self.host_name.setText(h.name)
+                if not self.host_address.hasFocus() or self.host_address.text().strip() == h.address:
+                    self.host_address.setText(h.address)
+                self.host_gpus.setValue(h.gpus)
+                self.stack.setCurrentIndex(1)
+            else:
+                t = hosts[sel[1]].tasks[sel[2]]
+                self.task_role.setCurrentText(t.role)
+                self.task_index.setText(f"{t.index}  ({t.name} on {hosts[sel[1]].name})")
+                self.task_port.setValue(t.port or 0)
+                self.stack.setCurrentIndex(2)
+        finally:
+            for w in widgets:
+                w.blockSignals(False)
+        mine = [p for p in self.controller.problems if sel is not None and problem_target(p) == sel]
+        self.problems.setText("\n".join(f"⚠ {p.message}" for p in mine))
+        self.problems.setVisible(bool(mine))

@@ -1,0 +1,123 @@
+"""The run's state, always in sight: starting, running (step x of y, ETA), finished, failed, stopped."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import QTimer
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
+
+from gui import theme
+from gui.controller import Controller
+
+STATE_TEXT = {
+    "pending": "Ready",
+    "starting": "Starting…",
+    "running": "Running",
+    "stopping": "Stopping…",
+    "finished": "Finished",
+    "failed": "Failed",
+    "stopped": "Stopped",
+}
+
+
+def format_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def format_rate(value: float) -> str:
+    return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.0f}"
+
+
+class RunStatus(QWidget):
+    """State badge, progress bar and one line of figures; refreshed on events and once a second."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.badge = QLabel()
+        self.badge.setObjectName("runState")
+        self.badge.setMinimumWidth(90)
+        self.badge.setToolTip("State of the shown run")
+        self.progress = QProgressBar()
+        self.progress.setObjectName("runProgress")
+        self.progress.setFixedWidth(180)
+        self.progress.setTextVisible(True)
+        self.progress.setToolTip("Steps done of the run's total")
+        self.detail = QLabel()
+        self.detail.setObjectName("runDetail")
+        self.detail.setToolTip("Step, time left at the current pace, and examples/s over all replicas")
+        layout = QHBoxLayout(self)
+        layout.setContentsMargins(8, 0, 8, 0)
+        layout.addWidget(self.badge)
+        layout.addWidget(self.progress)
+        layout.addWidget(self.detail, 1)
+        self.timer = QTimer(self)
+        self.timer.setObjectName("runStatusTimer")
+        self.timer.setInterval(1000)
+        self.timer.timeout.connect(self.refresh)
+        controller.runUpdated.connect(self.refresh)
+        controller.runLoaded.connect(self.refresh)
+        controller.runStateChanged.connect(self._state_changed)
+        controller.problemsChanged.connect(self.refresh)
+        self.refresh()
+
+    def _state_changed(self, _state: str) -> None:
+        if self.controller.is_running:
+            self.timer.start()
+        else:
+            self.timer.stop()
+        self.refresh()
+
+    def stop(self) -> None:
+        self.timer.stop()
+
+    def text(self) -> str:
+        """The whole status in words (also the status-bar text)."""
+        return f"{self.badge.text()} {self.detail.text()}".strip()
+
+    def refresh(self, *_args: object) -> None:
+        c = self.controller
+        s = c.state
+        state = c.run_state
+        if c.run_dir is None and not c.is_running:
+            state = "pending"
+        color = theme.STATE_COLORS.get(state, "#888888")
+        self.badge.setText(STATE_TEXT.get(state, state.capitalize()))
+        self.badge.setStyleSheet(f"QLabel {{ color: white; background: {color}; border-radius: 4px; "
+                                 "padding: 2px 8px; font-weight: bold; }")
+        total = max(1, s.total_steps)
+        self.progress.setRange(0, total)
+        self.progress.setValue(min(s.step, total))
+        self.progress.setFormat(f"{s.step} / {s.total_steps}")
+        parts: list[str] = []
+        if state in ("running", "stopping", "starting") and c.is_running:
+            parts.append(f"step {s.step} of {s.total_steps}")
+            eta = s.eta_seconds()
+            parts.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA –")
+            if s.replicas:
+                parts.append(f"{format_rate(s.throughput())} examples/s")
+            if s.started_at is not None:
+                parts.append(f"elapsed {format_duration(time.time() - s.started_at)}")
+        elif state == "finished":
+            duration = s.ended_at - s.started_at if s.ended_at and s.started_at else None
+            parts.append(f"{s.step} steps in {format_duration(duration)}")
+            losses = [r.loss for r in s.replicas.values() if r.loss is not None]
+            if losses:
+                parts.append(f"final loss {sum(losses) / len(losses):.4f}")
+        elif state == "failed":
+            parts.append(f"{s.failed_task or 'a task'}: {s.reason}" if s.reason else "see the task table")
+        elif state == "stopped":
+            parts.append(f"at step {s.step}" + (f" — {s.reason}" if s.reason else ""))
+        elif state == "pending":
+            n = len(c.problems)
+            parts.append(f"{n} problem{'s' if n > 1 else ''} — fix them to run" if n else "press Run (F5) to launch")
+        if c.run_dir is not None and not c.is_running and state != "pending":
+            parts.append(f"[{c.run_dir.name}]")
+        self.detail.setText(" · ".join(parts))
+        self.setToolTip(self.text())

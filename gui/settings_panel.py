@@ -1,0 +1,307 @@
+"""Run settings: parallelism and its options, data, model and training, as one form.
+
+Each widget writes one config field through :meth:`Controller.set_value` (an
+undoable edit; repeated edits of one field merge) and is re-read from the
+config after every edit, with its signals blocked so nothing echoes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from PySide6.QtWidgets import (
+    QComboBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QHBoxLayout,
+    QLineEdit,
+    QMessageBox,
+    QScrollArea,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine import config as cfg
+from engine.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem
+from gui import document as doc_ops
+from gui import theme
+from gui.controller import Controller
+
+MODE_HELP = {
+    "data": "data — synchronous data parallelism: every worker holds the whole model, gradients are "
+            "all-reduced every step (MirroredStrategy / MultiWorkerMirroredStrategy)",
+    "model": "model — the model's layers are sharded over a DTensor mesh of batch × model devices",
+    "async": "async — parameter servers hold the variables; a chief schedules steps on workers that "
+             "run without waiting for each other (ParameterServerStrategy)",
+}
+
+
+def parse_ints(text: str) -> tuple[int, ...] | None:
+    """``"256, 128"`` → ``(256, 128)``; None when it is not a list of positive integers."""
+    parts = [p for p in text.replace(";", ",").replace(" ", ",").split(",") if p]
+    try:
+        values = tuple(int(p) for p in parts)
+    except ValueError:
+        return None
+    return values if all(v >= 1 for v in values) else None
+
+
+def format_ints(values: tuple[int, ...]) -> str:
+    return ", ".join(str(v) for v in values)
+
+
+class SettingsPanel(QScrollArea):
+    """The run settings form. ``widgets`` maps config field paths to their editor."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.setWidgetResizable(True)
+        body = QWidget()
+        self.setWidget(body)
+        outer = QVBoxLayout(body)
+        outer.setContentsMargins(6, 6, 6, 6)
+        self.widgets: dict[str, QWidget] = {}
+        self._tips: dict[str, str] = {}
+        self._readers: list[Callable[[], None]] = []
+
+        # -- run
+        box, form = self._group("Run", outer)
+        self.name = self._line("name", "Name of the run (its folder is named after it)", form, "Name")
+
+        # -- parallelism
+        box, form = self._group("Parallelism", outer)
+        self.mode = QComboBox()
+        self.mode.addItems(list(MODES))
+        for i, m in enumerate(MODES):
+            self.mode.setItemData(i, MODE_HELP[m], 3)  # ToolTipRole
+        self._register("parallelism.mode", self.mode, "How training is spread over the cluster:\n"
+                       + "\n".join(MODE_HELP[m] for m in MODES))
+        self.mode.activated.connect(lambda _i: self.choose_mode(self.mode.currentText()))
+        self._readers.append(lambda: self.mode.setCurrentText(controller.config.parallelism.mode))
+        form.addRow("Mode", self.mode)
+        mesh_row = QWidget()
+        mesh_layout = QHBoxLayout(mesh_row)
+        mesh_layout.setContentsMargins(0, 0, 0, 0)
+        self.mesh_batch = self._spin("parallelism.mesh_batch", "Mesh size along the batch axis", 1, 4096)
+        self.mesh_model = self._spin("parallelism.mesh_model", "Mesh size along the model axis "
+                                     "(hidden sizes must divide by it)", 1, 4096)
+        mesh_layout.addWidget(self.mesh_batch)
+        mesh_layout.addWidget(self.mesh_model)
+        self.widgets["parallelism.mesh"] = mesh_row
+        self._tips["parallelism.mesh"] = "DTensor mesh: batch × model must equal the worker devices"
+        form.addRow("Mesh b × m", mesh_row)
+        self.mesh_form_row = mesh_row
+        self.partitioner = self._combo("parallelism.partitioner", PARTITIONERS,
+                                       "How variables are sharded over the ps tasks: none, by minimum shard "
+                                       "size, or a fixed number of shards", form, "Partitioner")
+        self.shards = self._spin("parallelism.shards", "Number of shards (partitioner 'fixed')", 1, 1024)
+        form.addRow("Shards", self.shards)
+        self.min_shard_bytes = self._spin("parallelism.min_shard_bytes",
+                                          "Smallest shard in bytes (partitioner 'min_size')", 1, 2**31 - 1)
+        form.addRow("Min shard bytes", self.min_shard_bytes)
+        self.timeout = QDoubleSpinBox()
+        self.timeout.setRange(0, 3600)
+        self.timeout.setDecimals(1)
+        self.timeout.setSpecialValueText("TF default")
+        self._bind_number("parallelism.collective_timeout_s", self.timeout,
+                          "Seconds before a stuck collective fails a synchronous run (0: TensorFlow's default)")
+        form.addRow("Collective timeout", self.timeout)
+        self.parallelism_form = form
+
+        # -- data
+        box, form = self._group("Data", outer)
+        self.source = self._combo("data.source", DATA_SOURCES, "Where examples come from", form, "Source")
+        self.shape = self._ints("data.shape", "Shape of one example, e.g. 784 or 28, 28", form, "Shape")
+        self.classes = self._spin("data.classes", "Number of classes", 2, 1_000_000)
+        form.addRow("Classes", self.classes)
+        self.size = self._spin("data.size", "Examples in the synthetic data set", 1, 100_000_000)
+        form.addRow("Size", self.size)
+
+        # -- model
+        box, form = self._group("Model", outer)
+        self.model_name = self._combo("model.name", MODELS, "The model to train", form, "Model")
+        self.hidden = self._ints("model.hidden", "Hidden layer widths, e.g. 256, 128", form, "Hidden sizes",
+                                 allow_empty=True)
+
+        # -- training
+        box, form = self._group("Training", outer)
+        self.batch = self._spin("training.global_batch_size", "Examples per step over all replicas "
+                                "(must divide by the number of replicas)", 1, 1_000_000)
+        form.addRow("Global batch", self.batch)
+        self.steps = self._spin("training.steps", "Training steps", 1, 2**31 - 1)
+        form.addRow("Steps", self.steps)
+        self.optimizer = self._combo("training.optimizer", OPTIMIZERS, "The optimizer", form, "Optimizer")
+        self.learning_rate = QDoubleSpinBox()
+        self.learning_rate.setDecimals(5)
+        self.learning_rate.setRange(0.00001, 10.0)
+        self.learning_rate.setSingleStep(0.005)
+        self._bind_number("training.learning_rate", self.learning_rate, "Learning rate of the optimizer")
+        form.addRow("Learning rate", self.learning_rate)
+        self.seed = self._spin("training.seed", "Random seed (data and initial weights)", 0, 2**31 - 1)
+        form.addRow("Seed", self.seed)
+        self.checkpoint_every = self._spin("training.checkpoint_every",
+                                           "Save a checkpoint every N steps (0: only at the end)", 0, 2**31 - 1)
+        self.checkpoint_every.setSpecialValueText("at the end")
+        form.addRow("Checkpoint every", self.checkpoint_every)
+        self.restarts = self._spin("training.restarts", "How often a failed run restarts from its last "
+                                   "checkpoint before giving up", 0, 100)
+        form.addRow("Restarts", self.restarts)
+        outer.addStretch(1)
+
+        controller.documentChanged.connect(self.refresh)
+        controller.problemsChanged.connect(self.mark_problems)
+        self.refresh()
+
+    # ------------------------------------------------------------------ building helpers
+
+    def _group(self, title: str, outer: QVBoxLayout) -> tuple[QGroupBox, QFormLayout]:
+        box = QGroupBox(title)
+        form = QFormLayout(box)
+        outer.addWidget(box)
+        return box, form
+
+    def _register(self, path: str, widget: QWidget, tip: str) -> None:
+        widget.setObjectName(path)
+        widget.setToolTip(tip)
+        self.widgets[path] = widget
+        self._tips[path] = tip
+
+    def _value_of(self, path: str) -> Any:
+        section, _, name = path.partition(".")
+        obj = getattr(self.controller.config, section)
+        return getattr(obj, name) if name else obj
+
+    def _line(self, path: str, tip: str, form: QFormLayout, label: str) -> QLineEdit:
+        edit = QLineEdit()
+        self._register(path, edit, tip)
+        edit.editingFinished.connect(lambda: self._set(path, edit.text().strip()))
+        self._readers.append(lambda: edit.setText(str(self._value_of(path))))
+        form.addRow(label, edit)
+        return edit
+
+    def _combo(self, path: str, choices: tuple[str, ...], tip: str, form: QFormLayout, label: str) -> QComboBox:
+        combo = QComboBox()
+        combo.addItems(list(choices))
+        self._register(path, combo, tip)
+        combo.activated.connect(lambda _i: self._set(path, combo.currentText()))
+        self._readers.append(lambda: combo.setCurrentText(str(self._value_of(path))))
+        form.addRow(label, combo)
+        return combo
+
+    def _spin(self, path: str, tip: str, low: int, high: int) -> QSpinBox:
+        spin = QSpinBox()
+        spin.setRange(low, high)
+        self._bind_number(path, spin, tip)
+        return spin
+
+    def _bind_number(self, path: str, spin: QSpinBox | QDoubleSpinBox, tip: str) -> None:
+        spin.setKeyboardTracking(False)
+        self._register(path, spin, tip)
+        spin.valueChanged.connect(lambda v: self._set(path, v))
+
+        def read() -> None:
+            value = self._value_of(path)
+            spin.setValue(value if value is not None else spin.minimum())
+
+        self._readers.append(read)
+
+    def _ints(self, path: str, tip: str, form: QFormLayout, label: str, allow_empty: bool = False) -> QLineEdit:
+        edit = QLineEdit()
+        self._register(path, edit, tip)
+
+        def commit() -> None:
+            values = parse_ints(edit.text())
+            if values is None or (not values and not allow_empty):
+                edit.setStyleSheet(f"border: 2px solid {theme.PROBLEM_COLOR};")
+                edit.setToolTip(f"{tip}\n⚠ {path}: expected a list of integers >= 1, got {edit.text()!r}")
+                return
+            self._set(path, values)
+
+        edit.editingFinished.connect(commit)
+        self._readers.append(lambda: edit.setText(format_ints(self._value_of(path))))
+        form.addRow(label, edit)
+        return edit
+
+    # ------------------------------------------------------------------ behaviour
+
+    def _set(self, path: str, value: Any) -> None:
+        if path == "training.steps":
+            training = cfg.replace(self.controller.config.training, steps=int(value), epochs=None)
+            if training != self.controller.config.training:
+                self.controller.set_value("training", training)
+            return
+        if self._value_of(path) != value:
+            self.controller.set_value(path, value)
+
+    def choose_mode(self, mode: str) -> None:
+        """Switch parallelism, offering to fix the cluster when the new mode needs other tasks."""
+        c = self.controller
+        if mode == c.config.parallelism.mode:
+            return
+        probe = cfg.replace(c.config, parallelism=cfg.replace(c.config.parallelism, mode=mode))
+        _, changes = doc_ops.cluster_fix(probe, mode)
+        fix = False
+        if changes:
+            answer = QMessageBox.question(
+                self, "Fix the cluster?",
+                f"{MODE_HELP[mode]}.\n\nThe current cluster does not fit this mode. Change it?\n\n"
+                + "\n".join(f"• {x}" for x in changes),
+                QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes)
+            fix = answer == QMessageBox.StandardButton.Yes
+        elif mode == "model" and doc_ops.mesh_fix(probe) != (probe.parallelism.mesh_batch,
+                                                            probe.parallelism.mesh_model):
+            fix = True  # only the mesh size follows the devices; nothing to ask about
+        c.set_mode(mode, fix_cluster=fix)
+
+    def refresh(self) -> None:
+        for w in self.widgets.values():
+            w.blockSignals(True)
+        try:
+            for read in self._readers:
+                read()
+        finally:
+            for w in self.widgets.values():
+                w.blockSignals(False)
+        mode = self.controller.config.parallelism.mode
+        part = self.controller.config.parallelism.partitioner
+        form = self.parallelism_form
+        form.setRowVisible(self.mesh_form_row, mode == "model")
+        form.setRowVisible(self.partitioner, mode == "async")
+        form.setRowVisible(self.shards, mode == "async" and part == "fixed")
+        form.setRowVisible(self.min_shard_bytes, mode == "async" and part == "min_size")
+        form.setRowVisible(self.timeout, mode != "async")
+        self.mark_problems(self.controller.problems)
+
+    def mark_problems(self, problems: list[Problem]) -> None:
+        """A red frame and the message in the tooltip of each setting a problem names."""
+        marked: dict[str, list[str]] = {}
+        for p in problems:
+            path = p.field.split("[")[0]
+            if path.startswith("parallelism.partitioner."):
+                path = "parallelism." + path.rsplit(".", 1)[-1]
+            if path in self.widgets:
+                marked.setdefault(path, []).append(p.message)
+        for path, widget in self.widgets.items():
+            messages = marked.get(path)
+            if messages:
+                widget.setStyleSheet(f"border: 2px solid {theme.PROBLEM_COLOR}; border-radius: 3px;")
+                widget.setToolTip(self._tips[path] + "\n" + "\n".join(f"⚠ {m}" for m in messages))
+            else:
+                widget.setStyleSheet("")
+                widget.setToolTip(self._tips[path])
+
+    def focus_field(self, path: str) -> bool:
+        """Scroll to and focus the editor of ``path`` (a problem's field); False when there is none."""
+        path = path.split("[")[0]
+        widget = self.widgets.get(path)
+        if widget is None and "." in path:
+            widget = self.widgets.get(path.rsplit(".", 1)[0])
+        if widget is None:
+            return False
+        self.ensureWidgetVisible(widget)
+        widget.setFocus()
+        return True

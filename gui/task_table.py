@@ -1,0 +1,163 @@
+"""The task table: host, role, pid, state, CPU %, memory and restarts of every task of the shown run."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtGui import QColor
+from PySide6.QtWidgets import QHeaderView, QLabel, QTableView, QVBoxLayout, QWidget
+
+from engine.telemetry import TaskState
+from gui import theme
+from gui.controller import Controller
+
+COLUMNS = ("Task", "Host", "Role", "PID", "State", "CPU %", "Memory", "GPU %", "Restarts", "Reason")
+TIPS = {
+    "Task": "role:index of the task",
+    "Host": "Host the task runs on",
+    "Role": "chief, worker, ps or evaluator",
+    "PID": "Process id of the task",
+    "State": "starting, running, finished, failed or stopped",
+    "CPU %": "CPU use of the task process (100 % = one core)",
+    "Memory": "Resident memory of the task process",
+    "GPU %": "GPU utilisation of the task's GPUs, where there are GPUs",
+    "Restarts": "How often the task was restarted",
+    "Reason": "Why the task stopped or failed",
+}
+
+_Index = QModelIndex | QPersistentModelIndex
+
+
+def format_bytes(n: float | None) -> str:
+    if n is None:
+        return ""
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+class TaskTableModel(QAbstractTableModel):
+    """Rows: the tasks of ``controller.state``; refreshed when the controller folds new events."""
+
+    def __init__(self, controller: Controller) -> None:
+        super().__init__(controller)
+        self.controller = controller
+        self.rows: list[TaskState] = []
+        controller.runLoaded.connect(self.refresh)
+        controller.runUpdated.connect(self.refresh)
+        controller.runStateChanged.connect(self.refresh)
+        self.refresh()
+
+    def refresh(self, *_args: object) -> None:
+        rows = list(self.controller.state.tasks.values())
+        if [r.name for r in rows] != [r.name for r in self.rows] or any(a is not b for a, b in zip(rows, self.rows, strict=False)):
+            self.beginResetModel()
+            self.rows = rows
+            self.endResetModel()
+        elif rows:
+            self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
+
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008 - Qt's signature
+        return 0 if parent.isValid() else len(self.rows)
+
+    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if orientation == Qt.Orientation.Horizontal:
+            if role == Qt.ItemDataRole.DisplayRole:
+                return COLUMNS[section]
+            if role == Qt.ItemDataRole.ToolTipRole:
+                return TIPS[COLUMNS[section]]
+        return None
+
+    def text(self, task: TaskState, column: str) -> str:
+        if column == "Task":
+            return task.name
+        if column == "Host":
+            return task.host
+        if column == "Role":
+            return task.role
+        if column == "PID":
+            return str(task.pid) if task.pid else ""
+        if column == "State":
+            return task.state
+        if column == "CPU %":
+            return "" if task.cpu_percent is None else f"{task.cpu_percent:.0f}"
+        if column == "Memory":
+            return format_bytes(task.rss_bytes)
+        if column == "GPU %":
+            return "" if task.gpu_util is None else f"{task.gpu_util:.0f}"
+        if column == "Restarts":
+            return str(task.restarts) if task.restarts else ""
+        if column == "Reason":
+            return task.reason
+        return ""
+
+    def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid() or index.row() >= len(self.rows):
+            return None
+        task = self.rows[index.row()]
+        column = COLUMNS[index.column()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return self.text(task, column)
+        if role == Qt.ItemDataRole.ForegroundRole and column == "State":
+            return QColor(theme.STATE_COLORS.get(task.state, "#888888"))
+        if role == Qt.ItemDataRole.ToolTipRole:
+            if column in ("Reason", "State") and task.log_tail:
+                return f"{task.reason}\n\nLast log lines:\n" + "\n".join(task.log_tail[-10:])
+            return self.text(task, column) or TIPS[column]
+        if role == Qt.ItemDataRole.TextAlignmentRole and column in ("PID", "CPU %", "Memory", "GPU %", "Restarts"):
+            return int(Qt.AlignmentFlag.AlignRight | Qt.AlignmentFlag.AlignVCenter)
+        return None
+
+
+class TaskTable(QWidget):
+    """The table, with a failure report above it when the run failed (which task, why, its last lines)."""
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.model = TaskTableModel(controller)
+        self.view = QTableView()
+        self.view.setObjectName("taskTable")
+        self.view.setModel(self.model)
+        self.view.setAlternatingRowColors(True)
+        self.view.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
+        self.view.verticalHeader().setVisible(False)
+        self.view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.view.horizontalHeader().setStretchLastSection(True)
+        self.view.setToolTip("Every task of the shown run; hover a failed task for its last log lines")
+        self.failure = QLabel()
+        self.failure.setObjectName("failureReport")
+        self.failure.setWordWrap(True)
+        self.failure.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.failure.setToolTip("Why the run failed and the failed task's last log lines")
+        self.failure.hide()
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.failure)
+        layout.addWidget(self.view, 1)
+        controller.runStateChanged.connect(self._update_failure)
+        controller.runLoaded.connect(self._update_failure)
+
+    def _update_failure(self, *_args: object) -> None:
+        state = self.controller.state
+        if state.state != "failed":
+            self.failure.hide()
+            return
+        task = state.tasks.get(state.failed_task)
+        lines = task.log_tail[-12:] if task is not None else []
+        why = state.reason or (task.reason if task is not None else "")
+        tail = "<br>".join(_escape(x) for x in lines)
+        self.failure.setText(
+            f"<b style='color:{theme.PROBLEM_COLOR}'>Run failed</b> — task <b>{_escape(state.failed_task or '?')}"
+            f"</b>: {_escape(why)}" + (f"<pre style='margin:4px 0'>{tail}</pre>" if tail else ""))
+        self.failure.show()
+
+
+def _escape(text: str) -> str:
+    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
