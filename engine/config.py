@@ -11,9 +11,11 @@ processes all share it.
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import math
 import os
+import reprlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +33,8 @@ PARTITIONERS = ("none", "min_size", "fixed")
 DATA_SOURCES = ("synthetic",)
 MODELS = ("mlp",)
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "")
+#: Upper bound of step counts: far beyond any real run, and it keeps every figure printable.
+MAX_STEPS = 10**9
 
 #: Which parallelism modes each built-in model supports.
 MODEL_MODES: dict[str, tuple[str, ...]] = {"mlp": ("data", "model", "async")}
@@ -203,9 +207,38 @@ class ConfigError(ValueError):
         super().__init__(text)
 
 
+class _ShortRepr(reprlib.Repr):
+    """``repr`` bounded in depth and width, so hostile input (huge ints, deep or aliased YAML) shows briefly."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxlevel = 3
+        self.maxstring = 60
+        self.maxother = 60
+
+    def repr_int(self, x: int, level: int) -> str:
+        try:
+            return super().repr_int(x, level)
+        except ValueError:  # more digits than Python converts to text
+            return f"<an integer of about {int(x.bit_length() * 0.30103)} digits>"
+
+
+_short_repr = _ShortRepr()
+
+
 def _show(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = _short_repr.repr(value)
+    except Exception:  # noqa: BLE001 - a value's own __repr__ may fail; the message must not
+        text = f"<{type(value).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _is_finite(value: int | float) -> bool:
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int too large for a float
+        return False
 
 
 # --------------------------------------------------------------------------- parsing
@@ -244,17 +277,21 @@ class _Reader:
         value = self.raw(key)
         if value is None:
             return default
-        ok = isinstance(value, int) and not isinstance(value, bool)
-        if ok and (minimum is None or value >= minimum) and (maximum is None or value <= maximum):
+        if not isinstance(value, int) or isinstance(value, bool):
+            self.fail(key, f"expected {_int_range(minimum, maximum)}, got {_show(value)}")
+        elif minimum is not None and value < minimum:
+            self.fail(key, f"expected an integer >= {minimum}, got {_show(value)}")
+        elif maximum is not None and value > maximum:
+            self.fail(key, f"expected an integer <= {maximum}, got {_show(value)}")
+        else:
             return int(value)
-        self.fail(key, f"expected {_int_range(minimum, maximum)}, got {_show(value)}")
         return default
 
     def float(self, key: str, default: float, *, minimum: float | None = None, above: float | None = None) -> float:
         value = self.raw(key)
         if value is None:
             return default
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _is_finite(value)
         if ok and (minimum is None or value >= minimum) and (above is None or value > above):
             return float(value)
         if above is not None:
@@ -285,7 +322,9 @@ class _Reader:
             return default
         return value
 
-    def ints(self, key: str, default: tuple[int, ...], *, minimum: int = 1, min_len: int = 1) -> tuple[int, ...]:
+    # below the methods named int and str, annotations name the builtins explicitly
+    def ints(self, key: builtins.str, default: tuple[builtins.int, ...], *, minimum: builtins.int = 1,
+             maximum: builtins.int = 10**6, min_len: builtins.int = 1) -> tuple[builtins.int, ...]:
         value = self.raw(key)
         if value is None:
             return default
@@ -294,18 +333,18 @@ class _Reader:
         if (
             isinstance(value, (list, tuple))
             and min_len <= len(value) <= 64
-            and all(isinstance(v, int) and not isinstance(v, bool) and v >= minimum for v in value)
+            and all(isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= maximum for v in value)
         ):
             return tuple(int(v) for v in value)
         self.fail(key, f"expected a list of {'at least ' + str(min_len) + ' ' if min_len > 1 else ''}"
-                       f"integers >= {minimum}, got {_show(value)}")
+                       f"integers from {minimum} to {maximum}, got {_show(value)}")
         return default
 
-    def child(self, key: str) -> _Reader:
+    def child(self, key: builtins.str) -> _Reader:
         self.seen.add(key)
         return _Reader(self.data.get(key), self.where(key), self.problems)
 
-    def finish(self, allowed: Iterable[str]) -> None:
+    def finish(self, allowed: Iterable[builtins.str]) -> None:
         allowed = set(allowed) | self.seen
         for key in self.data:
             if not isinstance(key, str) or key not in allowed:
@@ -393,7 +432,7 @@ def _parse_parallelism(r: _Reader) -> Parallelism:
     part = r.child("partitioner")
     kind = part.str("kind", d.partitioner, choices=PARTITIONERS)
     shards = part.int("shards", d.shards, minimum=1, maximum=1024)
-    min_shard_bytes = part.int("min_shard_bytes", d.min_shard_bytes, minimum=1)
+    min_shard_bytes = part.int("min_shard_bytes", d.min_shard_bytes, minimum=1, maximum=2**40)
     part.finish(("kind", "shards", "min_shard_bytes"))
     timeout = r.float("collective_timeout_s", d.collective_timeout_s, minimum=0)
     r.finish(("mode", "mesh", "partitioner", "collective_timeout_s"))
@@ -424,8 +463,8 @@ def _parse_model(r: _Reader) -> Model:
 
 def _parse_training(r: _Reader) -> Training:
     d = Training()
-    steps: int | None = r.int("steps", 0, minimum=1) if r.has("steps") else None
-    epochs: int | None = r.int("epochs", 0, minimum=1) if r.has("epochs") else None
+    steps: int | None = r.int("steps", 0, minimum=1, maximum=MAX_STEPS) if r.has("steps") else None
+    epochs: int | None = r.int("epochs", 0, minimum=1, maximum=1_000_000) if r.has("epochs") else None
     if steps == 0:
         steps = d.steps
     if epochs == 0:
@@ -439,7 +478,7 @@ def _parse_training(r: _Reader) -> Training:
         optimizer=r.str("optimizer", d.optimizer, choices=OPTIMIZERS),
         learning_rate=r.float("learning_rate", d.learning_rate, above=0),
         seed=r.int("seed", d.seed, minimum=0, maximum=2**31 - 1),
-        checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0),
+        checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0, maximum=MAX_STEPS),
         restarts=r.int("restarts", d.restarts, minimum=0, maximum=100),
         metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
     )
@@ -458,7 +497,7 @@ def from_dict(raw: Any, *, source: str = "", check: bool = True) -> RunConfig:
     r = _Reader(raw, "", problems)
     if isinstance(raw, Mapping) and "schema" in raw:
         schema = r.raw("schema")
-        if schema != SCHEMA_VERSION:
+        if not isinstance(schema, int) or isinstance(schema, bool) or schema != SCHEMA_VERSION:
             r.fail("schema", f"expected {SCHEMA_VERSION} (the version this ClusterDeck reads), got {_show(schema)}")
     config = RunConfig(
         name=r.str("name", "run", nonempty=True),
@@ -537,6 +576,9 @@ def loads(text: str, *, source: str = "", check: bool = True) -> RunConfig:
         raise ConfigError([Problem("", f"not valid YAML{where}: {reason}")], source) from None
     except RecursionError:
         raise ConfigError([Problem("", "not valid YAML: nested too deeply")], source) from None
+    except (ValueError, OverflowError, TypeError) as exc:
+        # a well-formed scalar PyYAML cannot build, e.g. ``2001-02-30`` or ``!!int abc``
+        raise ConfigError([Problem("", f"not valid YAML: {str(exc).splitlines()[0][:200]}")], source) from None
     if raw is None:
         raise ConfigError([Problem("", "the file is empty; expected a ClusterDeck config mapping")], source)
     if not isinstance(raw, Mapping):

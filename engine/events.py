@@ -40,38 +40,91 @@ def make(kind: str, task: str, **fields: Any) -> dict[str, Any]:
 
 
 def encode(event: dict[str, Any]) -> str:
-    """One line of JSON (non-finite floats become null so every reader can parse it)."""
-    clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in event.items()}
-    return json.dumps(clean, separators=(",", ":"), allow_nan=False) + "\n"
+    """One line of JSON that every reader can parse: non-finite floats become null, at any depth;
+    numeric scalars of other libraries (``numpy.float32``) become plain numbers, any other value its text."""
+    return json.dumps(_plain(event), separators=(",", ":"), allow_nan=False) + "\n"
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, dict):
+        return {k if isinstance(k, str) else str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if hasattr(value, "__index__"):
+        return int(value)
+    if hasattr(value, "__float__"):
+        try:
+            return _plain(float(value))
+        except (TypeError, ValueError):
+            pass
+    return str(value)
 
 
 def decode(line: str | bytes) -> dict[str, Any] | None:
-    """The event on ``line``, or None when it is not a valid event."""
+    """The event on ``line``, or None when it is not a valid event.
+
+    A line longer than :data:`MAX_LINE_BYTES` (UTF-8 bytes, line ending not counted) is rejected.
+    """
     if isinstance(line, bytes):
+        line = line.rstrip(b"\r\n")
         if len(line) > MAX_LINE_BYTES:
             return None
         try:
             line = line.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    if len(line) > MAX_LINE_BYTES:
-        return None
+    else:
+        line = line.rstrip("\r\n")
+        # a character is 1 to 4 bytes: count bytes only where it matters
+        if len(line) > MAX_LINE_BYTES or (
+            len(line) * 4 > MAX_LINE_BYTES and len(line.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES
+        ):
+            return None
     line = line.strip()
     if not line.startswith("{"):
         return None
     try:
-        event = json.loads(line)
+        event = json.loads(line, parse_constant=_null, parse_float=_finite_float, parse_int=_int64)
     except (ValueError, RecursionError):
         return None
     if not isinstance(event, dict):
         return None
-    if event.get("v") != EVENT_VERSION or event.get("kind") not in KINDS:
+    version = event.get("v")
+    if not isinstance(version, int) or isinstance(version, bool) or version != EVENT_VERSION:
         return None
-    if not isinstance(event.get("task"), str) or not isinstance(event.get("t"), (int, float)):
+    if event.get("kind") not in KINDS:
+        return None
+    t = event.get("t")
+    if not isinstance(event.get("task"), str) or not isinstance(t, (int, float)) or isinstance(t, bool):
         return None
     if event["kind"] == "step" and not _valid_step(event):
         return None
     return event
+
+
+# Numbers no reader can use read as null, as :func:`encode` writes non-finite floats: ``NaN`` and
+# ``Infinity`` (not JSON, yet Python writes them), floats that overflow (``1e999``) and integers
+# beyond 64 bits (which would break every later ``float()``).
+
+
+def _null(_: str) -> None:
+    return None
+
+
+def _finite_float(text: str) -> float | None:
+    value = float(text)
+    return value if math.isfinite(value) else None
+
+
+def _int64(text: str) -> int | None:
+    if len(text) > 20:
+        return None
+    value = int(text)
+    return value if -(2**63) <= value < 2**63 else None
 
 
 def _valid_step(event: dict[str, Any]) -> bool:

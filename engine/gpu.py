@@ -32,14 +32,17 @@ class GpuSampler:
     """Samples GPU utilisation and per-process GPU memory; inert without NVML."""
 
     def __init__(self, nvml: Any | None = None) -> None:
-        self.nvml = nvml if nvml is not None else _load_nvml()
+        self.nvml: Any = nvml if nvml is not None else _load_nvml()
         self.available = False
+        self.count = 0
         self.error = ""
+        self._initialised = False  # nvmlInit succeeded: nvmlShutdown is owed, GPUs or not
         if self.nvml is None:
             self.error = "nvidia-ml-py is not installed"
             return
         try:
             self.nvml.nvmlInit()
+            self._initialised = True
             self.count = int(self.nvml.nvmlDeviceGetCount())
             self.available = self.count > 0
             if not self.available:
@@ -47,6 +50,7 @@ class GpuSampler:
         except Exception as exc:  # noqa: BLE001 - NVMLError has many subclasses; any means: no GPU figures
             self.error = f"NVML unavailable: {exc}"
             self.available = False
+            self.count = 0
 
     def sample(self, indices: list[int] | None = None) -> list[GpuSample]:
         if not self.available:
@@ -70,12 +74,13 @@ class GpuSampler:
         return out
 
     def close(self) -> None:
-        if self.available:
+        if self._initialised:
             try:
                 self.nvml.nvmlShutdown()
             except Exception:  # noqa: BLE001
                 pass
-            self.available = False
+        self._initialised = False
+        self.available = False
 
 
 def task_gpu_figures(samples: list[GpuSample], gpu_ids: list[int], pid: int) -> dict[str, float | int]:

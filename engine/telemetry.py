@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 
@@ -41,6 +41,10 @@ class ReplicaState:
     step_time: float | None = None
     worker: int | None = None
     first_loss: float | None = None
+
+
+def _is_number(value: Any) -> TypeGuard[int | float]:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class Series:
@@ -110,20 +114,20 @@ class History:
             rid = event["replica"]
             for metric in REPLICA_METRICS:
                 value = event.get(metric)
-                if isinstance(value, (int, float)):
+                if _is_number(value):
                     self._series(f"replica/{rid}/{metric}").append(float(event["step"]), float(value), t)
                     self.version += 1
         elif kind == "eval":
             for metric in ("loss", "accuracy"):
                 value = event.get(metric)
-                if isinstance(value, (int, float)) and isinstance(event.get("step"), int):
+                if _is_number(value) and _is_number(event.get("step")):
                     self._series(f"eval/{metric}").append(float(event["step"]), float(value), t)
                     self.version += 1
         elif kind == "device":
             name = event["task"]
             for metric in TASK_METRICS:
                 value = event.get(metric)
-                if isinstance(value, (int, float)):
+                if _is_number(value):
                     suffix = f"@{event['device']}" if "device" in event and metric.startswith("tf_") else ""
                     self._series(f"task/{name}{suffix}/{metric}").append(t, float(value), t)
                     self.version += 1
@@ -172,7 +176,7 @@ class RunState:
         elif kind == "device":
             task = self._task(name)
             for key in ("cpu_percent", "rss_bytes", "tf_bytes", "gpu_util", "gpu_mem_bytes"):
-                if key in event and event[key] is not None:
+                if _is_number(event.get(key)):
                     setattr(task, key, event[key])
             self.history.add(event)
         elif kind == "status":
@@ -203,7 +207,7 @@ class RunState:
     def _status(self, event: dict[str, Any]) -> None:
         task = self._task(event["task"])
         state = str(event.get("state", ""))
-        if state == "starting" and task.state in TERMINAL + ("running",):
+        if state == "starting" and task.state in (*TERMINAL, "running", "restarting"):
             task.restarts += 1
         task.state = state or task.state
         if "pid" in event and isinstance(event["pid"], int):

@@ -1,0 +1,235 @@
+"""Folding the event stream: per-task and per-replica state, progress and ETA, full history."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.events import make
+from engine.telemetry import History, RunState, Series
+
+T0 = 1_700_000_000.0
+
+
+def ev(kind: str, task: str, t: float, **fields: Any) -> dict[str, Any]:
+    event = make(kind, task, **fields)
+    event["t"] = T0 + t
+    return event
+
+
+def step(task: str, replica: int, n: int, t: float, loss: float | None = 1.0, eps: float | None = 100.0,
+         **fields: Any) -> dict[str, Any]:
+    return ev("step", task, t, replica=replica, step=n, loss=loss, examples_per_sec=eps, step_time=0.01, **fields)
+
+
+# --------------------------------------------------------------------------- Series
+
+
+def test_series_grows_past_its_capacity() -> None:
+    s = Series(capacity=4)
+    for i in range(1000):
+        s.append(i, i * 2.0, i / 10)
+    assert len(s) == 1000
+    assert s.x.dtype == s.y.dtype == s.t.dtype == np.float64
+    np.testing.assert_array_equal(s.x, np.arange(1000, dtype=np.float64))
+    np.testing.assert_array_equal(s.y, np.arange(1000) * 2.0)
+    np.testing.assert_allclose(s.t, np.arange(1000) / 10)
+
+
+@pytest.mark.parametrize("capacity", [0, 1, 256])
+def test_series_from_any_capacity(capacity: int) -> None:
+    s = Series(capacity)
+    assert len(s) == 0 and s.x.size == 0
+    for i in range(capacity + 1):
+        s.append(float(i), -float(i), 0.0)
+    assert len(s) == capacity + 1 and s.y[-1] == -float(capacity)
+
+
+def test_series_views_are_only_the_filled_part() -> None:
+    s = Series(capacity=8)
+    s.append(1.0, 2.0, 3.0)
+    assert s.x.tolist() == [1.0] and s.y.tolist() == [2.0] and s.t.tolist() == [3.0]
+
+
+# --------------------------------------------------------------------------- History
+
+
+def test_history_keeps_every_point_in_float64() -> None:
+    h = History()
+    for i in range(5000):
+        h.add(step("worker:0", 0, i, i * 0.01, loss=1.0 / (i + 1)))
+        h.add(step("worker:1", 1, i, i * 0.01, loss=None))
+    assert h.keys("replica/0/") == ["replica/0/examples_per_sec", "replica/0/loss", "replica/0/step_time"]
+    loss = h.series["replica/0/loss"]
+    assert len(loss) == 5000, "no downsampling"
+    assert loss.x.dtype == np.float64 and loss.y.dtype == np.float64
+    np.testing.assert_array_equal(loss.x, np.arange(5000, dtype=np.float64))
+    np.testing.assert_allclose(loss.y, 1.0 / (np.arange(5000) + 1))
+    assert "replica/1/loss" not in h.series, "a missing figure is not a point"
+    assert h.replicas() == [0, 1]
+    assert h.total_points() == 5000 * 3 + 5000 * 2
+    assert h.t0 == T0
+
+
+def test_history_device_points_are_by_time() -> None:
+    h = History()
+    before = h.version
+    h.add(ev("device", "ps:0", 1.0, cpu_percent=50.0, rss_bytes=1000, gpu_util=None, tf_bytes=5, device="CPU:0"))
+    h.add(ev("device", "ps:0", 2.0, cpu_percent=60, rss_bytes=True))
+    assert h.version == before + 4
+    assert h.keys("task/") == ["task/ps:0/cpu_percent", "task/ps:0/rss_bytes", "task/ps:0@CPU:0/tf_bytes"]
+    cpu = h.series["task/ps:0/cpu_percent"]
+    assert cpu.x.tolist() == [T0 + 1.0, T0 + 2.0] and cpu.y.tolist() == [50.0, 60.0]
+    assert len(h.series["task/ps:0/rss_bytes"]) == 1, "a bool is not a figure"
+
+
+def test_history_ignores_other_kinds() -> None:
+    h = History()
+    h.add(ev("info", "worker:0", 0.0, message="hi", loss=3.0))
+    h.add(ev("status", "worker:0", 0.0, state="running"))
+    assert h.total_points() == 0 and h.version == 0
+
+
+# --------------------------------------------------------------------------- RunState
+
+
+def test_run_state_folds_a_data_parallel_run() -> None:
+    rs = RunState(total_steps=100, tasks=[("worker:0", "worker", "local"), ("worker:1", "worker", "local")])
+    assert rs.tasks["worker:0"].state == "pending" and rs.step == 0 and rs.eta_seconds(T0) is None
+    rs.apply(ev("run", "", 0.0, state="running"))
+    rs.apply(ev("status", "worker:0", 0.5, state="starting", pid=101))
+    rs.apply(ev("status", "worker:1", 0.5, state="starting", pid=102))
+    for n in range(1, 11):
+        rs.apply(step("worker:0", 0, n, 1.0 + n, loss=2.0 / n, eps=100.0))
+        rs.apply(step("worker:1", 1, n, 1.0 + n, loss=3.0 / n, eps=150.0))
+
+    assert rs.state == "running" and rs.started_at == T0
+    assert rs.tasks["worker:0"].state == "running" and rs.tasks["worker:0"].pid == 101
+    assert rs.tasks["worker:1"].pid == 102
+    assert rs.step == 10
+    r0, r1 = rs.replicas[0], rs.replicas[1]
+    assert (r0.task, r0.step, r0.loss, r0.first_loss) == ("worker:0", 10, 0.2, 2.0)
+    assert (r1.task, r1.step, r1.loss, r1.first_loss) == ("worker:1", 10, 0.3, 3.0)
+    assert rs.throughput() == 250.0
+    # first step at t=2 (step 1), step 10 at t=11: 9 steps in 9 s, 90 steps to go
+    assert rs.first_step == 1 and rs.first_step_at == T0 + 2.0
+    assert rs.eta_seconds(now=T0 + 11.0) == pytest.approx(90.0)
+    assert rs.eta_seconds(now=T0 + 20.0) == pytest.approx(180.0)
+    assert rs.history.replicas() == [0, 1] and len(rs.history.series["replica/1/loss"]) == 10
+
+    rs.apply(ev("status", "worker:0", 12.0, state="finished", exit_code=0))
+    rs.apply(ev("status", "worker:1", 12.0, state="finished", exit_code=0))
+    rs.apply(ev("run", "", 12.5, state="finished"))
+    summary = rs.summary()
+    assert summary["state"] == "finished" and summary["duration_s"] == pytest.approx(12.5)
+    assert summary["steps"] == 10 and summary["total_steps"] == 100 and summary["examples_per_sec"] == 250.0
+    assert summary["replicas"]["0"] == {"task": "worker:0", "step": 10, "loss": 0.2, "first_loss": 2.0,
+                                        "examples_per_sec": 100.0, "step_time": 0.01}
+    assert summary["tasks"]["worker:1"] == {"state": "finished", "host": "local", "pid": 102, "reason": "",
+                                            "restarts": 0}
+    assert rs.events == 1 + 2 + 20 + 3
+
+
+def test_eta_is_zero_past_the_end_and_none_without_a_total() -> None:
+    rs = RunState(total_steps=5)
+    rs.apply(step("worker:0", 0, 1, 0.0))
+    assert rs.eta_seconds(T0 + 1) is None, "one report gives no pace"
+    rs.apply(step("worker:0", 0, 8, 1.0))
+    assert rs.eta_seconds(T0 + 1) == 0.0
+    no_total = RunState()
+    no_total.apply(step("worker:0", 0, 1, 0.0))
+    no_total.apply(step("worker:0", 0, 3, 1.0))
+    assert no_total.eta_seconds(T0 + 1) is None
+
+
+def test_first_loss_is_the_first_reported_figure() -> None:
+    rs = RunState()
+    rs.apply(step("worker:0", 0, 1, 0.0, loss=None))
+    assert rs.replicas[0].first_loss is None
+    rs.apply(step("worker:0", 0, 2, 0.1, loss=4.0))
+    rs.apply(step("worker:0", 0, 3, 0.2, loss=1.0))
+    assert rs.replicas[0].first_loss == 4.0 and rs.replicas[0].loss == 1.0
+
+
+def test_async_steps_keep_the_worker_and_the_furthest_step() -> None:
+    rs = RunState(total_steps=50)
+    rs.apply(step("chief:0", 0, 5, 0.0, worker=1))
+    rs.apply(step("chief:0", 0, 4, 0.1, worker=0, loss=0.7))  # at-least-once scheduling: late results
+    rep = rs.replicas[0]
+    assert rep.step == 5 and rep.worker == 0 and rep.loss == 0.7
+    rs.apply(ev("progress", "chief:0", 0.2, step=5, total=50, scheduled=12, completed=9))
+    assert (rs.scheduled, rs.completed) == (12, 9)
+    rs.apply(ev("progress", "chief:0", 0.3, step=6, total=50))
+    assert (rs.scheduled, rs.completed) == (12, 9)
+
+
+def test_device_events_update_the_task() -> None:
+    rs = RunState(tasks=[("ps:0", "ps", "b")])
+    rs.apply(ev("device", "ps:0", 1.0, cpu_percent=12.5, rss_bytes=2048, tf_bytes=None, gpu_util=40.0,
+                gpu_mem_bytes=1 << 30))
+    rs.apply(ev("device", "ps:0", 2.0, cpu_percent=20.0, rss_bytes="a lot"))
+    task = rs.tasks["ps:0"]
+    assert (task.cpu_percent, task.rss_bytes, task.tf_bytes, task.gpu_util, task.gpu_mem_bytes) == \
+        (20.0, 2048, None, 40.0, 1 << 30)
+    assert len(rs.history.series["task/ps:0/cpu_percent"]) == 2
+    rs.apply(ev("device", "evaluator:0", 3.0, cpu_percent=1.0))
+    assert rs.tasks["evaluator:0"].role == "evaluator"
+
+
+def test_status_events_track_state_pid_log_tail_and_restarts() -> None:
+    rs = RunState(tasks=[("worker:1", "worker", "local")])
+    rs.apply(ev("status", "worker:1", 0.0, state="starting", pid=10))
+    rs.apply(ev("status", "worker:1", 1.0, state="running"))
+    rs.apply(ev("status", "worker:1", 2.0, state="failed", reason="killed by SIGKILL", exit_code=-9,
+                log_tail=["Traceback", "RuntimeError: boom", 42]))
+    task = rs.tasks["worker:1"]
+    assert (task.state, task.reason, task.exit_code) == ("failed", "killed by SIGKILL", -9)
+    assert task.log_tail == ["Traceback", "RuntimeError: boom", "42"]
+    assert task.restarts == 0
+
+    rs.apply(ev("status", "worker:1", 3.0, state="starting", pid=11))  # restarted after the failure
+    assert task.restarts == 1 and task.pid == 11 and task.state == "starting"
+    rs.apply(ev("status", "worker:1", 4.0, state="running"))
+    rs.apply(ev("status", "worker:1", 5.0, state="restarting", reason="lost its ps"))
+    rs.apply(ev("status", "worker:1", 6.0, state="starting", pid=12))  # no restarts figure: counted here
+    assert task.restarts == 2
+    rs.apply(ev("status", "worker:1", 7.0, state="restarting", restarts=5))
+    rs.apply(ev("status", "worker:1", 8.0, state="starting", pid=13, restarts=5))
+    assert task.restarts == 5, "the supervisor's own count wins"
+    rs.apply(ev("status", "worker:1", 9.0, state="stopped", reason="stopped by the user", pid="x"))
+    assert task.state == "stopped" and task.reason == "stopped by the user" and task.pid == 13
+    assert task.log_tail == ["Traceback", "RuntimeError: boom", "42"], "kept until a new tail arrives"
+    assert rs.started_at == T0
+
+
+def test_status_for_an_unknown_task_adds_it() -> None:
+    rs = RunState()
+    rs.apply(ev("status", "evaluator:0", 0.0, state="running", host="gpu-box", role="evaluator"))
+    assert rs.tasks["evaluator:0"].host == "gpu-box" and rs.tasks["evaluator:0"].state == "running"
+
+
+def test_run_events_give_state_reason_and_failed_task() -> None:
+    rs = RunState()
+    rs.apply(ev("run", "", 1.0, state="running"))
+    rs.apply(ev("run", "", 4.0, state="failed", reason="worker:1 failed", failed_task="worker:1"))
+    assert (rs.state, rs.reason, rs.failed_task) == ("failed", "worker:1 failed", "worker:1")
+    assert rs.summary()["duration_s"] == pytest.approx(3.0)
+
+
+def test_info_events_are_kept() -> None:
+    rs = RunState()
+    rs.apply(ev("info", "worker:0", 0.0, message="emulating 2 GPUs", emulated_gpus=2))
+    assert rs.infos[0]["emulated_gpus"] == 2
+
+
+def test_eval_events_are_kept_and_plotted_by_step() -> None:
+    rs = RunState()
+    rs.apply(ev("eval", "evaluator:0", 1.0, step=100, loss=0.5, accuracy=0.8))
+    rs.apply(ev("eval", "evaluator:0", 2.0, step=200, loss=0.25, accuracy=True))
+    assert [e["step"] for e in rs.evals] == [100, 200]
+    assert rs.history.series["eval/loss"].x.tolist() == [100.0, 200.0]
+    assert rs.history.series["eval/loss"].y.tolist() == [0.5, 0.25]
+    assert rs.history.series["eval/accuracy"].y.tolist() == [0.8], "a bool is not a figure"
+    assert rs.replicas == {}, "evaluation is not training progress"
