@@ -67,10 +67,16 @@ class Host:
     ssh_user: str = ""
     ssh_port: int = 22
     python: str = "python3"
+    ssh_host: str = ""  # the name ssh dials (an alias of ~/.ssh/config); default: the address
 
     @property
     def is_local(self) -> bool:
-        return self.address.strip().lower() in LOCAL_ADDRESSES
+        """This machine: a loopback address and no SSH target."""
+        return not self.ssh_host.strip() and self.address.strip().lower() in LOCAL_ADDRESSES
+
+    @property
+    def ssh_target(self) -> str:
+        return self.ssh_host.strip() or self.address.strip()
 
 
 @dataclass(frozen=True)
@@ -401,6 +407,7 @@ def _parse_cluster(r: _Reader) -> Cluster:
         ssh_user = h.str("ssh_user", "")
         ssh_port = h.int("ssh_port", 22, minimum=1, maximum=65535)
         python = h.str("python", "python3", nonempty=True)
+        ssh_host = h.str("ssh_host", "")
         raw_tasks = h.raw("tasks")
         tasks: list[Task] = []
         if raw_tasks is None:
@@ -415,9 +422,9 @@ def _parse_cluster(r: _Reader) -> Cluster:
             task = _parse_task(tr, role_counts.get(role_key, 0))
             role_counts[task.role] = role_counts.get(task.role, 0) + 1
             tasks.append(task)
-        h.finish(("name", "address", "gpus", "tasks", "ssh_user", "ssh_port", "python"))
+        h.finish(("name", "address", "gpus", "tasks", "ssh_user", "ssh_port", "python", "ssh_host"))
         hosts.append(Host(name=name, address=address, gpus=gpus, tasks=tuple(tasks),
-                          ssh_user=ssh_user, ssh_port=ssh_port, python=python))
+                          ssh_user=ssh_user, ssh_port=ssh_port, python=python, ssh_host=ssh_host))
     r.finish(("hosts",))
     return Cluster(hosts=tuple(hosts))
 
@@ -542,6 +549,8 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
             host["ssh_port"] = h.ssh_port
         if h.python != "python3":
             host["python"] = h.python
+        if h.ssh_host:
+            host["ssh_host"] = h.ssh_host
         host["tasks"] = [{"role": x.role, "index": x.index, "port": "auto" if x.port is None else x.port}
                          for x in h.tasks]
         hosts.append(host)

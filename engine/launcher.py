@@ -12,6 +12,7 @@ import json
 import os
 import queue
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -27,7 +28,7 @@ import psutil
 from engine import config as config_mod
 from engine import events, netns
 from engine.cluster import TaskPlan, plan_tasks, resolve_ports
-from engine.config import ConfigError, Problem, RunConfig
+from engine.config import ConfigError, Host, Problem, RunConfig
 from engine.telemetry import RunState
 
 STOP_TIMEOUT = 3.0
@@ -130,11 +131,6 @@ class Run:
     def start(self) -> Path:
         """Validate, pick ports, write the run folder and start every host's supervisor."""
         problems = config_mod.validate(self.config)
-        remote = [i for i, h in enumerate(self.config.cluster.hosts) if not h.is_local]
-        for i in remote:
-            problems.append(Problem(f"cluster.hosts[{i}].address",
-                                    f"{self.config.cluster.hosts[i].address!r} is a remote host; this version "
-                                    "launches only on this machine (localhost)"))
         if problems:
             raise ConfigError(problems)
         if self._run_dir is None:
@@ -249,16 +245,23 @@ class Run:
     def _start_supervisor(self, host: str, plans: list[TaskPlan]) -> None:
         host_dir = self.run_dir / "hosts" / re.sub(r"[^A-Za-z0-9_.-]+", "-", host)
         host_dir.mkdir(parents=True, exist_ok=True)
+        remote = None if host == LOCAL_GROUP else next(h for h in self.config.cluster.hosts if h.name == host)
         restartable = [p.name for p in plans if self.config.parallelism.mode == "async" and p.role == "worker"]
-        spec = {"run_dir": str(self.run_dir.resolve()), "host": host, "python": self.python,
+        spec = {"run_dir": str(self.run_dir.resolve()), "host": host,
+                "python": remote.python if remote is not None else self.python,
                 "tasks": [p.to_dict() for p in plans], "env": self.task_env,
-                "restart_on_failure": restartable, "max_task_restarts": MAX_WORKER_RESTARTS}
+                "restart_on_failure": restartable, "max_task_restarts": MAX_WORKER_RESTARTS,
+                # a remote host has no copy of the run folder: it writes the config its tasks read
+                "config_yaml": config_mod.dumps(self.config)}
         env = dict(os.environ)
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [self.python, "-m", "engine.supervisor"]
-        if self.isolated and host == LOCAL_GROUP:
-            cmd = netns.wrap(cmd)
+        if remote is not None:
+            cmd = ssh_command(remote, [remote.python, "-m", "engine.supervisor"])
+        else:
+            cmd = [self.python, "-m", "engine.supervisor"]
+            if self.isolated:
+                cmd = netns.wrap(cmd)
         with open(host_dir / "supervisor.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
@@ -461,6 +464,24 @@ class Run:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
         os.replace(tmp, path)
+
+
+def ssh_command(host: Host, remote_cmd: list[str]) -> list[str]:
+    """The user's own OpenSSH client (their ~/.ssh/config, agent and keys) running ``remote_cmd`` on ``host``.
+
+    ``CLUSTERDECK_SSH_CONFIG`` names another ssh config file (``ssh -F``).
+    """
+    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
+    if extra_config:
+        cmd += ["-F", extra_config]
+    if host.ssh_user:
+        cmd += ["-l", host.ssh_user]
+    if host.ssh_port != 22:
+        cmd += ["-p", str(host.ssh_port)]
+    # the remote shell parses the command line: quote every word
+    cmd += [host.ssh_target, shlex.join(remote_cmd)]
+    return cmd
 
 
 def _is_task_process(pid: int) -> bool:

@@ -58,8 +58,11 @@ def log_tail(path: Path, lines: int = 20) -> list[str]:
             text = fh.read().decode("utf-8", "replace")
     except OSError:
         return []
-    kept = [x.rstrip() for x in text.splitlines() if not is_noise(x)]
-    return [x[:500] for x in kept[-lines:]]
+    kept = [x.rstrip()[:300] for x in text.splitlines() if not is_noise(x)][-lines:]
+    # keep the event well under the reader's line limit, whatever the characters
+    while kept and sum(len(x.encode("utf-8")) for x in kept) > 16 * 1024:
+        kept.pop(0)
+    return kept
 
 
 def describe_exit(code: int) -> str:
@@ -90,6 +93,10 @@ class TaskProcess:
 class Supervisor:
     def __init__(self, spec: dict[str, Any], out: Any = None) -> None:
         self.run_dir = Path(spec["run_dir"])
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        config_file = self.run_dir / "config.yaml"
+        if spec.get("config_yaml") and not config_file.exists():
+            config_file.write_text(spec["config_yaml"], encoding="utf-8")
         self.host = spec.get("host", "local")
         self.python = spec.get("python") or sys.executable
         self.extra_env: dict[str, str] = dict(spec.get("env", {}))
