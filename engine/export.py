@@ -1,0 +1,478 @@
+"""Export a drawn cluster for running it elsewhere: ``TF_CONFIG`` files, bash launch scripts, a Kubeflow TFJob.
+
+Nothing here starts a process; everything is derived from one :class:`~engine.config.RunConfig`.
+
+Ports. A live run picks free ports at launch; an export cannot see the target machines, so every
+``auto`` port becomes a fixed, deterministic one: on each machine (hosts with the same address, and all
+local hosts, are one machine) auto ports count up from :data:`DEFAULT_BASE_PORT` in task order, skipping
+ports fixed anywhere on that machine. Fixed ports stay as drawn.
+
+Launch scripts. One bash script per host, ``launch-<host>.sh``, self-contained: it writes the resolved
+config into the run folder (``$CLUSTERDECK_RUN_DIR``, default ``<workdir>/runs/<run name>``), starts
+``python -m engine.runtime.task --run-dir <run folder>`` for each task of the host in the background
+with its ``TF_CONFIG`` and ``CUDA_VISIBLE_DEVICES``, and stops them all on SIGINT/SIGTERM. It ends when
+the host's tasks that finish by themselves have finished (chief and workers; in ``async`` mode only the
+chief), then stops its servers (ps, async workers), which never finish on their own; a host with no
+such task runs until it is stopped. The evaluator reads checkpoints from the run folder, so the run
+folder must be shared between hosts where one is used.
+
+TFJob. A manifest for the Kubeflow training operator (``kubeflow.org/v1``). The operator writes each
+pod's ``TF_CONFIG``; the container command derives ``CLUSTERDECK_TASK`` from it and writes the config
+(carried in the ``CLUSTERDECK_CONFIG`` variable) into the run folder. Restart policies:
+
+- ``async`` workers: ``OnFailure`` always: a restarted worker rejoins with the same ``TF_CONFIG``
+  (the launcher restarts them too).
+- every other role: ``OnFailure`` when ``training.restarts > 0``, else ``Never``. In synchronous modes
+  one lost task fails its peers, so restarting means every task restarts from the last checkpoint;
+  in ``async`` a lost ps makes the chief fail, and both restart from the last checkpoint.
+- ``runPolicy.backoffLimit`` caps the restarts (``training.restarts``, and at least
+  :data:`ASYNC_WORKER_RESTARTS` in ``async`` mode; omitted when nothing restarts);
+  ``cleanPodPolicy: Running`` removes the servers (ps) still running once the job is done.
+
+The run folder in the containers is :data:`TFJOB_RUN_DIR`; mount a volume shared by all pods there
+so the chief's checkpoints outlive a restart and the evaluator can read them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from engine import config as config_mod
+from engine.cluster import gpu_assignment, plan_tasks, tf_config
+from engine.config import ConfigError, Host, Problem, RunConfig, replace
+
+#: First port given to ``auto`` tasks on each machine (TF's customary gRPC port).
+DEFAULT_BASE_PORT = 2222
+#: The port TFJob pods listen on (the operator's default) and the name it requires for it.
+TFJOB_PORT = 2222
+TFJOB_PORT_NAME = "tfjob-port"
+#: The container name the TFJob operator requires.
+TFJOB_CONTAINER = "tensorflow"
+#: Where the TFJob containers keep the run folder (mount a shared volume here for checkpoints).
+TFJOB_RUN_DIR = "/clusterdeck/run"
+#: TFJob replica types, in manifest order, for each ClusterDeck role.
+TFJOB_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+#: Restarts allowed in ``async`` mode even when ``training.restarts`` is 0 (as the launcher allows).
+ASYNC_WORKER_RESTARTS = 10
+
+_DNS_MAX = 63
+#: Room left in a TFJob name for the operator's pod and service suffixes (``-evaluator-0``...).
+_TFJOB_NAME_MAX = 47
+
+
+# --------------------------------------------------------------------------- checks and ports
+
+
+def _checked(config: RunConfig) -> RunConfig:
+    problems = config_mod.validate(config)
+    if problems:
+        raise ConfigError(problems, "export")
+    return config
+
+
+def _machine(host: Host) -> str:
+    return "127.0.0.1" if host.is_local else host.address.strip().lower()
+
+
+def export_ports(config: RunConfig) -> RunConfig:
+    """A copy of ``config`` with every ``auto`` port fixed deterministically (see the module docstring)."""
+    taken: dict[str, set[int]] = {}
+    for h, t in config.cluster.tasks():
+        if t.port is not None:
+            taken.setdefault(_machine(h), set()).add(t.port)
+    hosts = []
+    for h in config.cluster.hosts:
+        used = taken.setdefault(_machine(h), set())
+        tasks = []
+        for t in h.tasks:
+            if t.port is None:
+                port = DEFAULT_BASE_PORT
+                while port in used:
+                    port += 1
+                if port > 65535:
+                    raise ConfigError([Problem("cluster", f"no free port left from {DEFAULT_BASE_PORT} to 65535 "
+                                                          f"on {h.address!r} for task {t.name}")], "export")
+                used.add(port)
+                t = replace(t, port=port)
+            tasks.append(t)
+        hosts.append(replace(h, tasks=tuple(tasks)))
+    return replace(config, cluster=replace(config.cluster, hosts=tuple(hosts)))
+
+
+def _check_reachable(config: RunConfig) -> None:
+    """A local address in a cluster that also spans other machines could not be dialled from them."""
+    if config.cluster.is_local or all(not h.is_local for h in config.cluster.hosts):
+        return
+    problems = [Problem(f"cluster.hosts[{i}].address",
+                        f"{h.address!r} names this machine, which the other hosts of the cluster cannot dial; "
+                        "expected the machine's network name or IP address")
+                for i, h in enumerate(config.cluster.hosts) if h.is_local]
+    raise ConfigError(problems, "export")
+
+
+def _resolved(config: RunConfig) -> RunConfig:
+    config = _checked(config)
+    _check_reachable(config)
+    return export_ports(config)
+
+
+def tf_configs(config: RunConfig) -> dict[str, dict[str, Any]]:
+    """Each task's ``TF_CONFIG`` (``{"worker:0": {"cluster": ..., "task": ...}, ...}``), ports fixed for export."""
+    resolved = _resolved(config)
+    return {t.name: tf_config(resolved.cluster, t) for _, t in resolved.cluster.tasks()}
+
+
+# --------------------------------------------------------------------------- launch scripts
+
+
+def _file_part(name: str) -> str:
+    part = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-.")
+    return part or "host"
+
+
+def script_names(config: RunConfig) -> dict[str, str]:
+    """The launch script file name of each host: ``launch-<host>.sh``, made file-safe and unique."""
+    names: dict[str, str] = {}
+    used: set[str] = set()
+    for h in config.cluster.hosts:
+        base = f"launch-{_file_part(h.name)}"
+        name, n = f"{base}.sh", 2
+        while name in used:
+            name, n = f"{base}-{n}.sh", n + 1
+        used.add(name)
+        names[h.name] = name
+    return names
+
+
+def primary_roles(mode: str) -> tuple[str, ...]:
+    """Roles whose tasks finish by themselves (mirrors ``engine.launcher.primary_roles``)."""
+    if mode == "async":
+        return ("chief",)
+    if mode == "data":
+        return ("chief", "worker", "evaluator")
+    return ("chief", "worker")
+
+
+_SCRIPT_HEAD = """\
+#!/usr/bin/env bash
+# ClusterDeck launch script: run {run} ({mode}), host {host} ({address}), {count} task(s).
+# Generated from the run's config; start it on that host from a ClusterDeck checkout or install.
+# Environment overrides: CLUSTERDECK_WORKDIR, CLUSTERDECK_RUN_DIR, CLUSTERDECK_PYTHON.
+# Ctrl-C or SIGTERM stops every task of this host.
+set -o pipefail
+
+WORKDIR=${{CLUSTERDECK_WORKDIR:-{workdir}}}
+RUN_DIR=${{CLUSTERDECK_RUN_DIR:-{run_dir}}}
+PYTHON=${{CLUSTERDECK_PYTHON:-{python}}}
+cd "$WORKDIR" || exit 1
+mkdir -p "$RUN_DIR/checkpoints" || exit 1
+RUN_DIR=$(cd "$RUN_DIR" && pwd) || exit 1
+export PYTHONPATH="$WORKDIR${{PYTHONPATH:+:$PYTHONPATH}}"
+export PYTHONUNBUFFERED=1
+export TF_CPP_MIN_LOG_LEVEL=${{TF_CPP_MIN_LOG_LEVEL:-1}}
+
+# the resolved config every task reads
+printf '%s' {config_yaml} > "$RUN_DIR/config.yaml" || exit 1
+
+pids=()     # every task of this host
+primary=()  # tasks that finish by themselves; the others are servers
+stop_all() {{
+  local pid alive
+  for pid in "${{pids[@]}}"; do kill -TERM "$pid" 2>/dev/null; done
+  for _ in $(seq 1 100); do  # up to 10 s of grace, then SIGKILL
+    alive=0
+    for pid in "${{pids[@]}}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+    [ "$alive" = 0 ] && break
+    sleep 0.1
+  done
+  for pid in "${{pids[@]}}"; do kill -KILL "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+}}
+on_signal() {{
+  trap - INT TERM
+  echo "clusterdeck: stopping the tasks of this host" >&2
+  stop_all
+  exit 130
+}}
+trap on_signal INT TERM
+"""
+
+_SCRIPT_TASK = """
+# {name}{gpus}
+mkdir -p "$RUN_DIR/tasks/{task_dir}"
+(
+  {exports}
+  exec "$PYTHON" -m engine.runtime.task --run-dir "$RUN_DIR"
+) >>"$RUN_DIR/tasks/{task_dir}/log.txt" 2>&1 &
+pids+=("$!")
+{primary}echo "started {name} (pid $!)"
+"""
+
+_SCRIPT_TAIL = """
+code=0
+if [ "${#primary[@]}" -gt 0 ]; then
+  for pid in "${primary[@]}"; do
+    wait "$pid"
+    rc=$?
+    if [ "$rc" != 0 ] && [ "$code" = 0 ]; then code=$rc; fi
+  done
+  stop_all  # servers never finish by themselves
+else
+  wait  # servers only: they run until this script is stopped
+fi
+exit "$code"
+"""
+
+
+def launch_scripts(config: RunConfig, *, python: str = "python3", workdir: str | None = None,
+                   run_dir: str | None = None) -> dict[str, str]:
+    """One bash launch script per host with tasks, keyed by file name (:func:`script_names`).
+
+    ``python`` is used for hosts whose ``python`` is the default ``python3``; a host's own setting wins.
+    ``workdir`` is where ClusterDeck lives on the hosts (default: the directory the script is started
+    from); ``run_dir`` is the run folder (default ``<workdir>/runs/<run name>``). Every value is
+    shell-quoted, so no host name, address or path can inject a command.
+    """
+    resolved = _resolved(config)
+    config_yaml = config_mod.dumps(resolved)
+    plans = {p.name: p for p in plan_tasks(resolved)}
+    primary = primary_roles(resolved.parallelism.mode)
+    names = script_names(resolved)
+    scripts: dict[str, str] = {}
+    for h in resolved.cluster.hosts:
+        if not h.tasks:
+            continue  # nothing to start there
+        host_python = h.python if h.python != "python3" else python
+        head = _SCRIPT_HEAD.format(
+            run=_comment(resolved.name), mode=resolved.parallelism.mode, host=_comment(h.name),
+            address=_comment(h.address), count=len(h.tasks),
+            workdir="$PWD" if workdir is None else shlex.quote(workdir),
+            run_dir=("$WORKDIR/runs/" + shlex.quote(_file_part(resolved.name))) if run_dir is None
+            else shlex.quote(run_dir),
+            python=shlex.quote(host_python),
+            config_yaml=shlex.quote(config_yaml),
+        )
+        parts = [head]
+        for t in h.tasks:
+            plan = plans[t.name]
+            env = dict(plan.env)
+            exports = "\n  ".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
+            gpus = f" on GPU {','.join(map(str, plan.gpu_ids))}" if plan.gpu_ids else ""
+            parts.append(_SCRIPT_TASK.format(
+                name=t.name, gpus=gpus, task_dir=t.name.replace(":", "-"), exports=exports,
+                primary='primary+=("$!")\n' if t.role in primary else "",
+            ))
+        parts.append(_SCRIPT_TAIL)
+        scripts[names[h.name]] = "".join(parts)
+    return scripts
+
+
+def _comment(text: str) -> str:
+    """Text safe inside a bash comment: one line, printable."""
+    return "".join(c if c.isprintable() else "?" for c in text)[:200]
+
+
+# --------------------------------------------------------------------------- Kubeflow TFJob
+
+
+def dns1123_name(name: str, max_len: int = _TFJOB_NAME_MAX) -> str:
+    """A DNS-1123 label (and DNS-1035: it starts with a letter) derived from ``name``.
+
+    Lower-cased, runs of other characters become ``-``; a name that had to be shortened keeps a
+    short hash of the original, so two long names stay apart.
+    """
+    max_len = min(max_len, _DNS_MAX)
+    label = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
+    if not label:
+        label = "clusterdeck-run"
+    if not label[0].isalpha():
+        label = f"run-{label}"
+    if len(label) > max_len:
+        digest = hashlib.sha1(name.encode("utf-8", "surrogatepass")).hexdigest()[:6]
+        label = f"{label[: max_len - 7].rstrip('-')}-{digest}"
+    return label
+
+
+def _role_gpus(config: RunConfig, role: str) -> int:
+    """GPUs of each task of ``role``; a TFJob gives every replica of a role the same, so they must agree."""
+    counts: dict[str, int] = {}
+    for h in config.cluster.hosts:
+        assigned = gpu_assignment(h)
+        for t in h.tasks:
+            if t.role == role:
+                counts[t.name] = len(assigned.get(t.name, []))
+    if len(set(counts.values())) > 1:
+        shown = ", ".join(f"{name}: {n}" for name, n in sorted(counts.items()))
+        raise ConfigError([Problem("cluster", f"{role} tasks have different GPU counts ({shown}); a TFJob gives "
+                                              f"every {role} replica the same resources, so expected one count")],
+                          "export")
+    return next(iter(counts.values()), 0)
+
+
+def _restart_policy(config: RunConfig, role: str) -> str:
+    if config.parallelism.mode == "async" and role == "worker":
+        return "OnFailure"
+    return "OnFailure" if config.training.restarts > 0 else "Never"
+
+
+#: Run inside each TFJob container: prints ``export`` lines for what a task needs beyond the
+#: operator's ``TF_CONFIG``: its name and, in ``model`` mode, the DTensor client variables
+#: (as :func:`engine.cluster.dtensor_env` gives them on a local launch).
+_TASK_ENV_FROM_TF_CONFIG = """\
+import json, os, shlex
+c = json.loads(os.environ["TF_CONFIG"])
+t = c["task"]
+env = {"CLUSTERDECK_TASK": "%s:%s" % (t["type"], t["index"])}
+workers = c.get("cluster", {}).get("worker", [])
+if os.environ.get("CLUSTERDECK_DTENSOR") == "1" and t["type"] == "worker" and len(workers) > 1:
+    env.update(DTENSOR_CLIENT_ID=str(t["index"]), DTENSOR_NUM_CLIENTS=str(len(workers)),
+               DTENSOR_JOB_NAME="worker", DTENSOR_JOBS=",".join(workers))
+print("".join("export %s=%s\\n" % (k, shlex.quote(v)) for k, v in env.items()))
+"""
+
+
+def default_command(python: str = "python3") -> list[str]:
+    """The container command of a TFJob: name the task from ``TF_CONFIG``, write the config, run the task."""
+    py = shlex.quote(python)
+    script = "\n".join([
+        "set -e",
+        f"task_env=\"$({py} -c {shlex.quote(_TASK_ENV_FROM_TF_CONFIG)})\"",
+        'eval "$task_env"',
+        'mkdir -p "$CLUSTERDECK_RUN_DIR/checkpoints"',
+        "printf '%s' \"$CLUSTERDECK_CONFIG\" > \"$CLUSTERDECK_RUN_DIR/config.yaml\"",
+        f'exec {py} -m engine.runtime.task --run-dir "$CLUSTERDECK_RUN_DIR"',
+    ]) + "\n"
+    return ["/bin/sh", "-c", script]
+
+
+def tfjob_manifest(config: RunConfig, *, image: str, command: Sequence[str] | None = None,
+                   namespace: str = "default") -> dict[str, Any]:
+    """A Kubeflow ``TFJob`` for ``config`` (see the module docstring for the restart policies).
+
+    One replica spec per role present (Chief, Worker, PS, Evaluator), ``replicas`` = its task count,
+    ``nvidia.com/gpu`` limit = GPUs per task of that role (omitted when 0; roles without GPUs also get
+    an empty ``CUDA_VISIBLE_DEVICES``). ``command`` replaces :func:`default_command`.
+    """
+    config = _checked(config)
+    if not image.strip():
+        raise ConfigError([Problem("image", "expected a container image name, got ''")], "export")
+    config_yaml = config_mod.dumps(export_ports(config))
+    cmd = list(command) if command is not None else default_command()
+    specs: dict[str, Any] = {}
+    for role, replica_type in TFJOB_REPLICA_TYPES.items():
+        count = len(config.cluster.tasks_of(role))
+        if count == 0:
+            continue
+        gpus = _role_gpus(config, role)
+        devices = max(1, gpus) if role in ("chief", "worker") else 0
+        env = [
+            {"name": "CLUSTERDECK_CONFIG", "value": config_yaml},
+            {"name": "CLUSTERDECK_RUN_DIR", "value": TFJOB_RUN_DIR},
+            {"name": "CLUSTERDECK_DEVICES", "value": str(devices)},
+            {"name": "PYTHONUNBUFFERED", "value": "1"},
+        ]
+        if config.parallelism.mode == "model":
+            env.append({"name": "CLUSTERDECK_DTENSOR", "value": "1"})
+        container: dict[str, Any] = {
+            "name": TFJOB_CONTAINER,
+            "image": image,
+            "command": list(cmd),
+            "env": env,
+            "ports": [{"name": TFJOB_PORT_NAME, "containerPort": TFJOB_PORT}],
+        }
+        if gpus > 0:
+            container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
+        else:
+            env.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})  # never grab a GPU's memory
+        specs[replica_type] = {
+            "replicas": count,
+            "restartPolicy": _restart_policy(config, role),
+            "template": {"spec": {"containers": [container]}},
+        }
+    run_policy: dict[str, Any] = {"cleanPodPolicy": "Running"}
+    backoff = config.training.restarts
+    if config.parallelism.mode == "async":
+        backoff = max(backoff, ASYNC_WORKER_RESTARTS)
+    if backoff > 0:
+        run_policy["backoffLimit"] = backoff
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "TFJob",
+        "metadata": {
+            "name": dns1123_name(config.name),
+            "namespace": namespace,
+            "annotations": {"clusterdeck/run-name": config.name},
+        },
+        "spec": {
+            "runPolicy": run_policy,
+            "tfReplicaSpecs": specs,
+        },
+    }
+
+
+def tfjob_yaml(config: RunConfig, *, image: str, command: Sequence[str] | None = None,
+               namespace: str = "default") -> str:
+    """:func:`tfjob_manifest` as YAML text."""
+    manifest = tfjob_manifest(config, image=image, command=command, namespace=namespace)
+    return yaml.dump(manifest, Dumper=_ManifestDumper, sort_keys=False, default_flow_style=False, width=120)
+
+
+class _ManifestDumper(yaml.SafeDumper):
+    """Multi-line strings (the config, the command) as readable ``|`` blocks; no anchors."""
+
+    def ignore_aliases(self, data: Any) -> bool:
+        return True
+
+
+def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_ManifestDumper.add_representer(str, _represent_str)
+
+
+# --------------------------------------------------------------------------- files
+
+
+def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: str | None = None,
+                 python: str = "python3", workdir: str | None = None, run_dir: str | None = None,
+                 namespace: str = "default") -> list[Path]:
+    """Write ``config.yaml`` (ports fixed), ``tf_config/<role>-<index>.json``, ``launch-<host>.sh``
+    (executable) and, given an ``image``, ``tfjob.yaml`` into ``out_dir``; return the paths written.
+
+    Everything is computed before the first file is written, so an invalid config writes nothing.
+    """
+    resolved = _resolved(config)
+    files: dict[str, str] = {"config.yaml": config_mod.dumps(resolved)}
+    for name, tfc in tf_configs(config).items():
+        files[f"tf_config/{name.replace(':', '-')}.json"] = json.dumps(tfc, indent=2, sort_keys=True) + "\n"
+    scripts = launch_scripts(config, python=python, workdir=workdir, run_dir=run_dir)
+    files.update(scripts)
+    if image is not None:
+        files["tfjob.yaml"] = tfjob_yaml(config, image=image, namespace=namespace)
+    out = Path(out_dir)
+    paths = []
+    for rel, text in files.items():
+        path = out / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        if rel in scripts:
+            path.chmod(0o755)
+        paths.append(path)
+    return paths
+
+
+__all__ = [
+    "DEFAULT_BASE_PORT", "TFJOB_PORT", "default_command", "dns1123_name", "export_ports", "launch_scripts",
+    "primary_roles", "script_names", "tf_configs", "tfjob_manifest", "tfjob_yaml", "write_export",
+]
