@@ -93,7 +93,9 @@ def _number(value: Any) -> float | None:
 class StragglerDetector:
     """Feed step events in order with :meth:`update`; read the current stragglers with :meth:`flagged`.
 
-    Not thread-safe: feed it from one thread (the one folding events into the run state).
+    Feed it from one thread (the one folding events into the run state); :meth:`flagged` returns an
+    immutable-by-convention snapshot replaced whole on each change, so another thread (a view's
+    refresh timer) may read it without a lock.
     """
 
     def __init__(self, margin: float = 0.25, window_s: float = 5.0, min_replicas: int = 2, *,
@@ -123,6 +125,7 @@ class StragglerDetector:
         self.stale_s = float(stale)
         self.now = -math.inf
         self._replicas: dict[int, _Replica] = {}
+        self._flagged: dict[int, StragglerChange] = {}
 
     def update(self, event: dict[str, Any]) -> list[StragglerChange]:
         """Take one event (anything but a usable ``step`` event is ignored); return what changed."""
@@ -143,16 +146,20 @@ class StragglerDetector:
         if isinstance(task, str):
             r.task = task
         r.add(t, step_time, self.smooth_s)
-        return self._evaluate()
+        changes = self._evaluate()
+        if changes:  # a new snapshot, never one changed in place (see the class docstring)
+            self._flagged = {rid: r.flagged for rid, r in sorted(self._replicas.items()) if r.flagged is not None}
+        return changes
 
     def flagged(self) -> dict[int, StragglerChange]:
-        """The replicas flagged now, each with the change that flagged it."""
-        return {rid: r.flagged for rid, r in sorted(self._replicas.items()) if r.flagged is not None}
+        """The replicas flagged now, each with the change that flagged it (a copy: safe to keep)."""
+        return dict(self._flagged)
 
     def reset(self) -> None:
         """Forget everything (a new run, or a restart of the whole run)."""
         self.now = -math.inf
-        self._replicas.clear()
+        self._replicas = {}
+        self._flagged = {}
 
     # -- internals
 

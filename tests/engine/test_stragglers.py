@@ -78,6 +78,8 @@ def test_flagged_lists_the_current_straggler_while_it_is_slow() -> None:
     current = det.flagged()
     assert list(current) == [1]
     assert current[1].flagged and current[1].ratio == pytest.approx(2.0)
+    current.clear()  # a copy: the detector's own view is untouched
+    assert list(det.flagged()) == [1]
 
 
 def test_a_flagged_replica_is_unflagged_only_once_clearly_back_near_the_median() -> None:
@@ -187,8 +189,10 @@ def test_a_replica_that_stops_reporting_leaves_the_median() -> None:
 
 def test_a_flagged_replica_that_goes_silent_is_unflagged_as_stale() -> None:
     events = stream(slow_between(1, 0.0, 100.0), reports=lambda rid, t: rid != 1 or t < 10.0)
-    changes = feed(StragglerDetector(stale_s=3.0), events)
+    det = StragglerDetector(stale_s=3.0)
+    changes = feed(det, events)
     assert [(c.replica, c.flagged, c.reason) for _, c in changes] == [(1, True, "slow"), (1, False, "stale")]
+    assert det.flagged() == {}
     t_stale, stale = changes[1]
     assert stale.since == pytest.approx(9.901)  # its last report
     assert t_stale == pytest.approx(9.901 + 3.0, abs=0.11)
