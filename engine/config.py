@@ -31,13 +31,19 @@ MODES = ("data", "model", "async")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop")
 PARTITIONERS = ("none", "min_size", "fixed")
 DATA_SOURCES = ("synthetic",)
-MODELS = ("mlp",)
+MODELS = ("mlp", "embedding", "transformer")
+#: Models that read token ids (1-D sequences of integers below ``model.vocab_size``).
+TOKEN_MODELS = ("embedding", "transformer")
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "")
 #: Upper bound of step counts: far beyond any real run, and it keeps every figure printable.
 MAX_STEPS = 10**9
 
 #: Which parallelism modes each built-in model supports.
-MODEL_MODES: dict[str, tuple[str, ...]] = {"mlp": ("data", "model", "async")}
+MODEL_MODES: dict[str, tuple[str, ...]] = {
+    "mlp": ("data", "model", "async"),
+    "embedding": ("data", "model", "async"),
+    "transformer": ("data", "model"),
+}
 
 
 # --------------------------------------------------------------------------- model
@@ -126,7 +132,10 @@ class Data:
 @dataclass(frozen=True)
 class Model:
     name: str = "mlp"
-    hidden: tuple[int, ...] = (256,)
+    hidden: tuple[int, ...] = (256,)  # widths of the dense layers (transformer: its MLP block)
+    vocab_size: int = 1000  # token models: ids are 0..vocab_size-1
+    embed_dim: int = 64  # token models: embedding width
+    heads: int = 4  # transformer: attention heads
 
 
 @dataclass(frozen=True)
@@ -463,8 +472,11 @@ def _parse_data(r: _Reader) -> Data:
 def _parse_model(r: _Reader) -> Model:
     d = Model()
     model = Model(name=r.str("name", d.name, choices=MODELS),
-                  hidden=r.ints("hidden", d.hidden, minimum=1, min_len=0))
-    r.finish(("name", "hidden"))
+                  hidden=r.ints("hidden", d.hidden, minimum=1, min_len=0),
+                  vocab_size=r.int("vocab_size", d.vocab_size, minimum=2, maximum=10_000_000),
+                  embed_dim=r.int("embed_dim", d.embed_dim, minimum=1, maximum=65_536),
+                  heads=r.int("heads", d.heads, minimum=1, maximum=1024))
+    r.finish(("name", "hidden", "vocab_size", "embed_dim", "heads"))
     return model
 
 
@@ -566,7 +578,9 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         },
         "data": {"source": config.data.source, "shape": list(config.data.shape), "classes": config.data.classes,
                  "size": config.data.size, "path": config.data.path},
-        "model": {"name": config.model.name, "hidden": list(config.model.hidden)},
+        "model": {"name": config.model.name, "hidden": list(config.model.hidden),
+                  "vocab_size": config.model.vocab_size, "embed_dim": config.model.embed_dim,
+                  "heads": config.model.heads},
         "training": training,
     }
 
@@ -788,11 +802,22 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
         add("model.name", f"expected one of {_choices(MODELS)}, got {_show(m.name)}")
     if any(h < 1 for h in m.hidden):
         add("model.hidden", f"expected a list of integers >= 1, got {list(m.hidden)}")
-    if config.parallelism.mode == "model" and m.name == "mlp":
+    if m.name in TOKEN_MODELS:
+        if len(d.shape) != 1:
+            add("data.shape", f"model {m.name!r} reads token sequences; expected one dimension (the sequence "
+                              f"length), got {list(d.shape)}")
+        if m.name == "transformer" and m.heads >= 1 and m.embed_dim % m.heads:
+            add("model.embed_dim", f"{m.embed_dim} is not divisible by the {m.heads} attention heads")
+    if config.parallelism.mode == "model":
         axis = config.parallelism.mesh_model
-        for i, width in enumerate(m.hidden):
-            if axis > 0 and width % axis:
-                add(f"model.hidden[{i}]", f"{width} is not divisible by the mesh 'model' axis size {axis}")
+        if axis > 0:
+            for i, width in enumerate(m.hidden):
+                if width % axis:
+                    add(f"model.hidden[{i}]", f"{width} is not divisible by the mesh 'model' axis size {axis}")
+            if m.name == "embedding" and m.vocab_size % axis:
+                add("model.vocab_size", f"{m.vocab_size} is not divisible by the mesh 'model' axis size {axis}")
+            if m.name == "transformer" and m.heads % axis:
+                add("model.heads", f"{m.heads} is not divisible by the mesh 'model' axis size {axis}")
 
 
 def replace(obj: Any, **changes: Any) -> Any:

@@ -253,8 +253,8 @@ class Supervisor:
                 tp.lifeline_fd = None
             tp.done = True
             name = tp.plan.name
-            if code == 0 and tp.terminal_state == "finished":
-                pass  # the task said so itself
+            if tp.terminal_state == "finished":
+                pass  # the task said so itself (a stop racing its exit changes nothing)
             elif tp.stopping or self.stopping:
                 self.send(events.make("status", name, state="stopped", exit_code=code, reason="stopped by the user"
                                       if not self.launcher_gone else "the launcher is gone"))

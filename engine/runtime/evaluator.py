@@ -29,7 +29,7 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     optimizer = models.build_optimizer(config)
     optimizer.build(model.trainable_variables)
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    x, y = data_mod.synthetic_arrays(config, split="eval")
+    x, y = data_mod.arrays(config, split="eval")
     loss_obj = models.loss_fn()
     total = config.total_steps()
     ctx.emitter.status("running", total=total)

@@ -1,0 +1,375 @@
+"""Asynchronous training with parameter servers (``ParameterServerStrategy``).
+
+The chief is the coordinator: it owns the strategy and a ``ClusterCoordinator``
+and schedules training steps; each step runs on whichever worker is free and
+updates the variables held by the ps tasks. Worker and ps tasks only serve:
+they start a gRPC ``tf.distribute.Server`` and sit in ``server.join()`` until
+the launcher ends them.
+
+A custom loop only: Keras 3's ``model.fit`` does not run under this strategy.
+Each step returns its loss, the index of the worker that ran it and that
+worker's clock, so the chief reports every worker's loss, throughput and step
+time without an extra round trip. RemoteValues are fetched oldest first from a
+bounded window, so the pipeline never drains just to read a figure.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+from engine.config import RunConfig
+from engine.runtime import embedding as embedding_mod
+from engine.runtime import models
+from engine.runtime.context import TaskContext
+
+#: Steps in flight per worker before the chief waits for the oldest one.
+WINDOW_PER_WORKER = 4
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def serve(ctx: TaskContext) -> dict[str, Any]:
+    """A worker or ps task: start the gRPC server, say so, and serve until ended."""
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                                  task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc", start=True)
+    ctx.emitter.status("running", target=server.target)
+    server.join()  # never returns: the launcher stops this process when the run ends
+    return {}
+
+
+# --------------------------------------------------------------------------- sharding
+
+
+class SelectivePartitioner:
+    """The configured partitioner, applied only inside :meth:`sharding`.
+
+    Keras 3 cannot differentiate through a ``ShardedVariable``, so Keras layer
+    and optimizer variables are always created whole (placed round-robin over
+    the ps tasks); only raw variables made for sharding (the embedding table)
+    are split.
+    """
+
+    def __init__(self, base: Any) -> None:
+        self.base = base
+        self.enabled = False
+
+    def __call__(self, shape: Any, dtype: Any) -> list[int]:
+        rank = max(1, len(shape))
+        if self.enabled and self.base is not None:
+            return list(self.base(shape, dtype))
+        return [1] * rank
+
+    @contextlib.contextmanager
+    def sharding(self) -> Iterator[None]:
+        self.enabled = True
+        try:
+            yield
+        finally:
+            self.enabled = False
+
+
+def make_partitioner(config: RunConfig) -> Any:
+    """The strategy's partitioner for ``parallelism.partitioner`` (None for 'none')."""
+    p = config.parallelism
+    num_ps = len(config.cluster.tasks_of("ps"))
+    if p.partitioner == "min_size":
+        return tf.distribute.experimental.partitioners.MinSizePartitioner(
+            min_shard_bytes=p.min_shard_bytes, max_shards=max(1, num_ps))
+    if p.partitioner == "fixed":
+        return tf.distribute.experimental.partitioners.FixedShardsPartitioner(num_shards=p.shards)
+    if p.partitioner == "none":
+        return None
+    raise ValueError(f"parallelism.partitioner: expected one of 'none', 'min_size', 'fixed', got {p.partitioner!r}")
+
+
+_PS_DEVICE = re.compile(r"/job:(\w+)/replica:\d+/task:(\d+)")
+
+
+def device_task(device: str) -> str:
+    """``/job:ps/replica:0/task:1/device:CPU:0`` -> ``ps:1`` ('' when the device names no task)."""
+    m = _PS_DEVICE.search(device or "")
+    return f"{m.group(1)}:{m.group(2)}" if m else ""
+
+
+def _tf_variable(v: Any) -> Any:
+    """The TensorFlow variable behind a Keras one (or ``v`` itself)."""
+    return getattr(v, "value", v) if isinstance(v, keras.Variable) else v
+
+
+def placement(variables: list[tuple[str, Any]]) -> list[dict[str, Any]]:
+    """One entry per variable piece: name, shard index, shard count, shape, device and ps task."""
+    out: list[dict[str, Any]] = []
+    for name, var in variables:
+        pieces = list(getattr(var, "variables", None) or [var])
+        for i, piece in enumerate(pieces):
+            tv = _tf_variable(piece)
+            device = str(getattr(tv, "device", "") or "")
+            out.append({"name": name, "shard": i, "shards": len(pieces),
+                        "shape": [int(d) for d in piece.shape], "device": device, "task": device_task(device)})
+    return out
+
+
+# --------------------------------------------------------------------------- the model of a run
+
+
+@dataclass
+class Trainable:
+    """What the loop trains: the model, how one step computes and applies gradients, what it checkpoints."""
+
+    step_fn: Any
+    variables: list[tuple[str, Any]]
+    checkpoint_items: dict[str, Any]
+    examples: Any  # () -> (inputs, labels) tensors, the whole synthetic set, made where it is called
+    notes: list[str] = field(default_factory=list)
+
+
+def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Trainable:
+    """Build the model under the current strategy scope, with its step function."""
+    loss_obj = models.loss_fn()
+    optimizer = models.build_optimizer(config)
+    notes: list[str] = []
+    if config.model.name == embedding_mod.MODEL_NAME:
+        model = embedding_mod.EmbeddingClassifier(config, partitioner.sharding())
+        optimizer.build(model.trainable_variables)
+
+        def embedding_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            shards = model.table_shards
+            head = model.trainable_variables
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_mean(loss_obj(y, model(x, training=True)))
+            grads = tape.gradient(loss, shards + head)
+            optimizer.apply_gradients(zip(grads[len(shards):], head, strict=True))
+            model.apply_table_gradients(grads[: len(shards)])
+            return loss
+
+        if config.training.optimizer != "sgd":
+            notes.append(f"the embedding table trains with sparse SGD; training.optimizer "
+                         f"{config.training.optimizer!r} applies to the dense head")
+        variables = [("embedding_table", model.table)] + [(v.path, v) for v in model.head.weights]
+        items = {**model.checkpoint_items(), "optimizer": optimizer}
+        return Trainable(embedding_step, variables, items, lambda: embedding_mod.synthetic_id_tensors(config), notes)
+
+    net = models.build_model(config)
+    optimizer.build(net.trainable_variables)
+
+    def dense_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(loss_obj(y, net(x, training=True)))
+        grads = tape.gradient(loss, net.trainable_variables)
+        optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
+        return loss
+
+    if config.parallelism.partitioner != "none":
+        notes.append(f"partitioner {config.parallelism.partitioner!r}: Keras 3 cannot train sharded variables, "
+                     f"so the {config.model.name!r} model's variables stay whole (round-robin over the ps tasks)")
+    return Trainable(dense_step, [(v.path, v) for v in net.weights], {"model": net, "optimizer": optimizer},
+                     lambda: synthetic_tensors(config), notes)
+
+
+def synthetic_tensors(config: RunConfig) -> tuple[tf.Tensor, tf.Tensor]:
+    """The synthetic task of :func:`engine.runtime.data.synthetic_arrays` (Gaussian inputs labelled by a
+    fixed random teacher), drawn with TF's stateless RNG so each worker makes the same set itself
+    instead of receiving it from the chief."""
+    d = config.data
+    seed = tf.constant([config.training.seed, 0], dtype=tf.int64)
+    x = tf.random.stateless_normal((d.size, *d.shape), seed=seed)
+    flat = tf.reshape(x, (d.size, -1))
+    teacher = tf.random.stateless_normal((flat.shape[1], d.classes), seed=seed + [0, 1])
+    noise = tf.random.stateless_normal((d.size, d.classes), seed=seed + [0, 2])
+    y = tf.argmax(tf.matmul(flat, teacher) + 0.5 * noise, axis=1, output_type=tf.int32)
+    return x, y
+
+
+# --------------------------------------------------------------------------- telemetry
+
+
+@dataclass
+class _WorkerFigures:
+    last_ts: float | None = None  # the worker's clock at its previous step
+    steps: int = 0  # steps since the last report
+    busy: float = 0.0  # seconds between consecutive steps since the last report
+    timed: int = 0  # steps with a previous one to time against
+    loss_sum: float = 0.0
+    last_step: int = 0
+    last_loss: float | None = None
+    last_emit: float = -float("inf")
+
+
+class WorkerReporter:
+    """Per-worker ``step`` events at most ``metrics_hz`` per worker, plus ``progress`` events.
+
+    A report covers the worker's steps since its previous report: mean loss,
+    and step time measured on the worker's own clock between its consecutive
+    steps (so it includes any time the worker waited for work).
+    """
+
+    def __init__(self, ctx: TaskContext, per_worker_batch: int, total: int, hz: float) -> None:
+        self.emitter = ctx.emitter
+        self.batch = per_worker_batch
+        self.total = total
+        self.interval = 1.0 / hz if hz > 0 else 0.0
+        self.workers: dict[int, _WorkerFigures] = {}
+        self.last_progress = -float("inf")
+        self.reports = 0
+
+    def step_done(self, step: int, loss: float, worker: int, ts: float) -> None:
+        w = self.workers.setdefault(worker, _WorkerFigures())
+        if w.last_ts is not None and ts > w.last_ts:
+            w.busy += ts - w.last_ts
+            w.timed += 1
+        w.last_ts = ts
+        w.steps += 1
+        w.loss_sum += loss
+        w.last_step = max(w.last_step, step)
+        w.last_loss = loss
+
+    def maybe_report(self, scheduled: int, completed: int, step: int, force: bool = False) -> None:
+        now = time.perf_counter()
+        for index, w in sorted(self.workers.items()):
+            if w.steps and (force or now - w.last_emit >= self.interval):
+                step_time = w.busy / w.timed if w.timed else None
+                rate = self.batch / step_time if step_time else None
+                self.emitter.emit("step", replica=index, worker=index, step=w.last_step,
+                                  loss=w.loss_sum / w.steps, examples_per_sec=rate, step_time=step_time,
+                                  steps=w.steps)
+                self.reports += 1
+                w.steps, w.busy, w.timed, w.loss_sum, w.last_emit = 0, 0.0, 0, 0.0, now
+        if force or now - self.last_progress >= self.interval:
+            self.emitter.emit("progress", step=step, total=self.total, scheduled=scheduled, completed=completed)
+            self.last_progress = now
+
+    def final_losses(self) -> list[float]:
+        return [float(w.last_loss) for _, w in sorted(self.workers.items()) if w.last_loss is not None]
+
+
+# --------------------------------------------------------------------------- the coordinator
+
+
+def train(ctx: TaskContext) -> dict[str, Any]:
+    """The chief: build the strategy and model, schedule ``config.total_steps()`` steps, checkpoint."""
+    config = ctx.config
+    workers = len(config.cluster.tasks_of("worker"))
+    num_ps = len(config.cluster.tasks_of("ps"))
+    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+    partitioner = SelectivePartitioner(make_partitioner(config))
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    global_batch = config.training.global_batch_size
+    if global_batch % workers:
+        raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the {workers} workers")
+    per_worker_batch = global_batch // workers
+    ctx.emitter.info(f"ParameterServerStrategy: {workers} worker(s), {num_ps} ps, "
+                     f"{per_worker_batch} examples per worker step", strategy="ParameterServerStrategy",
+                     workers=workers, ps=num_ps, per_worker_batch=per_worker_batch)
+
+    keras.utils.set_random_seed(config.training.seed)
+    with strategy.scope():
+        trainable = build_trainable(config, partitioner)
+    for note in trainable.notes:
+        ctx.emitter.info(note)
+    ctx.emitter.emit("placement", partitioner=config.parallelism.partitioner, ps=num_ps,
+                     variables=placement(trainable.variables))
+
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # on the chief, not a ps
+    ckpt = tf.train.Checkpoint(step=step_var, **trainable.checkpoint_items)
+    manager = tf.train.CheckpointManager(ckpt, str(ctx.checkpoint_dir), max_to_keep=2)
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint)
+        ctx.emitter.info(f"restored checkpoint {os.path.basename(manager.latest_checkpoint)} "
+                         f"at step {int(step_var.numpy())}", checkpoint=manager.latest_checkpoint,
+                         step=int(step_var.numpy()))
+    start = int(step_var.numpy())
+
+    make_examples = trainable.examples
+    seed = config.training.seed
+    size = config.data.size
+
+    def dataset_fn(_: tf.distribute.InputContext) -> tf.data.Dataset:
+        # traced once, run on every worker: each makes the examples itself and reads its own shard
+        ds = tf.data.Dataset.from_tensor_slices(make_examples())
+        if workers > 1:
+            index = tf.distribute.coordinator.experimental_get_current_worker_index()
+            ds = ds.shard(workers, tf.cast(index, tf.int64))
+        ds = ds.shuffle(min(size, 10_000), seed=seed, reshuffle_each_iteration=True)
+        return ds.repeat().batch(per_worker_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+    @tf.function
+    def per_worker_dataset() -> Any:
+        return strategy.distribute_datasets_from_function(dataset_fn)
+
+    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
+
+    @tf.function
+    def train_step(it: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+        loss = strategy.run(trainable.step_fn, args=next(it))
+        return loss, tf.distribute.coordinator.experimental_get_current_worker_index(), tf.timestamp()
+
+    total = config.total_steps()
+    reporter = WorkerReporter(ctx, per_worker_batch, total, config.training.metrics_hz)
+    window: deque[tuple[int, Any]] = deque()
+    cap = max(2, WINDOW_PER_WORKER * workers)
+    scheduled = completed = 0
+    done_step = start
+
+    def fetch_oldest() -> None:
+        nonlocal completed, done_step
+        step, remote = window.popleft()
+        loss, worker, ts = remote.fetch()
+        completed += 1
+        done_step = max(done_step, step)
+        reporter.step_done(step, float(loss), int(worker), float(ts))
+
+    def drain() -> None:
+        while window:
+            fetch_oldest()
+
+    every = config.training.checkpoint_every
+    if start < total:
+        ctx.emitter.status("running", step=start, total=total)
+    t0 = time.perf_counter()
+    for step in range(start + 1, total + 1):
+        window.append((step, coordinator.schedule(train_step, args=(iterator,))))
+        scheduled += 1
+        while len(window) > cap:
+            fetch_oldest()
+        reporter.maybe_report(scheduled, completed, done_step)
+        if every and step % every == 0 and step < total:
+            drain()  # a checkpoint holds exactly the steps before it
+            coordinator.join()
+            step_var.assign(step)
+            manager.save(checkpoint_number=step)
+    drain()
+    coordinator.join()
+    elapsed = time.perf_counter() - t0
+    reporter.maybe_report(scheduled, completed, done_step, force=True)
+    if start < total:
+        step_var.assign(total)
+        manager.save(checkpoint_number=total)
+    steps_per_sec = scheduled / elapsed if elapsed > 0 else 0.0
+    ctx.emitter.info(f"{scheduled} steps in {elapsed:.1f} s ({steps_per_sec:.1f} steps/s)",
+                     steps_per_sec=steps_per_sec, scheduled=scheduled)
+    return {"steps": total, "start": start, "final_loss": reporter.final_losses(), "reports": reporter.reports,
+            "steps_per_sec": steps_per_sec}
+
+
+def main(ctx: TaskContext) -> dict[str, Any]:
+    """Entry of an async task: the chief coordinates, workers and ps tasks serve."""
+    # a lost peer fails the call at once instead of gRPC retrying it: a dead ps must end the chief's step
+    os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
+    if ctx.role in ("worker", "ps"):
+        return serve(ctx)
+    if ctx.role == "chief":
+        return train(ctx)
+    raise ValueError(f"parallelism 'async': a {ctx.role!r} task has no part to play (expected chief, worker or ps)")
