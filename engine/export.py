@@ -168,6 +168,7 @@ _SCRIPT_HEAD = """\
 # Generated from the run's config; start it on that host from a ClusterDeck checkout or install.
 # Environment overrides: CLUSTERDECK_WORKDIR, CLUSTERDECK_RUN_DIR, CLUSTERDECK_PYTHON.
 # Ctrl-C or SIGTERM stops every task of this host.
+# TensorFlow's gRPC ports listen on every interface without authentication: use a trusted network.
 set -o pipefail
 
 WORKDIR=${{CLUSTERDECK_WORKDIR:-{workdir}}}
