@@ -265,7 +265,7 @@ class ClusterView(QGraphicsView):
         self.canvas = canvas
         self.setRenderHint(QPainter.RenderHint.Antialiasing)
         self.setDragMode(QGraphicsView.DragMode.RubberBandDrag)
-        self.setAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignTop)
+        self.setAlignment(Qt.AlignmentFlag.AlignCenter)
         self.setToolTip("")
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:

@@ -88,7 +88,7 @@ class MainWindow(QMainWindow):
         selection = QWidget()
         sel_layout = QVBoxLayout(selection)
         sel_layout.setContentsMargins(0, 0, 0, 0)
-        sel_layout.addWidget(self.properties, 1)
+        sel_layout.addWidget(self.properties, 0)
         sel_layout.addWidget(self.problems, 1)
         self.selection_dock = self._dock("Selection", "selectionDock", selection, Qt.DockWidgetArea.LeftDockWidgetArea)
         self.settings_dock = self._dock("Run settings", "settingsDock", self.settings_panel,
@@ -265,6 +265,10 @@ class MainWindow(QMainWindow):
         tb.addSeparator()
         tb.addAction(self.undo_action)
         tb.addAction(self.redo_action)
+        for action in (self.undo_action, self.redo_action):
+            button = tb.widgetForAction(action)
+            if isinstance(button, QToolButton):  # its text names the edit; the icon keeps the bar steady
+                button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonIconOnly)
         tb.addSeparator()
         tb.addAction(self.add_host_action)
         tb.addAction(self.add_task_action)

@@ -31,7 +31,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.telemetry import History, RunState
+from engine.telemetry import RunState
 from gui import theme
 from gui.controller import Controller
 
@@ -136,8 +136,7 @@ class MetricPlot(QWidget):
             axis = self.item.getAxis(name)
             axis.setPen(pg.mkPen(pal.color(QPalette.ColorRole.Mid)))
             axis.setTextPen(pg.mkPen(text))
-        self.legend.setLabelTextColor(text)
-        self.legend.setBrush(pg.mkBrush(pal.color(QPalette.ColorRole.Base).darker(103 if not theme.is_dark(pal) else 90)))
+        self.legend.setLabelTextColor(text)  # no legend brush: its box can span more than its entries
 
     def changeEvent(self, event: QEvent) -> None:
         if event.type() == QEvent.Type.PaletteChange:
@@ -289,9 +288,6 @@ class PlotsPanel(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addLayout(bar)
         layout.addLayout(grid, 1)
-        self.plots["throughput"].item.setXLink(self.plots["loss"].item)
-        self.plots["step_time"].item.setXLink(self.plots["loss"].item)
-        self.plots["memory"].item.setXLink(self.plots["utilisation"].item)
 
         self._version = -1
         self._dirty = True
@@ -368,9 +364,10 @@ class PlotsPanel(QWidget):
         self.hint.setVisible(not state.history.series)
         self.redrawn.emit()
 
-    def _xy(self, history: History, key: str) -> tuple[np.ndarray, np.ndarray]:
-        s = history.series[key]
-        t0 = history.t0 or 0.0
+    def _xy(self, state: RunState, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """x as step, or as seconds since the run started (since its first figure when that is unknown)."""
+        s = state.history.series[key]
+        t0 = state.started_at if state.started_at is not None else (state.history.t0 or 0.0)
         if key.startswith("task/"):
             return s.x - t0, s.y
         return (s.t - t0, s.y) if self.by_time else (s.x, s.y)
@@ -380,18 +377,20 @@ class PlotsPanel(QWidget):
         history = state.history
         prefix = f"cmp:{label}:" if label else ""
         suffix = f" · {label}" if label else ""
-        owners = sorted({k.split("/")[1] for k in history.series if k.startswith(spec.scope + "/")}, key=_natural)
+        owners = sorted({k.split("/")[1] for k in history.series
+                         if k.startswith(spec.scope + "/") and k.rsplit("/", 1)[-1] in spec.metrics}, key=_natural)
+        order = {name: i for i, name in enumerate(state.tasks)}
         totals: list[tuple[np.ndarray, np.ndarray]] = []
         for n, owner in enumerate(owners):
             for m, metric in enumerate(spec.metrics):
                 key = f"{spec.scope}/{owner}/{metric}"
                 if key not in history.series or len(history.series[key]) == 0:
                     continue
-                x, y = self._xy(history, key)
+                x, y = self._xy(state, key)
                 name = f"replica {owner}" if spec.scope == "replica" else owner
                 if m:
                     name += f" {SECONDARY_LABEL.get(metric, metric)}"
-                color = theme.curve_color(int(owner) if owner.isdigit() else n)
+                color = theme.curve_color(int(owner) if owner.isdigit() else order.get(owner, n))
                 pen_style = Qt.PenStyle.DotLine if m and not label else style
                 plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style)
                 if spec.total and m == 0:

@@ -30,6 +30,7 @@ class ProblemsList(QWidget):
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addWidget(self.summary)
         layout.addWidget(self.list, 1)
+        layout.addStretch(0)  # keeps the summary at the top while the list is hidden
         self.list.itemClicked.connect(self._clicked)
         controller.problemsChanged.connect(self.refresh)
         self.refresh(controller.problems)

@@ -79,7 +79,6 @@ class PropertiesPanel(QWidget):
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addWidget(self.stack)
         layout.addWidget(self.problems)
-        layout.addStretch(1)
 
         self.host_name.editingFinished.connect(lambda: self._host(name=self.host_name.text().strip()))
         self.host_address.editingFinished.connect(lambda: self._host(address=self.host_address.text().strip()))
