@@ -8,6 +8,9 @@ item is never deleted inside its own event handler.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 from PySide6.QtCore import QPointF, QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import (
     QAction,
@@ -51,8 +54,8 @@ HOST_W = PAD + COLUMNS * (CHIP_W + PAD)
 MAX_GPU_SLOTS = 16
 
 
-def _defer(fn: object) -> None:
-    QTimer.singleShot(0, fn)  # type: ignore[arg-type]
+def _defer(fn: Callable[[], object]) -> None:
+    QTimer.singleShot(0, fn)
 
 
 class ChipItem(QGraphicsObject):
@@ -442,7 +445,7 @@ class ClusterCanvas(QWidget):
         menu = QMenu(self)
         menu.setToolTipsVisible(True)
 
-        def add(text: str, slot: object, tip: str, enabled: bool = True) -> QAction:
+        def add(text: str, slot: Callable[[], object], tip: str, enabled: bool = True) -> QAction:
             action = menu.addAction(text)
             action.setToolTip(tip)
             action.setEnabled(enabled)
@@ -470,7 +473,7 @@ class ClusterCanvas(QWidget):
         elif isinstance(item, HostItem):
             i = item.host_index
             for role in ROLES:
-                add(f"Add {role} task", lambda r=role: c.add_task(i, r), f"Place a new {role} task on this host")
+                add(f"Add {role} task", partial(c.add_task, i, role), f"Place a new {role} task on this host")
             menu.addSeparator()
             gpus = item.host.gpus
             add("Add GPU", lambda: c.update_host(i, gpus=gpus + 1), "One more GPU slot on this host")

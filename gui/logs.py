@@ -109,9 +109,9 @@ class LogView(QWidget):
         self.timer.setObjectName("logTailTimer")
         self.timer.setInterval(TAIL_INTERVAL_MS)
         self.timer.timeout.connect(self.poll)
-        self.task.currentIndexChanged.connect(lambda _i: self.render())
-        self.filter.textChanged.connect(lambda _t: self.render())
-        self.show_noise.toggled.connect(lambda _b: self.render())
+        self.task.currentIndexChanged.connect(lambda _i: self.refresh_text())
+        self.filter.textChanged.connect(lambda _t: self.refresh_text())
+        self.show_noise.toggled.connect(lambda _b: self.refresh_text())
         controller.runLoaded.connect(self.reset)
         controller.runStateChanged.connect(self._state_changed)
         self.reset()
@@ -123,7 +123,7 @@ class LogView(QWidget):
         self.task.clear()
         self.task.addItems(list(self.controller.state.tasks))
         self.task.blockSignals(False)
-        self.render()
+        self.refresh_text()
         if self.controller.run_dir is not None:
             self.poll()
             self.timer.start()
@@ -173,7 +173,7 @@ class LogView(QWidget):
                     self.text.appendPlainText("\n".join(shown))
                 self._update_folded(tail)
 
-    def render(self) -> None:
+    def refresh_text(self) -> None:
         tail = self._tail(self.current_task())
         if tail is None:
             self.text.setPlainText("" if self.controller.run_dir is None else "No log yet.")

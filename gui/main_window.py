@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
@@ -142,17 +143,18 @@ class MainWindow(QMainWindow):
         self.addDockWidget(area, dock)
         return dock
 
-    def _action(self, text: str, tip: str, slot: object = None, shortcut: object = None,
+    def _action(self, text: str, tip: str, slot: Callable[[], object] | None = None,
+                shortcut: QKeySequence.StandardKey | str | None = None,
                 icon: QStyle.StandardPixmap | None = None) -> QAction:
         action = QAction(text, self)
         action.setToolTip(tip)
         action.setStatusTip(tip)
         if shortcut is not None:
-            action.setShortcut(QKeySequence(shortcut))  # type: ignore[arg-type]
+            action.setShortcut(QKeySequence(shortcut))
         if icon is not None:
             action.setIcon(self.style().standardIcon(icon))
         if slot is not None:
-            action.triggered.connect(lambda _checked=False: slot())  # type: ignore[operator]
+            action.triggered.connect(lambda _checked=False: slot())
         self.addAction(action)
         return action
 
@@ -174,12 +176,16 @@ class MainWindow(QMainWindow):
         self.clear_compare_action = self._action("Clear Comparison", "Remove the overlaid runs",
                                                  c.clear_comparisons)
         self.quit_action = self._action("&Quit", "Quit ClusterDeck", self.close, K.Quit)
+        if self.quit_action.shortcut().isEmpty():  # some platforms bind no standard Quit key
+            self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
         self.undo_action = c.undo_stack.createUndoAction(self, "&Undo")
-        self.undo_action.setShortcut(QKeySequence(K.Undo))
+        self.undo_action.setShortcuts(QKeySequence.keyBindings(K.Undo))
         self.undo_action.setToolTip("Undo the last edit (Ctrl+Z)")
         self.undo_action.setIcon(self.style().standardIcon(SP.SP_ArrowBack))
         self.redo_action = c.undo_stack.createRedoAction(self, "&Redo")
-        self.redo_action.setShortcuts([QKeySequence(K.Redo), QKeySequence("Ctrl+Shift+Z")])
+        redo = QKeySequence.keyBindings(K.Redo)
+        self.redo_action.setShortcuts(redo + [QKeySequence("Ctrl+Shift+Z")] if QKeySequence("Ctrl+Shift+Z") not in redo
+                                      else redo)
         self.redo_action.setToolTip("Redo the last undone edit (Ctrl+Shift+Z)")
         self.redo_action.setIcon(self.style().standardIcon(SP.SP_ArrowForward))
         self.addAction(self.undo_action)
@@ -436,8 +442,8 @@ class MainWindow(QMainWindow):
     def recent_files(self) -> list[str]:
         value = app_settings().value("recentFiles", [])
         if isinstance(value, str):
-            value = [value]
-        return [str(v) for v in (value or [])]
+            return [value]
+        return [str(v) for v in value] if isinstance(value, list) else []
 
     def _add_recent(self, path: Path) -> None:
         text = str(Path(path).resolve())
@@ -514,8 +520,8 @@ class MainWindow(QMainWindow):
         else:
             self.resize(1500, 940)
             self.resizeDocks([self.selection_dock, self.settings_dock], [250, 300], Qt.Orientation.Horizontal)
-            self.resizeDocks([self.tasks_dock], [190], Qt.Orientation.Vertical)
-            self.splitter.setSizes([300, 480])
+            self.resizeDocks([self.tasks_dock], [150], Qt.Orientation.Vertical)
+            self.splitter.setSizes([250, 560])
         state = s.value("window/state")
         if isinstance(state, QByteArray) and not state.isEmpty():
             self.restoreState(state)

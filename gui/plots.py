@@ -51,13 +51,14 @@ class PlotSpec:
     smooth: bool = True
     total: bool = False
     compare: bool = True
-    log_y: bool = False
+    skip_first: bool = False  # the first step includes tracing the step function: not drawn
 
 
 PLOTS = (
     PlotSpec("loss", "Loss per replica", "replica", ("loss",)),
-    PlotSpec("throughput", "Examples/s", "replica", ("examples_per_sec",), "examples/s", total=True),
-    PlotSpec("step_time", "Step time", "replica", ("step_time",), "ms", scale=1000.0),
+    PlotSpec("throughput", "Examples/s", "replica", ("examples_per_sec",), "examples/s", total=True,
+             skip_first=True),
+    PlotSpec("step_time", "Step time", "replica", ("step_time",), "ms", scale=1000.0, skip_first=True),
     PlotSpec("utilisation", "CPU / GPU use per task", "task", ("cpu_percent", "gpu_util"), "%",
              smooth=False, compare=False),
     PlotSpec("memory", "Memory per task (RSS / GPU)", "task", ("rss_bytes", "gpu_mem_bytes"), "MiB",
@@ -183,6 +184,8 @@ class MetricPlot(QWidget):
         curve = self._curve(key, label, color, style, width)
         y = y * self.spec.scale if self.spec.scale != 1.0 else y
         self.raw[key] = (x, y)
+        if self.spec.skip_first and len(x) > 1:
+            x, y = x[1:], y[1:]
         curve.setData(x, self._smoothed(key, y, smoothing), skipFiniteCheck=True)
 
     def set_x_label(self, text: str) -> None:

@@ -118,8 +118,8 @@ class SettingsPanel(QScrollArea):
         self.shape = self._ints("data.shape", "Shape of one example, e.g. 784 or 28, 28", form, "Shape")
         self.classes = self._spin("data.classes", "Number of classes", 2, 1_000_000)
         form.addRow("Classes", self.classes)
-        self.size = self._spin("data.size", "Examples in the synthetic data set", 1, 100_000_000)
-        form.addRow("Size", self.size)
+        self.data_size = self._spin("data.size", "Examples in the synthetic data set", 1, 100_000_000)
+        form.addRow("Size", self.data_size)
 
         # -- model
         box, form = self._group("Model", outer)
@@ -205,7 +205,7 @@ class SettingsPanel(QScrollArea):
 
         def read() -> None:
             value = self._value_of(path)
-            spin.setValue(value if value is not None else spin.minimum())
+            spin.setValue(value if value is not None else spin.minimum())  # type: ignore[arg-type]
 
         self._readers.append(read)
 

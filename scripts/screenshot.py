@@ -20,9 +20,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 
-import gui  # noqa: E402,F401 - guards the Qt binding first
-from PySide6.QtCore import QSettings, QTimer  # noqa: E402
+from PySide6.QtCore import QSettings, QTimer  # noqa: E402, TID251 - a GUI script
 
+import gui  # noqa: E402,F401 - guards the Qt binding first
 from engine import config as cfg  # noqa: E402
 from gui.app import application  # noqa: E402
 from gui.controller import Controller  # noqa: E402

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
-import gui  # noqa: E402,F401 - first: guards the Qt binding before any Qt call
 import pytest  # noqa: E402
 from PySide6.QtCore import QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
+import gui  # noqa: E402,F401 - first: guards the Qt binding before any Qt call
 from tests.conftest import wait_gone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
