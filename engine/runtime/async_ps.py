@@ -28,6 +28,7 @@ import keras
 import tensorflow as tf
 
 from engine.config import RunConfig
+from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
 from engine.runtime import models
 from engine.runtime.context import TaskContext
@@ -151,7 +152,7 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
                 loss = tf.reduce_mean(loss_obj(y, model(x, training=True)))
             grads = tape.gradient(loss, shards + head)
             optimizer.apply_gradients(zip(grads[len(shards):], head, strict=True))
-            model.apply_table_gradients(grads[: len(shards)])
+            model.apply_table_gradients(grads[: len(shards)], tf.shape(y)[0])
             return loss
 
         if config.training.optimizer != "sgd":
@@ -159,7 +160,7 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
                          f"{config.training.optimizer!r} applies to the dense head")
         variables = [("embedding_table", model.table)] + [(v.path, v) for v in model.head.weights]
         items = {**model.checkpoint_items(), "optimizer": optimizer}
-        return Trainable(embedding_step, variables, items, lambda: embedding_mod.synthetic_id_tensors(config), notes)
+        return Trainable(embedding_step, variables, items, token_examples(config), notes)
 
     net = models.build_model(config)
     optimizer.build(net.trainable_variables)
@@ -176,6 +177,12 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
                      f"so the {config.model.name!r} model's variables stay whole (round-robin over the ps tasks)")
     return Trainable(dense_step, [(v.path, v) for v in net.weights], {"model": net, "optimizer": optimizer},
                      lambda: synthetic_tensors(config), notes)
+
+
+def token_examples(config: RunConfig) -> Any:
+    """The token task of :func:`engine.runtime.data.synthetic_tokens` (small: shipped to the workers)."""
+    ids, labels = data_mod.synthetic_tokens(config)
+    return lambda: (tf.constant(ids), tf.constant(labels))
 
 
 def synthetic_tensors(config: RunConfig) -> tuple[tf.Tensor, tf.Tensor]:
@@ -235,7 +242,7 @@ class WorkerReporter:
         w.last_step = max(w.last_step, step)
         w.last_loss = loss
 
-    def maybe_report(self, scheduled: int, completed: int, step: int, force: bool = False) -> None:
+    def maybe_report(self, scheduled: int, completed: int, force: bool = False) -> None:
         now = time.perf_counter()
         for index, w in sorted(self.workers.items()):
             if w.steps and (force or now - w.last_emit >= self.interval):
@@ -247,7 +254,7 @@ class WorkerReporter:
                 self.reports += 1
                 w.steps, w.busy, w.timed, w.loss_sum, w.last_emit = 0, 0.0, 0, 0.0, now
         if force or now - self.last_progress >= self.interval:
-            self.emitter.emit("progress", step=step, total=self.total, scheduled=scheduled, completed=completed)
+            self.emitter.emit("progress", step=completed, total=self.total, scheduled=scheduled, completed=completed)
             self.last_progress = now
 
     def final_losses(self) -> list[float]:
@@ -320,15 +327,15 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     reporter = WorkerReporter(ctx, per_worker_batch, total, config.training.metrics_hz)
     window: deque[tuple[int, Any]] = deque()
     cap = max(2, WINDOW_PER_WORKER * workers)
-    scheduled = completed = 0
-    done_step = start
+    # steps scheduled and completed so far, counted from step 0 across restarts (fetched in order, so
+    # ``completed`` is also the last finished step)
+    scheduled = completed = start
 
     def fetch_oldest() -> None:
-        nonlocal completed, done_step
+        nonlocal completed
         step, remote = window.popleft()
         loss, worker, ts = remote.fetch()
         completed += 1
-        done_step = max(done_step, step)
         reporter.step_done(step, float(loss), int(worker), float(ts))
 
     def drain() -> None:
@@ -344,7 +351,7 @@ def train(ctx: TaskContext) -> dict[str, Any]:
         scheduled += 1
         while len(window) > cap:
             fetch_oldest()
-        reporter.maybe_report(scheduled, completed, done_step)
+        reporter.maybe_report(scheduled, completed)
         if every and step % every == 0 and step < total:
             drain()  # a checkpoint holds exactly the steps before it
             coordinator.join()
@@ -353,13 +360,14 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     drain()
     coordinator.join()
     elapsed = time.perf_counter() - t0
-    reporter.maybe_report(scheduled, completed, done_step, force=True)
+    reporter.maybe_report(scheduled, completed, force=True)
     if start < total:
         step_var.assign(total)
         manager.save(checkpoint_number=total)
-    steps_per_sec = scheduled / elapsed if elapsed > 0 else 0.0
-    ctx.emitter.info(f"{scheduled} steps in {elapsed:.1f} s ({steps_per_sec:.1f} steps/s)",
-                     steps_per_sec=steps_per_sec, scheduled=scheduled)
+    ran = scheduled - start
+    steps_per_sec = ran / elapsed if elapsed > 0 else 0.0
+    ctx.emitter.info(f"{ran} steps in {elapsed:.1f} s ({steps_per_sec:.1f} steps/s)",
+                     steps_per_sec=steps_per_sec, steps_run=ran)
     return {"steps": total, "start": start, "final_loss": reporter.final_losses(), "reports": reporter.reports,
             "steps_per_sec": steps_per_sec}
 
@@ -372,4 +380,11 @@ def main(ctx: TaskContext) -> dict[str, Any]:
         return serve(ctx)
     if ctx.role == "chief":
         return train(ctx)
+    if ctx.role == "evaluator":
+        if ctx.config.model.name == embedding_mod.MODEL_NAME:
+            raise ValueError("parallelism 'async': an evaluator cannot read the sharded-embedding checkpoints "
+                             "yet (expected no evaluator task with model 'embedding')")
+        from engine.runtime import evaluator  # a side-car outside the cluster: reads the chief's checkpoints
+
+        return evaluator.main(ctx)
     raise ValueError(f"parallelism 'async': a {ctx.role!r} task has no part to play (expected chief, worker or ps)")

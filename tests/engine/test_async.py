@@ -1,0 +1,211 @@
+"""Asynchronous parameter-server training on real local clusters: chief + workers + ps processes.
+
+Each test starts real TensorFlow processes (3-9 s each to start on a small machine), so the
+runs are short and each test checks several things of one run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine import config as config_mod
+from engine.config import RunConfig
+from engine.launcher import Run
+from tests.conftest import PRESETS, wait_gone
+
+pytestmark = pytest.mark.cluster
+
+RUN_TIMEOUT = 150.0
+
+
+def preset(steps: int, **training: Any) -> RunConfig:
+    config = config_mod.load(PRESETS / "async-1ps.yaml")
+    return config_mod.replace(config, training=config_mod.replace(config.training, steps=steps, **training))
+
+
+class Recorder:
+    """Collects every event of a run (listeners run on the launcher's dispatcher thread)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        with self.lock:
+            return [e for e in self.events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+    def pids(self) -> set[int]:
+        return {e["pid"] for e in self.of("status") if isinstance(e.get("pid"), int)}
+
+
+def launch(config: RunConfig, runs_root: Path, *listeners: Any) -> tuple[Run, Recorder]:
+    run = Run(config, runs_root=runs_root)
+    rec = Recorder()
+    run.add_listener(rec)
+    for listener in listeners:
+        run.add_listener(listener)
+    run.start()
+    return run, rec
+
+
+def assert_nothing_left(pids: set[int]) -> None:
+    assert pids, "no task process was ever seen"
+    assert wait_gone(pids, 5.0) == [], "ps/worker/chief processes outlived the run"
+
+
+def workers_seen(steps: list[dict[str, Any]]) -> set[int]:
+    return {e["worker"] for e in steps}
+
+
+def test_chief_two_workers_one_ps_complete(runs_root: Path) -> None:
+    config = preset(steps=200, checkpoint_every=0, restarts=0, metrics_hz=10.0)
+    run, rec = launch(config, runs_root)
+    assert run.wait(RUN_TIMEOUT) == "finished", run.state.reason
+
+    steps = rec.of("step")
+    assert workers_seen(steps) == {0, 1}, "both workers must report steps"
+    assert all(e["replica"] == e["worker"] and e["task"] == "chief:0" for e in steps)
+    assert set(run.state.replicas) == {0, 1}
+    for rep in run.state.replicas.values():
+        assert rep.examples_per_sec and rep.examples_per_sec > 0
+        assert rep.step_time and rep.step_time > 0
+        assert rep.loss is not None and rep.first_loss is not None and rep.loss < rep.first_loss
+    # every step is accounted for once, but reported at most metrics_hz times per worker per second
+    assert sum(e["steps"] for e in steps) == 200
+    for worker in (0, 1):
+        mine = [e for e in steps if e["worker"] == worker]
+        assert len(mine) <= (mine[-1]["t"] - mine[0]["t"]) * 10.0 + 2
+        assert [e["step"] for e in mine] == sorted(e["step"] for e in mine)
+    assert len(steps) < 100
+
+    progress = rec.of("progress")
+    assert progress and all(0 <= e["completed"] <= e["scheduled"] <= 200 for e in progress)
+    assert progress[-1]["completed"] == progress[-1]["scheduled"] == 200 and progress[-1]["total"] == 200
+    assert any(e["scheduled"] > e["completed"] for e in progress), "steps must be in flight while fetching"
+
+    (placement,) = rec.of("placement")
+    assert placement["variables"] and {v["task"] for v in placement["variables"]} == {"ps:0"}
+    assert {e["task"] for e in rec.of("status", state="running")} == {"chief:0", "worker:0", "worker:1", "ps:0"}
+    assert [e["task"] for e in rec.of("status", state="finished")] == ["chief:0"]
+    # the launcher ended the servers: they never leave server.join() by themselves
+    assert {e["task"] for e in rec.of("status", state="stopped")} == {"worker:0", "worker:1", "ps:0"}
+    assert_nothing_left(rec.pids())
+
+
+def test_killed_worker_is_restarted_and_rejoins(runs_root: Path) -> None:
+    killed: dict[str, int] = {}
+
+    def kill_worker_1(event: dict[str, Any]) -> None:
+        # worker 1 dies as soon as it has been seen training; its restart (a fresh TF process next to
+        # a busy cluster) takes 10-20 s on 2 cores, so the run is long enough for it to come back
+        if not killed and event["kind"] == "step" and event.get("worker") == 1:
+            pid = run.state.tasks["worker:1"].pid
+            assert pid is not None
+            killed["pid"] = pid
+            os.kill(pid, signal.SIGKILL)
+
+    run, rec = launch(preset(steps=2000, checkpoint_every=0, restarts=0), runs_root, kill_worker_1)
+    assert run.wait(RUN_TIMEOUT) == "finished", run.state.reason
+    assert killed, "worker 1 never reported a step"
+
+    with rec.lock:
+        order = list(rec.events)
+    failed = next(i for i, e in enumerate(order) if e["kind"] == "status" and e["task"] == "worker:1"
+                  and e["state"] == "failed")
+    assert order[failed]["will_restart"] is True
+    rejoined = next(i for i, e in enumerate(order) if i > failed and e["kind"] == "status"
+                    and e["task"] == "worker:1" and e["state"] == "running")
+    assert order[rejoined]["pid"] != killed["pid"]
+    after = [e for e in order[rejoined:] if e["kind"] == "step"]
+    assert 1 in workers_seen(after), "the restarted worker never ran a step again"
+    assert 0 in workers_seen(after)
+    assert run.state.tasks["worker:1"].restarts == 1
+    assert run.state.tasks["chief:0"].state == "finished"
+    assert_nothing_left(rec.pids() | {killed["pid"]})
+
+
+def test_killed_ps_restarts_the_run_from_its_checkpoint(runs_root: Path) -> None:
+    killed: dict[str, int] = {}
+
+    def kill_ps(event: dict[str, Any]) -> None:
+        # after the checkpoint at step 50 was written
+        if not killed and event["kind"] == "step" and event["step"] >= 70:
+            pid = run.state.tasks["ps:0"].pid
+            assert pid is not None
+            killed["pid"] = pid
+            os.kill(pid, signal.SIGKILL)
+
+    run, rec = launch(preset(steps=150, checkpoint_every=50, restarts=1), runs_root, kill_ps)
+    assert run.wait(RUN_TIMEOUT) == "finished", run.state.reason
+    assert killed and run.restarts_used == 1
+
+    with rec.lock:
+        order = list(rec.events)
+    restart = next(i for i, e in enumerate(order) if e["kind"] == "run" and e["state"] == "restarting")
+    assert "ps:0" in order[restart]["reason"] or "chief:0" in order[restart]["reason"]
+    restored = [e for e in order[restart:] if e["kind"] == "info" and "checkpoint" in e]
+    assert restored and restored[0]["step"] >= 50
+    resumed = [e for e in order[restart:] if e["kind"] == "status" and e["task"] == "chief:0"
+               and e["state"] == "running"]
+    assert resumed and resumed[0]["step"] == restored[0]["step"]
+    progress = [e for e in order[restart:] if e["kind"] == "progress"]
+    assert progress[0]["completed"] == restored[0]["step"] and progress[-1]["completed"] == 150
+    first_after = next(e for e in order[restart:] if e["kind"] == "step")
+    assert first_after["step"] > restored[0]["step"] > 0, "the step count must carry on from the checkpoint"
+    ckpts = sorted(p.name for p in (run.run_dir / "checkpoints").glob("ckpt-*.index"))
+    assert "ckpt-150.index" in ckpts
+    assert_nothing_left(rec.pids() | {killed["pid"]})
+
+
+def test_killed_chief_fails_the_run_and_leaves_nothing(runs_root: Path) -> None:
+    killed: dict[str, int] = {}
+
+    def kill_chief(event: dict[str, Any]) -> None:
+        if not killed and event["kind"] == "step":
+            pid = run.state.tasks["chief:0"].pid
+            assert pid is not None
+            killed["pid"] = pid
+            os.kill(pid, signal.SIGKILL)
+
+    run, rec = launch(preset(steps=2000, checkpoint_every=0, restarts=0), runs_root, kill_chief)
+    assert run.wait(RUN_TIMEOUT) == "failed"
+    assert killed and run.state.failed_task == "chief:0"
+    assert "SIGKILL" in run.state.reason
+    assert_nothing_left(rec.pids() | {killed["pid"]})
+
+
+# --------------------------------------------------------------------------- the sharded embedding
+
+
+def test_sharded_embedding_is_split_over_two_ps_and_learns(runs_root: Path) -> None:
+    config = config_mod.load(PRESETS / "async-embedding-2ps.yaml")
+    config = config_mod.replace(config, training=config_mod.replace(config.training, steps=300))
+    run, rec = launch(config, runs_root)
+    assert run.wait(RUN_TIMEOUT) == "finished", run.state.reason
+
+    (placement,) = rec.of("placement")
+    table = [v for v in placement["variables"] if v["name"] == "embedding_table"]
+    assert [v["shard"] for v in table] == [0, 1] and all(v["shards"] == 2 for v in table)
+    assert {v["task"] for v in table} == {"ps:0", "ps:1"}, "the table must be split across both ps tasks"
+    assert sum(v["shape"][0] for v in table) == 8192 and all(v["shape"][1] == 64 for v in table)
+    assert {v["device"].split("/device:")[0] for v in table} == {"/job:ps/replica:0/task:0",
+                                                                 "/job:ps/replica:0/task:1"}
+    head = [v for v in placement["variables"] if v["name"] != "embedding_table"]
+    assert head and all(v["shards"] == 1 for v in head), "Keras variables must stay whole"
+
+    steps = rec.of("step")
+    assert workers_seen(steps) == {0, 1}
+    early = sum(e["loss"] for e in steps[:4]) / 4
+    late = sum(e["loss"] for e in steps[-4:]) / 4
+    assert late < 0.7 * early, f"the loss did not fall: {early:.3f} -> {late:.3f}"
+    assert_nothing_left(rec.pids())
