@@ -5,6 +5,7 @@
     clusterdeck run PRESET [--steps N] [--out DIR] [--json]
     clusterdeck validate PRESET...
     clusterdeck tf-config PRESET         each task's TF_CONFIG, as JSON
+    clusterdeck export PRESET [--out DIR] [--image IMG]   launch scripts, TF_CONFIG files, Kubeflow TFJob
     clusterdeck presets                  the presets shipped with ClusterDeck
 """
 
@@ -85,14 +86,24 @@ def _install_stop_handlers(run: Any) -> None:
 
 
 def _run_json(run: Any) -> int:
+    import dataclasses
+
+    from engine.stragglers import StragglerDetector
+
     lock = threading.Lock()
+    detector = StragglerDetector()
 
     def emit(event: dict[str, Any]) -> None:
         with lock:
             sys.stdout.write(json.dumps(event) + "\n")
             sys.stdout.flush()
 
-    run.add_listener(emit)
+    def on_event(event: dict[str, Any]) -> None:
+        emit(event)
+        for change in detector.update(event):
+            emit({"kind": "straggler", **dataclasses.asdict(change)})
+
+    run.add_listener(on_event)
     run.start()
     _install_stop_handlers(run)
     while not run.done:
@@ -109,10 +120,19 @@ def _run_pretty(run: Any) -> int:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
     from rich.table import Table
 
+    from engine.stragglers import StragglerDetector
+
     console = Console(stderr=False)
     notes: list[str] = []
+    detector = StragglerDetector()
 
     def on_event(event: dict[str, Any]) -> None:
+        for c in detector.update(event):
+            if c.flagged:
+                notes.append(f"[yellow]replica {c.replica} ({c.task}) is straggling: step {c.step_time * 1000:.0f} ms "
+                             f"vs median {c.median * 1000:.0f} ms ({c.ratio:.2f}x)[/]")
+            else:
+                notes.append(f"[dim]replica {c.replica} ({c.task}) no longer straggling ({c.reason})[/]")
         kind = event.get("kind")
         if kind == "info" and event.get("message"):
             notes.append(f"[dim]{event['task']}[/]: {event['message']}")
@@ -127,11 +147,13 @@ def _run_pretty(run: Any) -> int:
 
     def replica_table() -> Table:
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold dim")
-        for col in ("replica", "task", "step", "loss", "examples/s", "step ms"):
+        for col in ("replica", "task", "step", "loss", "examples/s", "step ms", "slow"):
             table.add_column(col, justify="right" if col != "task" else "left")
+        slow = detector.flagged()
         for r in sorted(run.state.replicas.values(), key=lambda r: r.replica):
+            flag = f"[yellow]{slow[r.replica].ratio:.2f}x[/]" if r.replica in slow else ""
             table.add_row(str(r.replica), r.task, str(r.step), _fmt_loss(r.loss), _fmt_rate(r.examples_per_sec),
-                          "-" if r.step_time is None else f"{r.step_time * 1000:.1f}")
+                          "-" if r.step_time is None else f"{r.step_time * 1000:.1f}", flag)
         return table
 
     def view() -> Group:
@@ -187,16 +209,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_tf_config(args: argparse.Namespace) -> int:
-    from engine.cluster import resolve_ports, tf_config
+    from engine import export
 
     try:
-        cfg = _load(args.preset)
+        out = export.tf_configs(_load(args.preset))
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
-    cluster = resolve_ports(cfg.cluster)
-    out = {t.name: tf_config(cluster, t) for _, t in cluster.tasks()}
     print(json.dumps(out, indent=2))
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from engine import export
+
+    try:
+        cfg = _load(args.preset)
+        paths = export.write_export(cfg, args.out, image=args.image, python=args.python,
+                                    workdir=args.workdir, namespace=args.namespace)
+    except ConfigError as exc:
+        print(f"clusterdeck: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"clusterdeck: cannot write the export to {args.out}: {exc.strerror or exc}", file=sys.stderr)
+        return 1
+    for p in paths:
+        print(p)
     return 0
 
 
@@ -240,6 +278,15 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("tf-config", help="print each task's TF_CONFIG")
     p.add_argument("preset")
     p.set_defaults(func=cmd_tf_config)
+    p = sub.add_parser("export", help="write TF_CONFIG files, per-host launch scripts and (with --image) a "
+                                      "Kubeflow TFJob")
+    p.add_argument("preset")
+    p.add_argument("--out", default="export", help="folder to write into (default: ./export)")
+    p.add_argument("--image", default=None, help="container image; also writes tfjob.yaml")
+    p.add_argument("--namespace", default="default", help="Kubernetes namespace of the TFJob")
+    p.add_argument("--python", default="python3", help="python on the hosts (a host's own python setting wins)")
+    p.add_argument("--workdir", default=None, help="ClusterDeck folder on the hosts (default: where the script starts)")
+    p.set_defaults(func=cmd_export)
     p = sub.add_parser("presets", help="list the bundled presets")
     p.set_defaults(func=cmd_presets)
     p = sub.add_parser("gui", help="open the desktop app")

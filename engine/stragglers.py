@@ -135,7 +135,11 @@ class StragglerDetector:
         replica = event.get("replica")
         if t is None or isinstance(replica, bool) or not isinstance(replica, int) or replica < 0:
             return []
-        step_time = _number(event.get("step_time"))
+        # synchronous modes: every replica's step lasts as long as the slowest one's, so its own
+        # share (the step less the time it waited in the all-reduce) is what tells a straggler
+        step_time = _number(event.get("own_time"))
+        if step_time is None:
+            step_time = _number(event.get("step_time"))
         if step_time is None or step_time <= 0:
             return []
         self.now = max(self.now, t)

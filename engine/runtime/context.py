@@ -77,13 +77,22 @@ class StepReporter:
         now = time.perf_counter()
         if self.emitter is None or not (force or now - self.last_emit >= self.interval):
             return
-        losses = fetch()
+        results = fetch()
         now = time.perf_counter()
         step_time = (now - self.last) / max(1, self.pending)
         rate = self.per_replica_batch / step_time if step_time > 0 else 0.0
-        for rid, loss in zip(self.replica_ids, losses):
+        for rid, result in zip(self.replica_ids, results):
+            # a result is the replica's loss, or (loss, seconds it waited for the others to sync)
+            wait = None
+            if isinstance(result, (tuple, list)):
+                loss, wait = result
+            else:
+                loss = result
             fields = {"replica": rid, "step": step, "loss": float(loss), "examples_per_sec": rate,
                       "step_time": step_time}
+            if wait is not None:
+                fields["sync_wait"] = float(wait)
+                fields["own_time"] = max(1e-6, step_time - float(wait))
             if worker is not None:
                 fields["worker"] = worker
             self.emitter.emit("step", **fields)

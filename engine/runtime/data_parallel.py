@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+import threading
 import time
 from typing import Any
 
@@ -18,8 +19,8 @@ from engine.config import TRAINER_ROLES, RunConfig
 from engine.runtime import data as data_mod
 from engine.runtime import models
 from engine.runtime.context import StepReporter, TaskContext
-from engine.runtime.summaries import Summaries
 from engine.runtime.devices import DeviceSetup, memory_info, setup_devices
+from engine.runtime.summaries import Summaries
 
 
 def trainer_rank(config: RunConfig, role: str, index: int) -> int:
@@ -101,6 +102,8 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
     dist = strategy.distribute_datasets_from_function(lambda ic: data_mod.make_dataset(config, ic))
     iterator = iter(dist)
 
+    sync_timer = _SyncTimer(optimizer)
+
     @tf.function
     def train_step(it: Any) -> Any:
         def step_fn(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
@@ -108,9 +111,12 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
                 per_example = loss_obj(y, model(x, training=True))
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))
-            # this replica's own mean loss, not the all-reduced one
-            return tf.reduce_mean(per_example)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduce inside
+            wait = getattr(sync_timer.local, "wait", None)
+            if wait is None:
+                wait = tf.constant(0.0, tf.float64)
+            # this replica's own mean loss (not the all-reduced one), and how long it waited for the others
+            return tf.reduce_mean(per_example), wait
 
         return strategy.run(step_fn, args=next(it))
 
@@ -126,17 +132,19 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
     window_start: float | None = None
     if start < total:
         ctx.emitter.status("running", step=start, total=total)
+    delay = _test_step_delay(ctx.task)
     for step in range(start + 1, total + 1):
+        if delay:
+            time.sleep(delay)
         result = train_step(iterator)
         if step == warm_until:
-            [t.numpy() for t in strategy.experimental_local_results(result)]
+            _local_results(strategy, result)
             window_start = time.perf_counter()
-        reporter.step_done(step, lambda: [t.numpy() for t in strategy.experimental_local_results(result)],
-                           force=step == total or step == start + 1)
+        reporter.step_done(step, lambda: _local_results(strategy, result), force=step == total or step == start + 1)
         if every and step % every == 0 and step < total:
             manager.save(checkpoint_number=step)
             reporter.restart_clock()
-    final = [float(t.numpy()) for t in strategy.experimental_local_results(result)] if result is not None else []
+    final = [loss for loss, _ in _local_results(strategy, result)] if result is not None else []
     if summaries is not None:
         summaries.close()
     window_eps = None
@@ -149,6 +157,55 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
     return {"steps": total, "start": start, "replicas": replicas, "final_loss": final,
             "window_examples_per_sec": window_eps,
             "replica_ids": list(range(base, base + local)), "reports": reporter.reports}
+
+
+class _SyncTimer:
+    """Times the gradient all-reduce of each replica inside the step.
+
+    In a synchronous step every replica lasts as long as the slowest, so the
+    time a replica spends waiting in the all-reduce is what separates a
+    straggler (little wait) from the others (long wait). Keras 3's optimizer
+    all-reduces in ``_all_reduce_sum_gradients`` (in the replica's own thread);
+    the timer wraps it and leaves the result untouched. Without that hook the
+    wait reads 0 and the step time is used instead.
+    """
+
+    def __init__(self, optimizer: Any) -> None:
+        self.local = threading.local()
+        original = getattr(optimizer, "_all_reduce_sum_gradients", None)
+        if original is None:
+            return
+
+        def timed(grads_and_vars: Any) -> Any:
+            pairs = list(grads_and_vars)
+            grads = [g for g, _ in pairs if g is not None]
+            with tf.control_dependencies(grads):
+                before = tf.timestamp()
+            with tf.control_dependencies([before]):
+                pairs = [(tf.identity(g) if g is not None else None, v) for g, v in pairs]
+            reduced = original(pairs)
+            with tf.control_dependencies([g for g, _ in reduced if g is not None]):
+                self.local.wait = tf.timestamp() - before
+            return reduced
+
+        optimizer._all_reduce_sum_gradients = timed
+
+
+def _local_results(strategy: tf.distribute.Strategy, result: Any) -> list[tuple[float, float]]:
+    """(loss, sync wait) of each replica on this task."""
+    losses = strategy.experimental_local_results(result[0])
+    waits = strategy.experimental_local_results(result[1])
+    return [(float(loss.numpy()), float(wait.numpy())) for loss, wait in zip(losses, waits)]
+
+
+def _test_step_delay(task: str) -> float:
+    """Test-only: ``CLUSTERDECK_TEST_STEP_DELAY=worker:1=0.03`` slows one task's every step."""
+    spec = os.environ.get("CLUSTERDECK_TEST_STEP_DELAY", "")
+    name, _, seconds = spec.rpartition("=")
+    try:
+        return float(seconds) if name == task else 0.0
+    except ValueError:
+        return 0.0
 
 
 def main(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:

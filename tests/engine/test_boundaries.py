@@ -10,7 +10,7 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 CONTROL = ["engine", "engine.config", "engine.cluster", "engine.events", "engine.telemetry", "engine.launcher",
-           "engine.supervisor", "engine.gpu", "engine.cli"]
+           "engine.supervisor", "engine.gpu", "engine.cli", "engine.export", "engine.stragglers", "engine.netns"]
 HEAVY = ("tensorflow", "keras", "PySide6", "pyqtgraph", "shiboken6")
 
 
