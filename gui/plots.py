@@ -52,13 +52,15 @@ class PlotSpec:
     total: bool = False
     compare: bool = True
     skip_first: bool = False  # the first step includes tracing the step function: not drawn
+    robust_y: bool = False  # y range from the 99th percentile, so warm-up spikes do not flatten the curve
 
 
 PLOTS = (
     PlotSpec("loss", "Loss per replica", "replica", ("loss",)),
     PlotSpec("throughput", "Examples/s", "replica", ("examples_per_sec",), "examples/s", total=True,
              skip_first=True),
-    PlotSpec("step_time", "Step time", "replica", ("step_time",), "ms", scale=1000.0, skip_first=True),
+    PlotSpec("step_time", "Step time", "replica", ("step_time",), "ms", scale=1000.0, skip_first=True,
+             robust_y=True),
     PlotSpec("utilisation", "CPU / GPU use per task", "task", ("cpu_percent", "gpu_util"), "%",
              smooth=False, compare=False),
     PlotSpec("memory", "Memory per task (RSS / GPU)", "task", ("rss_bytes", "gpu_mem_bytes"), "MiB",
@@ -121,6 +123,8 @@ class MetricPlot(QWidget):
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 0)
         layout.setSpacing(0)
+        self.robust = spec.robust_y
+        self.item.getViewBox().sigRangeChangedManually.connect(self._user_range)
         layout.addLayout(header)
         layout.addWidget(self.widget, 1)
         self.png_button.clicked.connect(self._ask_png)
@@ -187,6 +191,21 @@ class MetricPlot(QWidget):
         if self.spec.skip_first and len(x) > 1:
             x, y = x[1:], y[1:]
         curve.setData(x, self._smoothed(key, y, smoothing), skipFiniteCheck=True)
+
+    def _user_range(self, *_args: object) -> None:
+        self.robust = False  # the user zoomed: leave the range alone
+
+    def fit_robust_y(self) -> None:
+        """Y from 0 to a little above the 99th percentile of the shown points."""
+        if not self.robust:
+            return
+        ys = [c.yData for c in self.curves.values() if c.isVisible() and c.yData is not None and len(c.yData)]
+        if not ys:
+            return
+        values = np.concatenate(ys)
+        top = float(np.percentile(values, 99)) * 1.3
+        if top > 0 and np.isfinite(top):
+            self.item.setYRange(0.0, top, padding=0)
 
     def set_x_label(self, text: str) -> None:
         self.item.setLabel("bottom", text)
@@ -363,6 +382,7 @@ class PlotsPanel(QWidget):
                 for n, (label, other) in enumerate(self.controller.comparisons.items()):
                     style = (Qt.PenStyle.DashLine, Qt.PenStyle.DashDotLine, Qt.PenStyle.DotLine)[n % 3]
                     self._draw_run(plot, other, label, weight, style)
+            plot.fit_robust_y()
         self.clear_compare.setEnabled(bool(self.controller.comparisons))
         self.hint.setVisible(not state.history.series)
         self.redrawn.emit()

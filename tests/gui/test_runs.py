@@ -160,3 +160,24 @@ def test_logs_fold_tensorflow_noise_and_filter(qtbot: Any, window: Any, tmp_path
 def test_a_folder_that_is_no_run_gives_a_message(window: Any, tmp_path: Path, dialogs: Any) -> None:
     assert not window.open_run_folder(tmp_path)
     assert dialogs.calls[-1][0] == "critical" and "config.yaml" in dialogs.calls[-1][2]
+
+
+def test_a_failed_run_names_the_task_the_reason_and_its_last_lines(window: Any, tmp_path: Path) -> None:
+    folder = make_run_folder(tmp_path, "broken", steps=20, state="failed")
+    writer = events.EventWriter(folder / "events.jsonl")
+    tail = ["Traceback (most recent call last):", "tensorflow.python.framework.errors_impl.UnavailableError: peer gone"]
+    failed = events.make("status", "worker:1", state="failed", reason="exited with code 1", log_tail=tail)
+    writer.write(failed)
+    writer.write(events.make("run", "launcher", state="failed", reason="worker:1: exited with code 1",
+                             failed_task="worker:1"))
+    writer.close()
+    assert window.open_run_folder(folder)
+    report = window.task_table.failure
+    assert report.isVisibleTo(window)
+    assert "worker:1" in report.text() and "exited with code 1" in report.text() and "UnavailableError" in report.text()
+    assert window.run_status.badge.text() == "Failed" and "worker:1" in window.run_status.detail.text()
+    row = [t.name for t in window.task_table.model.rows].index("worker:1")
+    index = window.task_table.model.index(row, 9)
+    assert "UnavailableError" in window.task_table.model.data(index, Qt.ItemDataRole.ToolTipRole)
+    chip = window.canvas.chip(0, 1)
+    assert chip.run_state is not None and chip.run_state.state == "failed" and "exited with code 1" in chip.toolTip()
