@@ -352,7 +352,7 @@ class Run:
                 return
             with self._lock:
                 if self._failure is None:
-                    self._failure = (name, str(event.get("reason", "failed")))
+                    self._failure = blame(name, str(event.get("reason", "failed")))
             self.stop(reason=f"{name} failed", wait=False)
         elif state == "finished":
             roles = primary_roles(self.config.parallelism.mode)
@@ -464,6 +464,22 @@ class Run:
         tmp = path.with_suffix(".json.tmp")
         tmp.write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
         os.replace(tmp, path)
+
+
+_TF_TASK = re.compile(r"/job:(chief|worker|ps|evaluator)/(?:replica:\d+/)?task:(\d+)")
+
+
+def blame(reporter: str, reason: str) -> tuple[str, str]:
+    """(task to blame, reason). When a task fails because TensorFlow found another one unhealthy
+    (heartbeats stopped, a collective aborted by a peer), the run failed because of that other task."""
+    lowered = reason.lower()
+    if "unhealthy" in lowered or "heartbeat" in lowered or "aborted by" in lowered:
+        named = [f"{job}:{index}" for job, index in _TF_TASK.findall(reason)]
+        others = [t for t in named if t != reporter]
+        if others:
+            culprit = others[-1]
+            return culprit, f"stopped responding (TensorFlow's heartbeat; reported by {reporter}: {reason})"
+    return reporter, reason
 
 
 def ssh_command(host: Host, remote_cmd: list[str]) -> list[str]:

@@ -85,6 +85,7 @@ class TaskProcess:
     terminal_state: str = ""  # the task's own last terminal status, if it sent one
     reason: str = ""
     traceback: str = ""
+    frozen_samples: int = 0
     done: bool = False
     stopping: bool = False
     restarts: int = 0
@@ -283,8 +284,19 @@ class Supervisor:
                 with tp.ps.oneshot():
                     cpu = tp.ps.cpu_percent(None)
                     rss = tp.ps.memory_info().rss
+                    status = tp.ps.status()
             except psutil.Error:
                 continue
+            if status == psutil.STATUS_STOPPED and not tp.stopping and not self.stopping:
+                tp.frozen_samples += 1
+                if tp.frozen_samples >= 2:  # stopped for a whole sample interval: frozen, not a blip
+                    tp.frozen_samples = 0
+                    tp.terminal_state = "failed"
+                    tp.reason = "frozen: the process was stopped (SIGSTOP) and made no progress"
+                    _signal_group(tp.ps.pid, signal.SIGKILL)
+                    continue
+            else:
+                tp.frozen_samples = 0
             fields: dict[str, Any] = {"cpu_percent": cpu, "rss_bytes": rss, "pid": tp.ps.pid}
             fields.update(task_gpu_figures(gpu_samples, list(tp.plan.gpu_ids), tp.ps.pid))
             self.send(events.make("device", tp.plan.name, **fields))

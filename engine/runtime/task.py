@@ -48,6 +48,21 @@ def _test_faults(emitter: Emitter) -> None:
         time.sleep(delay)
 
 
+def summarize_error(exc: BaseException, limit: int = 600) -> str:
+    """The lines of an exception a person needs: its type and message, without TF's graph stack dump."""
+    message = getattr(exc, "message", None) or str(exc)
+    kept = []
+    for line in str(message).splitlines():
+        text = line.strip()
+        if not text or text.startswith(("File ", "Detected at node", "Graph execution error")):
+            continue
+        if text.startswith("[[") or text.startswith("The error could be from a previous operation"):
+            continue
+        kept.append(text)
+    body = " ".join(kept) or type(exc).__name__
+    return f"{type(exc).__name__}: {body}"[:limit]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="engine.runtime.task")
     parser.add_argument("--run-dir", required=True)
@@ -93,10 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         emitter.status("stopped", reason="interrupted")
         code = 130
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the user as an event
-        lines = traceback.format_exception_only(type(exc), exc)
-        reason = "".join(lines).strip().splitlines()
-        emitter.status("failed", reason=reason[-1][:500] if reason else type(exc).__name__,
-                       traceback=traceback.format_exc()[-4000:])
+        emitter.status("failed", reason=summarize_error(exc), traceback=traceback.format_exc()[-4000:])
         traceback.print_exc()
         code = 1
     finally:
