@@ -35,6 +35,7 @@ from engine.runtime.context import TaskContext
 
 #: Steps in flight per worker before the chief waits for the oldest one.
 WINDOW_PER_WORKER = 4
+_KEEP_ALIVE: list[Any] = []
 
 
 # --------------------------------------------------------------------------- servers
@@ -175,14 +176,21 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
     if config.parallelism.partitioner != "none":
         notes.append(f"partitioner {config.parallelism.partitioner!r}: Keras 3 cannot train sharded variables, "
                      f"so the {config.model.name!r} model's variables stay whole (round-robin over the ps tasks)")
+    examples = (lambda: synthetic_tensors(config)) if config.model.name == "mlp" else shipped_examples(config)
     return Trainable(dense_step, [(v.path, v) for v in net.weights], {"model": net, "optimizer": optimizer},
-                     lambda: synthetic_tensors(config), notes)
+                     examples, notes)
 
 
 def token_examples(config: RunConfig) -> Any:
     """The token task of :func:`engine.runtime.data.synthetic_tokens` (small: shipped to the workers)."""
     ids, labels = data_mod.synthetic_tokens(config)
     return lambda: (tf.constant(ids), tf.constant(labels))
+
+
+def shipped_examples(config: RunConfig) -> Any:
+    """Any other built-in model's synthetic set, made here and shipped to the workers with the dataset."""
+    x, y = data_mod.arrays(config)
+    return lambda: (tf.constant(x), tf.constant(y))
 
 
 def synthetic_tensors(config: RunConfig) -> tuple[tf.Tensor, tf.Tensor]:
@@ -267,12 +275,18 @@ class WorkerReporter:
 def train(ctx: TaskContext) -> dict[str, Any]:
     """The chief: build the strategy and model, schedule ``config.total_steps()`` steps, checkpoint."""
     config = ctx.config
+    if config.data.source != "synthetic":
+        raise ValueError(f"data.source: parallelism 'async' trains on the built-in 'synthetic' data only for now, "
+                         f"got {config.data.source!r}")
     workers = len(config.cluster.tasks_of("worker"))
     num_ps = len(config.cluster.tasks_of("ps"))
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     partitioner = SelectivePartitioner(make_partitioner(config))
     strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
     coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    # tearing the coordinator (and its per-worker iterators) down waits on its threads for seconds; the
+    # task process exits right after training (os._exit), so they are kept alive instead
+    _KEEP_ALIVE.append(coordinator)
     global_batch = config.training.global_batch_size
     if global_batch % workers:
         raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the {workers} workers")
@@ -317,6 +331,7 @@ def train(ctx: TaskContext) -> dict[str, Any]:
         return strategy.distribute_datasets_from_function(dataset_fn)
 
     iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
+    _KEEP_ALIVE.append(iterator)
 
     @tf.function
     def train_step(it: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
