@@ -54,6 +54,11 @@ def new_run_dir(root: Path, name: str) -> Path:
     raise RuntimeError(f"cannot create a run folder under {root}")
 
 
+def launch_problems(config: RunConfig) -> list[Problem]:
+    """Everything that stands between ``config`` and a launch, checked without starting anything."""
+    return config_mod.validate(config)
+
+
 def primary_roles(mode: str) -> tuple[str, ...]:
     """Roles whose finishing ends the run (ps servers and evaluators never finish by themselves)."""
     if mode == "async":
@@ -130,7 +135,7 @@ class Run:
 
     def start(self) -> Path:
         """Validate, pick ports, write the run folder and start every host's supervisor."""
-        problems = config_mod.validate(self.config)
+        problems = launch_problems(self.config)
         if problems:
             raise ConfigError(problems)
         if self._run_dir is None:

@@ -20,7 +20,7 @@ from PySide6.QtGui import QUndoCommand, QUndoStack
 from engine import config as cfg
 from engine import events
 from engine.config import ConfigError, Problem, RunConfig
-from engine.launcher import Run, default_runs_root
+from engine.launcher import Run, default_runs_root, launch_problems
 from engine.telemetry import TERMINAL, RunState
 from gui import document as doc_ops
 from gui.document import Document
@@ -42,17 +42,6 @@ def problem_target(problem: Problem) -> Selection:
     if m.group(2) is not None:
         return ("task", int(m.group(1)), int(m.group(2)))
     return ("host", int(m.group(1)))
-
-
-def launch_problems(config: RunConfig) -> list[Problem]:
-    """What stands between ``config`` and a launch: validation, and hosts this version cannot reach."""
-    problems = cfg.validate(config)
-    for i, h in enumerate(config.cluster.hosts):
-        if not h.is_local:
-            problems.append(Problem(f"cluster.hosts[{i}].address",
-                                    f"{h.address!r} is a remote host; this version launches only on this "
-                                    "machine (localhost)"))
-    return problems
 
 
 def run_state_for(config: RunConfig) -> RunState:
