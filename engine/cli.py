@@ -22,7 +22,6 @@ from typing import Any
 from engine import config as config_mod
 from engine.config import ConfigError, RunConfig
 
-
 DEFAULT_PRESET = "data-2workers"
 
 
@@ -117,7 +116,14 @@ def _run_json(run: Any) -> int:
 def _run_pretty(run: Any) -> int:
     from rich.console import Console, Group
     from rich.live import Live
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeElapsedColumn,
+        TimeRemainingColumn,
+    )
     from rich.table import Table
 
     from engine.stragglers import StragglerDetector

@@ -257,8 +257,9 @@ def test_local_run_ports_are_not_reachable_from_outside(runs_root: Path) -> None
     ok, why = netns.available()
     if not ok:
         pytest.skip(f"network namespaces are not allowed here: {why}")
-    import psutil
     import socket
+
+    import psutil
 
     cfg = small(config_mod.load(PRESETS / "data-2workers.yaml"), 100_000)
     run = Run(cfg, runs_root=runs_root)
