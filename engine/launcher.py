@@ -74,6 +74,7 @@ class _Supervisor:
     proc: subprocess.Popen[bytes]
     tasks: list[str]
     reader: threading.Thread | None = None
+    generation: int = 0
     stdin_lock: threading.Lock = field(default_factory=threading.Lock)
 
     def send(self, line: str) -> bool:
@@ -270,7 +271,7 @@ class Run:
         with open(host_dir / "supervisor.log", "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
-        sup = _Supervisor(host=host, proc=proc, tasks=[p.name for p in plans])
+        sup = _Supervisor(host=host, proc=proc, tasks=[p.name for p in plans], generation=self.restarts_used)
         self._supervisors.append(sup)
         sup.send(json.dumps(spec))
         assert proc.stdout is not None
@@ -297,6 +298,8 @@ class Run:
                     if line.strip():
                         self._bad.note_bad(line)
                     continue
+                if sup.generation:
+                    event["generation"] = sup.generation  # which restart of the run it belongs to
                 self._queue.put(event)
         finally:
             sup.proc.wait()
@@ -342,6 +345,8 @@ class Run:
     def _apply_policy(self, event: dict[str, Any]) -> None:
         if event.get("kind") != "status" or self._stopping:
             return
+        if event.get("generation", 0) != self.restarts_used:
+            return  # from the tasks of an earlier start, stopped by a restart
         state = event.get("state")
         name = str(event.get("task", ""))
         if state == "failed":
