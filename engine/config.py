@@ -30,10 +30,29 @@ TRAINER_ROLES = ("chief", "worker")
 MODES = ("data", "model", "async")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop")
 PARTITIONERS = ("none", "min_size", "fixed")
-DATA_SOURCES = ("synthetic",)
-MODELS = ("mlp", "embedding", "transformer")
+#: Where examples come from: generated, shipped with ClusterDeck, Keras' local cache, the user's files or script.
+DATA_SOURCES = ("synthetic", "digits", "mnist", "fashion_mnist", "cifar10", "npz", "csv", "tfrecord",
+                "image_folder", "script")
+#: Data sets read from Keras' download cache (``$KERAS_HOME/datasets``); ClusterDeck never downloads them.
+KERAS_SOURCES = ("mnist", "fashion_mnist", "cifar10")
+#: Sources read from ``data.path`` (a file, a folder or the user's script).
+FILE_SOURCES = ("npz", "csv", "tfrecord", "image_folder", "script")
+#: Sources of images (pixels, not token ids).
+IMAGE_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "image_folder")
+#: Fixed figures of the data sets ClusterDeck knows: (shape of one example, classes).
+KNOWN_DATA: dict[str, tuple[tuple[int, ...], int]] = {
+    "digits": ((8, 8), 10),
+    "mnist": ((28, 28), 10),
+    "fashion_mnist": ((28, 28), 10),
+    "cifar10": ((32, 32, 3), 10),
+}
+#: The dtype of TFRecord input features: ``auto`` is int64 for token models, float32 otherwise.
+TFRECORD_DTYPES = ("auto", "float32", "int64")
+MODELS = ("mlp", "cnn", "resnet", "embedding", "transformer", "script")
 #: Models that read token ids (1-D sequences of integers below ``model.vocab_size``).
 TOKEN_MODELS = ("embedding", "transformer")
+#: Models that read images: ``data.shape`` is [height, width] or [height, width, channels].
+IMAGE_MODELS = ("cnn", "resnet")
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "")
 #: Upper bound of step counts: far beyond any real run, and it keeps every figure printable.
 MAX_STEPS = 10**9
@@ -41,8 +60,15 @@ MAX_STEPS = 10**9
 #: Which parallelism modes each built-in model supports.
 MODEL_MODES: dict[str, tuple[str, ...]] = {
     "mlp": ("data", "model", "async"),
+    "cnn": ("data",),
+    "resnet": ("data",),
     "embedding": ("data", "model", "async"),
     "transformer": ("data", "model"),
+    "script": ("data",),
+}
+#: Which parallelism modes read each data source (the async and model runtimes generate their own data).
+DATA_SOURCE_MODES: dict[str, tuple[str, ...]] = {
+    source: MODES if source == "synthetic" else ("data",) for source in DATA_SOURCES
 }
 
 
@@ -122,11 +148,20 @@ class Parallelism:
 
 @dataclass(frozen=True)
 class Data:
+    """Where examples come from (``source``) and what one looks like.
+
+    ``shape`` is the shape the model sees (a file's examples are reshaped to it: the number of values must
+    match); ``size`` is the number of synthetic examples, and for every other source the most examples used.
+    """
+
     source: str = "synthetic"
     shape: tuple[int, ...] = (784,)
     classes: int = 10
     size: int = 8192
-    path: str = ""
+    path: str = ""  # file sources: the .npz/.csv/TFRecord file, the image folder or the user's script
+    x_key: str = "x"  # npz: the array of inputs; tfrecord: the feature of inputs
+    y_key: str = "y"  # npz: the array of labels; csv: the label column; tfrecord: the label feature
+    x_dtype: str = "auto"  # tfrecord: the inputs' feature type (auto: int64 for token models, else float32)
 
 
 @dataclass(frozen=True)
@@ -136,6 +171,7 @@ class Model:
     vocab_size: int = 1000  # token models: ids are 0..vocab_size-1
     embed_dim: int = 64  # token models: embedding width
     heads: int = 4  # transformer: attention heads
+    script: str = ""  # name 'script': the user's Python file defining build_model(config)
 
 
 @dataclass(frozen=True)
@@ -464,8 +500,11 @@ def _parse_data(r: _Reader) -> Data:
         classes=r.int("classes", d.classes, minimum=2, maximum=1_000_000),
         size=r.int("size", d.size, minimum=1, maximum=100_000_000),
         path=r.str("path", d.path),
+        x_key=r.str("x_key", d.x_key, nonempty=True),
+        y_key=r.str("y_key", d.y_key, nonempty=True),
+        x_dtype=r.str("x_dtype", d.x_dtype, choices=TFRECORD_DTYPES),
     )
-    r.finish(("source", "shape", "classes", "size", "path"))
+    r.finish(("source", "shape", "classes", "size", "path", "x_key", "y_key", "x_dtype"))
     return data
 
 
@@ -475,8 +514,9 @@ def _parse_model(r: _Reader) -> Model:
                   hidden=r.ints("hidden", d.hidden, minimum=1, min_len=0),
                   vocab_size=r.int("vocab_size", d.vocab_size, minimum=2, maximum=10_000_000),
                   embed_dim=r.int("embed_dim", d.embed_dim, minimum=1, maximum=65_536),
-                  heads=r.int("heads", d.heads, minimum=1, maximum=1024))
-    r.finish(("name", "hidden", "vocab_size", "embed_dim", "heads"))
+                  heads=r.int("heads", d.heads, minimum=1, maximum=1024),
+                  script=r.str("script", d.script))
+    r.finish(("name", "hidden", "vocab_size", "embed_dim", "heads", "script"))
     return model
 
 
@@ -576,13 +616,29 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
             "partitioner": {"kind": p.partitioner, "shards": p.shards, "min_shard_bytes": p.min_shard_bytes},
             "collective_timeout_s": p.collective_timeout_s,
         },
-        "data": {"source": config.data.source, "shape": list(config.data.shape), "classes": config.data.classes,
-                 "size": config.data.size, "path": config.data.path},
-        "model": {"name": config.model.name, "hidden": list(config.model.hidden),
-                  "vocab_size": config.model.vocab_size, "embed_dim": config.model.embed_dim,
-                  "heads": config.model.heads},
+        "data": _data_dict(config.data),
+        "model": _model_dict(config.model),
         "training": training,
     }
+
+
+def _data_dict(d: Data) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": d.source, "shape": list(d.shape), "classes": d.classes, "size": d.size,
+                           "path": d.path}
+    # fields of file sources only where they differ from the default: configs of other sources stay short
+    default = Data()
+    for key in ("x_key", "y_key", "x_dtype"):
+        if getattr(d, key) != getattr(default, key):
+            out[key] = getattr(d, key)
+    return out
+
+
+def _model_dict(m: Model) -> dict[str, Any]:
+    out: dict[str, Any] = {"name": m.name, "hidden": list(m.hidden), "vocab_size": m.vocab_size,
+                           "embed_dim": m.embed_dim, "heads": m.heads}
+    if m.script:
+        out["script"] = m.script
+    return out
 
 
 def dumps(config: RunConfig) -> str:
@@ -787,27 +843,67 @@ def _validate_training(config: RunConfig, add: Any) -> None:
                                           f"expected a multiple of {replicas}")
 
 
+_SOURCE_READS = {
+    "npz": "a .npz file of arrays",
+    "csv": "a .csv file with a header row",
+    "tfrecord": "a TFRecord file (or a folder of them)",
+    "image_folder": "a folder with one subfolder of images per class",
+    "script": "a Python file defining make_dataset(input_context, config)",
+}
+
+
 def _validate_data_model(config: RunConfig, add: Any) -> None:
+    """Rules of data and model readable from the config alone; files are checked by ``engine.datasets``."""
     d, m = config.data, config.model
+    mode = config.parallelism.mode
     if d.source not in DATA_SOURCES:
         add("data.source", f"expected one of {_choices(DATA_SOURCES)}, got {_show(d.source)}")
     if d.classes < 2:
         add("data.classes", f"expected an integer >= 2, got {d.classes}")
-    if not d.shape or any(s < 1 for s in d.shape):
+    shape_ok = bool(d.shape) and all(s >= 1 for s in d.shape)
+    if not shape_ok:
         add("data.shape", f"expected a list of integers >= 1, got {list(d.shape)}")
-    if d.source == "synthetic" and d.size < config.training.global_batch_size:
+    if d.size < config.training.global_batch_size:
         add("data.size", f"{d.size} examples are fewer than one global batch "
                          f"({config.training.global_batch_size}); expected at least that many")
+    if d.source in FILE_SOURCES and not d.path.strip():
+        add("data.path", f"source {d.source!r} reads {_SOURCE_READS[d.source]}; expected its path, got ''")
+    if d.source in KNOWN_DATA and shape_ok:
+        known, classes = KNOWN_DATA[d.source]
+        values = math.prod(known)
+        if math.prod(d.shape) != values:
+            dims = " x ".join(str(n) for n in known)
+            add("data.shape", f"{d.source!r} examples are {dims} = {values} values; expected a shape of {values} "
+                              f"values, e.g. {[values]} or {list(known) if len(known) == 3 else [*known, 1]}, "
+                              f"got {list(d.shape)}")
+        if d.classes < classes:
+            add("data.classes", f"{d.source!r} has {classes} classes (labels 0 to {classes - 1}); expected at least "
+                                f"{classes}, got {d.classes}")
+    if d.source == "image_folder" and shape_ok and (len(d.shape) != 3 or d.shape[2] not in (1, 3, 4)):
+        add("data.shape", f"source 'image_folder' resizes images to [height, width, channels] with 1, 3 or 4 "
+                          f"channels; got {list(d.shape)}")
+    if d.source in DATA_SOURCE_MODES and mode in MODES and mode not in DATA_SOURCE_MODES[d.source]:
+        add("data.source", f"source {d.source!r} is read in parallelism {_choices(DATA_SOURCE_MODES[d.source])} "
+                           f"only (the {mode!r} runtime makes synthetic data); got parallelism {mode!r}")
     if m.name not in MODELS:
         add("model.name", f"expected one of {_choices(MODELS)}, got {_show(m.name)}")
     if any(h < 1 for h in m.hidden):
         add("model.hidden", f"expected a list of integers >= 1, got {list(m.hidden)}")
+    if m.name == "script" and not m.script.strip():
+        add("model.script", "model 'script' is built by a Python file defining build_model(config); "
+                            "expected its path, got ''")
     if m.name in TOKEN_MODELS:
         if len(d.shape) != 1:
             add("data.shape", f"model {m.name!r} reads token sequences; expected one dimension (the sequence "
                               f"length), got {list(d.shape)}")
+        if d.source in IMAGE_SOURCES:
+            add("data.source", f"model {m.name!r} reads token ids but source {d.source!r} holds images; expected "
+                               f"one of 'synthetic', 'npz', 'csv', 'tfrecord', 'script', got {d.source!r}")
         if m.name == "transformer" and m.heads >= 1 and m.embed_dim % m.heads:
             add("model.embed_dim", f"{m.embed_dim} is not divisible by the {m.heads} attention heads")
+    if m.name in IMAGE_MODELS and len(d.shape) not in (2, 3):
+        add("data.shape", f"model {m.name!r} reads images; expected [height, width] or [height, width, channels], "
+                          f"got {list(d.shape)}")
     if config.parallelism.mode == "model":
         axis = config.parallelism.mesh_model
         if axis > 0:

@@ -1,11 +1,25 @@
-"""Built-in data for task processes (all generated or shipped: nothing downloads)."""
+"""The examples of a task process: generated, shipped, cached by Keras, or read from the user's files.
+
+Nothing downloads. :func:`make_dataset` is what every strategy calls: one input
+pipeline's stream, batched per replica and sharded per input pipeline.
+The numpy-readable sources (digits, the Keras sets, ``.npz``, ``.csv``) are read by
+:mod:`engine.datasets`, which also checks them before launch; TFRecord files and
+image folders are read by TensorFlow here; ``script`` calls the user's
+``make_dataset(input_context, config)``.
+"""
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import tensorflow as tf
 
-from engine.config import TOKEN_MODELS, RunConfig
+from engine import datasets
+from engine.config import TOKEN_MODELS, ConfigError, RunConfig
+
+#: Sources read with numpy (engine.datasets.load_arrays).
+NUMPY_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "csv")
 
 
 def synthetic_arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
@@ -42,23 +56,107 @@ def synthetic_tokens(config: RunConfig, split: str = "train") -> tuple[np.ndarra
 
 
 def arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
-    """The built-in data for this config's model (token ids for token models, features otherwise)."""
-    if config.model.name in TOKEN_MODELS:
-        return synthetic_tokens(config, split)
-    return synthetic_arrays(config, split)
+    """The examples of this config as numpy arrays (the evaluator's held-out set with ``split="eval"``).
+
+    Token ids (int32) for token models, float32 inputs of ``data.shape`` otherwise; int32 labels.
+    Sources read by TensorFlow (TFRecord, image folders, the user's script) give their first
+    examples, at most :data:`engine.datasets.EVAL_EXAMPLES` for ``eval``.
+    """
+    source = config.data.source
+    if source == "synthetic":
+        if config.model.name in TOKEN_MODELS:
+            return synthetic_tokens(config, split)
+        return synthetic_arrays(config, split)
+    if source in NUMPY_SOURCES:
+        try:
+            return datasets.prepare(config, datasets.load_arrays(config, split), split)
+        except datasets.DataFileError as exc:
+            raise ConfigError([exc.problem]) from None
+    limit = config.data.size if split == "train" else datasets.EVAL_EXAMPLES
+    if source == "script":
+        from engine.runtime import user_script
+
+        # the script batches (global batches without an input context): undo it to count examples
+        ds = user_script.make_dataset(config, None).unbatch()
+    else:
+        ds = examples(config)
+    xs, ys = [], []
+    for x, y in ds.take(limit).batch(512).as_numpy_iterator():
+        xs.append(x)
+        ys.append(y)
+    if not xs:
+        raise ConfigError([datasets.Problem("data.path", f"{config.data.path!r} gave no examples")])
+    return np.concatenate(xs), np.concatenate(ys).reshape(-1).astype(np.int32)
+
+
+def examples(config: RunConfig) -> tf.data.Dataset:
+    """The training examples, one ``(x, y)`` pair at a time, at most ``data.size`` of them.
+
+    Files are checked first (:mod:`engine.datasets`): a bad one fails the task with the same
+    message the launcher gives before a launch.
+    """
+    source = config.data.source
+    if source == "synthetic" or source in NUMPY_SOURCES:
+        x, y = arrays(config)
+        return tf.data.Dataset.from_tensor_slices((x, y))
+    if source == "tfrecord":
+        datasets.require(config)
+        return _tfrecord_examples(config).take(config.data.size)
+    if source == "image_folder":
+        datasets.require(config)
+        return _image_folder_examples(config).take(config.data.size)
+    raise ValueError(f"data.source: {source!r} has no examples of its own (the user's script batches them)")
+
+
+def _tfrecord_examples(config: RunConfig) -> tf.data.Dataset:
+    d = config.data
+    files = [str(f) for f in datasets.tfrecord_files(d.path)]
+    x_dtype = tf.int64 if datasets.tfrecord_x_dtype(config) == "int64" else tf.float32
+    spec = {d.x_key: tf.io.FixedLenFeature([math.prod(d.shape)], x_dtype),
+            d.y_key: tf.io.FixedLenFeature([], tf.int64)}
+    token = config.model.name in TOKEN_MODELS
+    shape = tuple(d.shape)
+
+    def parse(record: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+        ex = tf.io.parse_single_example(record, spec)
+        x = tf.reshape(ex[d.x_key], shape)
+        x = tf.cast(x, tf.int32 if token else tf.float32)
+        return x, tf.cast(ex[d.y_key], tf.int32)
+
+    # files in a fixed order: every input pipeline sees the same stream and keeps its own shard of it
+    return tf.data.TFRecordDataset(files).map(parse, num_parallel_calls=tf.data.AUTOTUNE, deterministic=True)
+
+
+def _image_folder_examples(config: RunConfig) -> tf.data.Dataset:
+    import keras
+
+    d = config.data
+    height, width, channels = d.shape
+    ds = keras.utils.image_dataset_from_directory(
+        str(datasets.resolve_path(d.path)), labels="inferred", label_mode="int",
+        color_mode={1: "grayscale", 3: "rgb", 4: "rgba"}[channels], batch_size=None,
+        image_size=(height, width), shuffle=False, verbose=False)
+    return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, tf.cast(y, tf.int32)))
 
 
 def make_dataset(config: RunConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
     """The training stream of one input pipeline, batched per replica, repeated forever.
 
-    With several input pipelines (several workers) each reads its own shard.
+    With several input pipelines (several workers) each reads its own shard. With source
+    ``script`` the user's ``make_dataset(input_context, config)`` shards and batches itself.
     """
-    x, y = arrays(config)
-    ds = tf.data.Dataset.from_tensor_slices((x, y))
+    if config.data.source == "script":
+        from engine.runtime import user_script
+
+        return user_script.make_dataset(config, input_context).repeat()
+    ds = examples(config)
     batch = config.training.global_batch_size
     if input_context is not None:
         if input_context.num_input_pipelines > 1:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         batch = input_context.get_per_replica_batch_size(batch)
-    ds = ds.shuffle(min(len(x), 10_000), seed=config.training.seed, reshuffle_each_iteration=True)
+    if config.data.source not in ("synthetic", *NUMPY_SOURCES):
+        ds = ds.cache()  # decoded once, then shuffled from memory each epoch
+    buffer = min(config.data.size, 10_000)
+    ds = ds.shuffle(buffer, seed=config.training.seed, reshuffle_each_iteration=True)
     return ds.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)

@@ -1,15 +1,39 @@
-"""Built-in Keras models and optimizers."""
+"""Built-in Keras models, optimizers and the loss; the user's script model where the config names it.
+
+Which parallelism modes each model supports is :data:`engine.config.MODEL_MODES`.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
 
 import keras
 
 from engine.config import RunConfig
 
+#: The config of the model built last in this process: :func:`loss_fn` without a config uses its loss.
+_last_built: RunConfig | None = None
+
 
 def build_model(config: RunConfig) -> keras.Model:
     """The model named by ``config.model``; seed the RNGs first for reproducible weights."""
+    global _last_built
+    model = _build(config)
+    _last_built = config
+    return model
+
+
+def _build(config: RunConfig) -> keras.Model:
     m = config.model
+    if m.name == "script":
+        from engine.runtime import user_script
+
+        return user_script.build_model(config)
+    if m.name == "cnn":
+        return _cnn(config)
+    if m.name == "resnet":
+        return _resnet(config)
     if m.name == "mlp":
         layers: list[keras.layers.Layer] = [keras.Input(shape=tuple(config.data.shape))]
         if len(config.data.shape) > 1:
@@ -51,6 +75,60 @@ def _transformer(config: RunConfig) -> keras.Model:
     return keras.Model(tokens, keras.layers.Dense(config.data.classes, name="logits")(x), name="transformer")
 
 
+def _image_input(config: RunConfig) -> tuple[keras.KerasTensor, keras.KerasTensor]:
+    """The input of an image model, with a channel axis added to [height, width] images."""
+    shape = tuple(config.data.shape)
+    inputs = keras.Input(shape=shape)
+    x = keras.layers.Reshape((*shape, 1), name="channels")(inputs) if len(shape) == 2 else inputs
+    return inputs, x
+
+
+def _cnn(config: RunConfig) -> keras.Model:
+    """Two 3x3 convolution blocks (32, 64 filters), global average pooling, the dense layers, logits."""
+    inputs, x = _image_input(config)
+    for i, filters in enumerate((32, 64)):
+        x = keras.layers.Conv2D(filters, 3, padding="same", activation="relu", name=f"conv_{i}")(x)
+        x = keras.layers.MaxPooling2D(2, padding="same", name=f"pool_{i}")(x)
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    for i, width in enumerate(config.model.hidden):
+        x = keras.layers.Dense(width, activation="relu", name=f"dense_{i}")(x)
+    return keras.Model(inputs, keras.layers.Dense(config.data.classes, name="logits")(x), name="cnn")
+
+
+def _resnet(config: RunConfig) -> keras.Model:
+    """A small ResNet: a 16-filter stem, then stages of two residual blocks at 16, 32 and 64 filters
+    (stride 2 between stages), global average pooling, logits.
+
+    Group normalization rather than batch normalization: its figures do not depend on how the
+    global batch is split over replicas, so one device and several follow the same trajectory.
+    """
+    inputs, x = _image_input(config)
+
+    def norm(name: str) -> keras.layers.Layer:
+        return keras.layers.GroupNormalization(groups=4, name=name)
+
+    x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="stem")(x)
+    x = keras.layers.Activation("relu")(norm("stem_norm")(x))
+    for stage, filters in enumerate((16, 32, 64)):
+        for block in range(2):
+            stride = 2 if stage > 0 and block == 0 else 1
+            name = f"stage{stage}_block{block}"
+            shortcut = x
+            h = keras.layers.Conv2D(filters, 3, strides=stride, padding="same", use_bias=False,
+                                    name=f"{name}_conv1")(x)
+            h = keras.layers.Activation("relu")(norm(f"{name}_norm1")(h))
+            h = keras.layers.Conv2D(filters, 3, padding="same", use_bias=False, name=f"{name}_conv2")(h)
+            h = norm(f"{name}_norm2")(h)
+            if stride != 1 or shortcut.shape[-1] != filters:
+                shortcut = keras.layers.Conv2D(filters, 1, strides=stride, use_bias=False,
+                                               name=f"{name}_project")(shortcut)
+            x = keras.layers.Activation("relu")(keras.layers.Add(name=f"{name}_add")([h, shortcut]))
+    x = keras.layers.GlobalAveragePooling2D(name="pool")(x)
+    for i, width in enumerate(config.model.hidden):
+        x = keras.layers.Dense(width, activation="relu", name=f"dense_{i}")(x)
+    return keras.Model(inputs, keras.layers.Dense(config.data.classes, name="logits")(x), name="resnet")
+
+
 def build_optimizer(config: RunConfig) -> keras.optimizers.Optimizer:
     t = config.training
     lr = t.learning_rate
@@ -67,6 +145,17 @@ def build_optimizer(config: RunConfig) -> keras.optimizers.Optimizer:
     raise ValueError(f"training.optimizer: unknown optimizer {t.optimizer!r}")
 
 
-def loss_fn() -> keras.losses.Loss:
-    """Per-example loss (no reduction): the loop averages it per replica and over the global batch."""
+def loss_fn(config: RunConfig | None = None) -> Callable[[Any, Any], Any]:
+    """Per-example loss (no reduction): the loop averages it per replica and over the global batch.
+
+    Sparse categorical cross-entropy on logits, or the ``loss`` of the user's script for model
+    ``script``. Without ``config``, the config of the model built last in this process decides.
+    """
+    config = config if config is not None else _last_built
+    if config is not None and config.model.name == "script":
+        from engine.runtime import user_script
+
+        custom = user_script.loss(config)
+        if custom is not None:
+            return custom
     return keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction=None)

@@ -1,0 +1,78 @@
+"""Check the user's script before a launch, in a subprocess (the script imports TensorFlow; we must not).
+
+The subprocess (``python -m engine.runtime.user_script --check``) imports the script, builds its
+model and/or dataset and runs one batch through model and loss. Its problems come back as
+:class:`~engine.config.Problem` values naming the file; a failure inside the script carries the
+script's own traceback. Nothing runs unless the config names a script.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+from engine import config as config_mod
+from engine.config import Problem, RunConfig
+
+#: Seconds the check may take: importing TensorFlow alone takes 3 to 9 s on a busy machine.
+DEFAULT_TIMEOUT_S = 120.0
+
+
+def uses_script(config: RunConfig) -> bool:
+    return config.model.name == "script" or config.data.source == "script"
+
+
+def check(config: RunConfig, *, timeout: float | None = None, python: str | None = None) -> list[Problem]:
+    """Problems of the config's script (empty when it names none, or when the script passes)."""
+    if not uses_script(config):
+        return []
+    from engine.datasets import absolute_paths
+
+    config = absolute_paths(config)
+    scripts = ([("model.script", config.model.script)] if config.model.name == "script" else []) + \
+              ([("data.path", config.data.path)] if config.data.source == "script" else [])
+    for field, path in scripts:
+        if not Path(path).is_file():
+            return [Problem(field, f"{path!r}: no such file; expected a Python script")]
+    limit = DEFAULT_TIMEOUT_S if timeout is None else timeout
+    named = scripts[0][1]
+    with tempfile.TemporaryDirectory(prefix="clusterdeck-check-") as tmp:
+        cfg_path = Path(tmp) / "config.yaml"
+        out_path = Path(tmp) / "result.json"
+        config_mod.save(config, cfg_path)
+        env = dict(os.environ)
+        root = str(Path(__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a check needs no GPU, and must not hold one a run wants
+        cmd = [python or sys.executable, "-m", "engine.runtime.user_script", "--check", str(cfg_path),
+               "--out", str(out_path)]
+        try:
+            proc = subprocess.run(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, capture_output=True,
+                                  timeout=limit, start_new_session=True)
+        except subprocess.TimeoutExpired:
+            return [Problem(scripts[0][0], f"{named!r}: the check of the script did not finish within "
+                                           f"{limit:g} s (importing it, building the model or the first batch)")]
+        try:
+            result = json.loads(out_path.read_text(encoding="utf-8"))
+            raw = result["problems"]
+            return [Problem(str(p["field"]), str(p["message"])) for p in raw]
+        except (OSError, ValueError, KeyError, TypeError):
+            tail = _tail(proc.stderr.decode("utf-8", "replace"))
+            return [Problem(scripts[0][0], f"{named!r}: the check of the script ended with exit code "
+                                           f"{proc.returncode} and no answer" + (f":\n{tail}" if tail else ""))]
+
+
+def _tail(text: str, lines: int = 25) -> str:
+    """The end of a log, without TensorFlow's start-up chatter."""
+    keep = [ln for ln in text.splitlines() if ln.strip() and not _noise(ln)]
+    return "\n".join(keep[-lines:])
+
+
+def _noise(line: str) -> bool:
+    return line.startswith(("WARNING: All log messages before absl", "I0000 ", "W0000 ", "E0000 ",
+                            "To enable the following instructions"))
