@@ -120,7 +120,7 @@ def plan_tasks(config: RunConfig) -> list[TaskPlan]:
                 "CLUSTERDECK_TASK": t.name,
                 "CLUSTERDECK_DEVICES": str(config.devices_of(h, t)),
             }
-            if config.parallelism.mode == "model":
+            if config.parallelism.mode == "model" and t.role == "worker":
                 env.update(dtensor_env(cluster, t))
             plans.append(TaskPlan(name=t.name, role=t.role, index=t.index, host=h.name, port=t.port,
                                   gpu_ids=tuple(ids), devices=config.devices_of(h, t), env=env))
