@@ -29,7 +29,7 @@ from engine.cluster import TaskPlan
 from engine.gpu import GpuSampler, task_gpu_figures
 
 SAMPLE_INTERVAL = 0.5
-STOP_GRACE = 1.5
+STOP_GRACE = 0.5  # TF tasks catch SIGTERM (its preemption notifier) and do not exit on it: SIGKILL soon after
 NOISE_PREFIXES = ("WARNING: All log messages before absl", "I0000 ", "W0000 ", "E0000 ")
 
 
