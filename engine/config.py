@@ -66,9 +66,10 @@ MODEL_MODES: dict[str, tuple[str, ...]] = {
     "transformer": ("data", "model"),
     "script": ("data",),
 }
-#: Which parallelism modes read each data source (the async and model runtimes generate their own data).
+#: Which parallelism modes read each data source: the data and model runtimes read every source through
+#: ``engine.runtime.data.make_dataset``; the async runtime makes its own synthetic data.
 DATA_SOURCE_MODES: dict[str, tuple[str, ...]] = {
-    source: MODES if source == "synthetic" else ("data",) for source in DATA_SOURCES
+    source: MODES if source == "synthetic" else ("data", "model") for source in DATA_SOURCES
 }
 
 
@@ -803,7 +804,7 @@ def _validate_mode(config: RunConfig, add: Any) -> None:
     elif mode == "model":
         if count["worker"] == 0:
             add("cluster", "parallelism 'model' needs at least one worker task (one DTensor client each)")
-        for role in ("chief", "ps"):
+        for role in ("chief", "ps", "evaluator"):
             if count[role]:
                 add("cluster", f"parallelism 'model' does not use {role} tasks (found {count[role]}); remove them")
         p = config.parallelism
@@ -884,7 +885,7 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
                           f"channels; got {list(d.shape)}")
     if d.source in DATA_SOURCE_MODES and mode in MODES and mode not in DATA_SOURCE_MODES[d.source]:
         add("data.source", f"source {d.source!r} is read in parallelism {_choices(DATA_SOURCE_MODES[d.source])} "
-                           f"only (the {mode!r} runtime makes synthetic data); got parallelism {mode!r}")
+                           f"only (the {mode!r} runtime makes its own synthetic data); got parallelism {mode!r}")
     if m.name not in MODELS:
         add("model.name", f"expected one of {_choices(MODELS)}, got {_show(m.name)}")
     if any(h < 1 for h in m.hidden):

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from engine import script_check
 from engine.config import (
     FILE_SOURCES,
     KERAS_SOURCES,
@@ -404,7 +405,7 @@ def _size_problems(config: RunConfig, available: int, where: str) -> list[Proble
     return []
 
 
-def _first(mask: np.ndarray) -> int:
+def _first(mask: Any) -> int:
     hits = np.flatnonzero(mask)
     return int(hits[0]) if len(hits) else 0
 
@@ -439,9 +440,7 @@ def preflight(config: RunConfig, *, scripts: bool = True, timeout: float | None 
     """The checks to run before a launch, after :func:`engine.config.validate` found nothing:
     the data files (:func:`check`) and, where the config names one, the user's script (in a subprocess)."""
     problems = check(config)
-    if scripts and (config.data.source == "script" or config.model.name == "script"):
-        from engine import script_check
-
+    if scripts and script_check.uses_script(config):
         problems += script_check.check(config, timeout=timeout)
     return problems
 
@@ -559,6 +558,7 @@ def _proto_fields(buf: bytes) -> Iterator[tuple[int, int, Any]]:
     while i < len(buf):
         key, i = _varint(buf, i)
         number, wire = key >> 3, key & 7
+        value: int | bytes
         if wire == 0:
             value, i = _varint(buf, i)
         elif wire == 1:
@@ -589,32 +589,32 @@ def parse_example(record: bytes) -> dict[str, tuple[str, list[Any]]]:
             if n2 != 1 or w2 != 2:
                 continue
             key, feature = "", b""
-            for n3, w3, v in _proto_fields(entry):
+            for n3, w3, part in _proto_fields(entry):
                 if n3 == 1 and w3 == 2:
-                    key = v.decode("utf-8", "replace")
+                    key = part.decode("utf-8", "replace")
                 elif n3 == 2 and w3 == 2:
-                    feature = v
+                    feature = part
             kind, values = "bytes", []
             for n4, w4, lst in _proto_fields(feature):
                 if w4 != 2:
                     continue
                 kind = {1: "bytes", 2: "float32", 3: "int64"}.get(n4, "bytes")
-                for n5, w5, v in _proto_fields(lst):
+                for n5, w5, item in _proto_fields(lst):
                     if n5 != 1:
                         continue
                     if kind == "float32":
-                        values += list(struct.unpack(f"<{len(v) // 4}f", v)) if w5 == 2 else \
-                            list(struct.unpack("<f", v))
+                        values += list(struct.unpack(f"<{len(item) // 4}f", item)) if w5 == 2 else \
+                            list(struct.unpack("<f", item))
                     elif kind == "int64":
                         if w5 == 2:
                             j = 0
-                            while j < len(v):
-                                x, j = _varint(v, j)
+                            while j < len(item):
+                                x, j = _varint(item, j)
                                 values.append(_signed64(x))
                         else:
-                            values.append(_signed64(v))
+                            values.append(_signed64(item))
                     else:
-                        values.append(v)
+                        values.append(item)
             out[key] = (kind, values)
     return out
 

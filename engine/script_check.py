@@ -30,9 +30,7 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
     """Problems of the config's script (empty when it names none, or when the script passes)."""
     if not uses_script(config):
         return []
-    from engine.datasets import absolute_paths
-
-    config = absolute_paths(config)
+    config = _absolute(config)
     scripts = ([("model.script", config.model.script)] if config.model.name == "script" else []) + \
               ([("data.path", config.data.path)] if config.data.source == "script" else [])
     for field, path in scripts:
@@ -65,6 +63,15 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
             tail = _tail(proc.stderr.decode("utf-8", "replace"))
             return [Problem(scripts[0][0], f"{named!r}: the check of the script ended with exit code "
                                            f"{proc.returncode} and no answer" + (f":\n{tail}" if tail else ""))]
+
+
+def _absolute(config: RunConfig) -> RunConfig:
+    """Script paths made absolute (the check runs in a temporary folder)."""
+    def absolute(path: str) -> str:
+        return os.path.abspath(os.path.expanduser(path)) if path.strip() else path
+
+    return config_mod.replace(config, data=config_mod.replace(config.data, path=absolute(config.data.path)),
+                              model=config_mod.replace(config.model, script=absolute(config.model.script)))
 
 
 def _tail(text: str, lines: int = 25) -> str:

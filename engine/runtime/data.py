@@ -16,7 +16,8 @@ import numpy as np
 import tensorflow as tf
 
 from engine import datasets
-from engine.config import TOKEN_MODELS, ConfigError, RunConfig
+from engine.config import TOKEN_MODELS, ConfigError, Problem, RunConfig
+from engine.runtime import user_script
 
 #: Sources read with numpy (engine.datasets.load_arrays).
 NUMPY_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "csv")
@@ -74,8 +75,6 @@ def arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndar
             raise ConfigError([exc.problem]) from None
     limit = config.data.size if split == "train" else datasets.EVAL_EXAMPLES
     if source == "script":
-        from engine.runtime import user_script
-
         # the script batches (global batches without an input context): undo it to count examples
         ds = user_script.make_dataset(config, None).unbatch()
     else:
@@ -85,7 +84,7 @@ def arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndar
         xs.append(x)
         ys.append(y)
     if not xs:
-        raise ConfigError([datasets.Problem("data.path", f"{config.data.path!r} gave no examples")])
+        raise ConfigError([Problem("data.path", f"{config.data.path!r} gave no examples")])
     return np.concatenate(xs), np.concatenate(ys).reshape(-1).astype(np.int32)
 
 
@@ -146,8 +145,6 @@ def make_dataset(config: RunConfig, input_context: tf.distribute.InputContext | 
     ``script`` the user's ``make_dataset(input_context, config)`` shards and batches itself.
     """
     if config.data.source == "script":
-        from engine.runtime import user_script
-
         return user_script.make_dataset(config, input_context).repeat()
     ds = examples(config)
     batch = config.training.global_batch_size

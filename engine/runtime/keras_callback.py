@@ -8,7 +8,8 @@
         model = build_and_compile()
     model.fit(ds, epochs=3, callbacks=[ClusterDeckCallback(run_dir="runs/my-fit")])
 
-The folder gets what a launched run has (``config.yaml``, ``run.json``, ``events.jsonl`` and
+``fit`` under MultiWorkerMirroredStrategy does not work in Keras 3 (keras-team/keras#20585);
+ClusterDeck's own data-parallel runtime covers that case. The folder gets what a launched run has (``config.yaml``, ``run.json``, ``events.jsonl`` and
 ``tasks/<task>/events.jsonl``, the same versioned events), so ``clusterdeck`` and the desktop
 app reopen it, live or finished.
 
@@ -44,8 +45,9 @@ class ClusterDeckCallback(keras.callbacks.Callback):
 
     ``run_dir``: the run folder (created; default: a new folder under ``$CLUSTERDECK_RUNS`` or ``runs``).
     ``task``: the task name the events carry. ``name``: the run's name. ``config``: the run's
-    config to record (default: one local worker with as many emulated devices as replicas, and
-    ``model``/``data`` of kind ``script`` naming the program that runs ``fit``).
+    config to record (default: this task with as many emulated devices as replicas, and ``model``
+    and ``data`` of kind ``script`` with no file named: the app reopens the folder, and a relaunch
+    asks for the files first). A ``fit`` that raises leaves the run ``running`` in ``run.json``.
     """
 
     def __init__(self, run_dir: str | os.PathLike[str] | None = None, task: str = "worker:0",
@@ -65,7 +67,7 @@ class ClusterDeckCallback(keras.callbacks.Callback):
         self.emitter: Emitter | None = None
         self._stream: events.EventWriter | None = None
         self.state: RunState | None = None
-        self._strategy: Any = None
+        self._strategy: Any = tf.distribute.get_strategy()
         self._loss_var: Any = None
         self._rows_var: Any = None
         self._replica_ids: list[int] = []
@@ -123,8 +125,12 @@ class ClusterDeckCallback(keras.callbacks.Callback):
         object.__setattr__(model, "_clusterdeck_wrapped", self)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
-        replicas = self._strategy.num_replicas_in_sync if self._strategy is not None else 1
-        local = len(self._strategy.extended.worker_devices) if self._strategy is not None else 1
+        replicas = self._strategy.num_replicas_in_sync
+        try:
+            devices = [str(d) for d in self._strategy.extended.worker_devices]
+        except RuntimeError:  # the default strategy (no distribution) has no device list
+            devices = []
+        local = max(1, len(devices))
         index = int(self.task.partition(":")[2])
         base = index * local if replicas > local else 0
         self._replica_ids = list(range(base, base + local))
@@ -143,8 +149,7 @@ class ClusterDeckCallback(keras.callbacks.Callback):
         self.state = RunState(total_steps=self._total, tasks=[(self.task, self.task.split(":")[0], "local")])
         self._emit_run("running")
         self._emit("status", state="running", pid=os.getpid(), step=0, total=self._total)
-        kind = type(self._strategy).__name__ if self._strategy is not None else "none"
-        devices = list(self._strategy.extended.worker_devices) if self._strategy is not None else []
+        kind = type(self._strategy).__name__ if tf.distribute.has_strategy() or devices else "no strategy"
         self._info(f"model.fit under {kind}: {replicas} replicas in sync, {local} on this task", strategy=kind,
                    replicas=replicas, local_replicas=local, replica_ids=self._replica_ids, devices=devices)
         self._write_meta("running")

@@ -96,8 +96,8 @@ def _cnn(config: RunConfig) -> keras.Model:
 
 
 def _resnet(config: RunConfig) -> keras.Model:
-    """A small ResNet: a 16-filter stem, then stages of two residual blocks at 16, 32 and 64 filters
-    (stride 2 between stages), global average pooling, logits.
+    """A small ResNet (ResNet-8): a 16-filter stem, then one residual block of two 3x3 convolutions per
+    stage at 16, 32 and 64 filters (stride 2 into each later stage), global average pooling, logits.
 
     Group normalization rather than batch normalization: its figures do not depend on how the
     global batch is split over replicas, so one device and several follow the same trajectory.
@@ -110,7 +110,7 @@ def _resnet(config: RunConfig) -> keras.Model:
     x = keras.layers.Conv2D(16, 3, padding="same", use_bias=False, name="stem")(x)
     x = keras.layers.Activation("relu")(norm("stem_norm")(x))
     for stage, filters in enumerate((16, 32, 64)):
-        for block in range(2):
+        for block in range(1):
             stride = 2 if stage > 0 and block == 0 else 1
             name = f"stage{stage}_block{block}"
             shortcut = x

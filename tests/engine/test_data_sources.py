@@ -473,7 +473,8 @@ def test_token_models_refuse_image_sources_and_other_modes_refuse_file_sources()
     cfg = make_config("digits", shape=(64,))
     chief = Host(name="local", tasks=(Task("chief", 0), Task("worker", 0), Task("ps", 0)))
     async_cfg = replace(cfg, cluster=Cluster(hosts=(chief,)), parallelism=replace(cfg.parallelism, mode="async"))
-    only_problem(config_mod.validate(async_cfg), "data.source", "source 'digits' is read in parallelism 'data' only")
+    only_problem(config_mod.validate(async_cfg), "data.source",
+                 "source 'digits' is read in parallelism 'data', 'model' only", "got parallelism 'async'")
 
 
 def test_new_data_fields_round_trip_and_stay_out_of_plain_configs(tmp_path: Path) -> None:
@@ -581,6 +582,16 @@ def test_image_folder_trains_a_cnn(tmp_path: Path, runs_root: Path) -> None:
     root = write_image_folder(tmp_path / "images")
     run_to_end(make_config("image_folder", shape=(10, 10, 3), classes=3, path=root, model="cnn", steps=5,
                            batch=16), runs_root)
+
+
+@pytest.mark.cluster
+def test_digits_train_the_model_parallel_mlp_on_a_mesh(runs_root: Path) -> None:
+    cfg = config_mod.load(ROOT / "presets" / "model-2x2.yaml")
+    cfg = replace(cfg, data=replace(cfg.data, source="digits", shape=(64,), size=1497),
+                  model=replace(cfg.model, hidden=(32,)),
+                  training=replace(cfg.training, steps=4, global_batch_size=32, checkpoint_every=0, metrics_hz=1e6))
+    steps = run_to_end(cfg, runs_root)
+    assert {e["replica"] for e in steps} == {0, 1}
 
 
 @pytest.mark.cluster
