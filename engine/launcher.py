@@ -26,7 +26,7 @@ from typing import IO, Any
 import psutil
 
 from engine import config as config_mod
-from engine import events, netns
+from engine import datasets, events, netns
 from engine.cluster import TaskPlan, plan_tasks, resolve_ports
 from engine.config import ConfigError, Host, Problem, RunConfig
 from engine.telemetry import RunState
@@ -54,9 +54,17 @@ def new_run_dir(root: Path, name: str) -> Path:
     raise RuntimeError(f"cannot create a run folder under {root}")
 
 
-def launch_problems(config: RunConfig) -> list[Problem]:
-    """Everything that stands between ``config`` and a launch, checked without starting anything."""
-    return config_mod.validate(config)
+def launch_problems(config: RunConfig, *, deep: bool = False) -> list[Problem]:
+    """What stands between ``config`` and a launch, found without starting a task.
+
+    The quick checks (the config's own rules) always run; ``deep`` adds the data files
+    and the user's script (checked in a subprocess, as it imports TensorFlow). The app
+    re-checks on every edit with the quick ones; the launcher runs them all.
+    """
+    problems = config_mod.validate(config)
+    if deep and not problems:
+        problems = datasets.preflight(datasets.absolute_paths(config))
+    return problems
 
 
 def primary_roles(mode: str) -> tuple[str, ...]:
@@ -136,7 +144,9 @@ class Run:
 
     def start(self) -> Path:
         """Validate, pick ports, write the run folder and start every host's supervisor."""
-        problems = launch_problems(self.config)
+        self.config = datasets.absolute_paths(self.config)  # tasks run in the run folder
+        self._base_config = self.config
+        problems = launch_problems(self.config, deep=True)
         if problems:
             raise ConfigError(problems)
         if self._run_dir is None:

@@ -595,7 +595,6 @@ def test_digits_train_the_model_parallel_mlp_on_a_mesh(runs_root: Path) -> None:
 
 
 @pytest.mark.cluster
-@pytest.mark.xfail(reason="needs engine.datasets.preflight called from engine.launcher.Run.start", strict=False)
 def test_launcher_refuses_a_missing_file_before_any_process_starts(tmp_path: Path, runs_root: Path) -> None:
     cfg = make_config("npz", shape=(36,), path=tmp_path / "gone.npz")
     run = Run(cfg, runs_root=runs_root)
