@@ -299,15 +299,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("preset", nargs="?")
     p.add_argument("--run", action="store_true", help="start the preset at once")
     p.set_defaults(func=cmd_gui)
+    parser.set_defaults(commands=set(sub.choices))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     parser = build_parser()
-    if not argv or (argv[0] not in parser._subparsers._group_actions[0].choices and  # type: ignore[union-attr]
-                    not argv[0].startswith("-")):
-        argv = ["gui", *argv]
+    if not argv or (argv[0] not in parser.get_default("commands") and not argv[0].startswith("-")):
+        argv = ["gui", *argv]  # `clusterdeck` and `clusterdeck PRESET` open the app
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -70,7 +70,7 @@ class StepReporter:
         now = time.perf_counter() if now is None else now
         return now - self.last_emit >= self.interval
 
-    def step_done(self, step: int, fetch: Callable[[], Sequence[float]], force: bool = False,
+    def step_done(self, step: int, fetch: Callable[[], Sequence[Any]], force: bool = False,
                   worker: int | None = None) -> None:
         """Count one finished step; report it (calling ``fetch`` for per-replica losses) when due."""
         self.pending += 1
@@ -81,7 +81,7 @@ class StepReporter:
         now = time.perf_counter()
         step_time = (now - self.last) / max(1, self.pending)
         rate = self.per_replica_batch / step_time if step_time > 0 else 0.0
-        for rid, result in zip(self.replica_ids, results):
+        for rid, result in zip(self.replica_ids, results, strict=False):
             # a result is the replica's loss, or (loss, seconds it waited for the others to sync)
             wait = None
             if isinstance(result, (tuple, list)):

@@ -6,6 +6,7 @@ breaks under MultiWorkerMirroredStrategy (keras-team/keras#20585).
 
 from __future__ import annotations
 
+import functools
 import os
 import tempfile
 import threading
@@ -111,7 +112,7 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
                 per_example = loss_obj(y, model(x, training=True))
                 loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
             grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables))  # all-reduce inside
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))  # all-reduce inside
             wait = getattr(sync_timer.local, "wait", None)
             if wait is None:
                 wait = tf.constant(0.0, tf.float64)
@@ -140,7 +141,8 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
         if step == warm_until:
             _local_results(strategy, result)
             window_start = time.perf_counter()
-        reporter.step_done(step, lambda: _local_results(strategy, result), force=step == total or step == start + 1)
+        reporter.step_done(step, functools.partial(_local_results, strategy, result),
+                           force=step == total or step == start + 1)
         if every and step % every == 0 and step < total:
             manager.save(checkpoint_number=step)
             reporter.restart_clock()
@@ -195,7 +197,7 @@ def _local_results(strategy: tf.distribute.Strategy, result: Any) -> list[tuple[
     """(loss, sync wait) of each replica on this task."""
     losses = strategy.experimental_local_results(result[0])
     waits = strategy.experimental_local_results(result[1])
-    return [(float(loss.numpy()), float(wait.numpy())) for loss, wait in zip(losses, waits)]
+    return [(float(loss.numpy()), float(wait.numpy())) for loss, wait in zip(losses, waits, strict=True)]
 
 
 def _test_step_delay(task: str) -> float:
