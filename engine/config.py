@@ -66,10 +66,12 @@ MODEL_MODES: dict[str, tuple[str, ...]] = {
     "transformer": ("data", "model"),
     "script": ("data",),
 }
-#: Which parallelism modes read each data source: the data and model runtimes read every source through
-#: ``engine.runtime.data.make_dataset``; the async runtime makes its own synthetic data.
+#: Which parallelism modes read each data source: the data and model runtimes read files through
+#: ``engine.runtime.data.make_dataset``; the async runtime makes its own synthetic data; a user's
+#: ``make_dataset`` is given an input context by the data-parallel runtime only.
 DATA_SOURCE_MODES: dict[str, tuple[str, ...]] = {
-    source: MODES if source == "synthetic" else ("data", "model") for source in DATA_SOURCES
+    source: MODES if source == "synthetic" else ("data",) if source == "script" else ("data", "model")
+    for source in DATA_SOURCES
 }
 
 

@@ -420,6 +420,20 @@ def test_bad_tfrecord_named_with_its_problem(case: str, field: str, parts: tuple
     assert str(f) in p.message
 
 
+def test_tfrecord_records_past_the_parsed_ones_are_counted_not_read(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    f = write_tfrecord(tmp_path / "d.tfrecord", n=96, label_of=lambda i: 9 if i == 50 else 0)
+    assert [len(r) > 0 for r in datasets.read_tfrecords(f, read=10)] == [True] * 10 + [False] * 86
+    cfg = make_config("tfrecord", shape=(12,), classes=3, path=f, model="transformer", x_key="tokens",
+                      y_key="label", vocab_size=50, embed_dim=16, heads=2, batch=128)
+    monkeypatch.setattr(datasets, "TFRECORD_PARSED", 10)
+    # record 50's bad label lies past the parsed ones; the count still sees all 96
+    assert [p.field for p in datasets.check(cfg)] == ["data.size"]
+    only_problem(datasets.check(cfg), "data.size", "has 96 examples")
+    monkeypatch.setattr(datasets, "TFRECORD_PARSED", 100)
+    only_problem(datasets.check(cfg), "data.classes", "record 50: label 9")
+
+
 # --------------------------------------------------------------------------- image folders
 
 
