@@ -13,11 +13,13 @@ from typing import Any
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLineEdit,
     QMessageBox,
+    QPushButton,
     QScrollArea,
     QSpinBox,
     QVBoxLayout,
@@ -67,6 +69,7 @@ class SettingsPanel(QScrollArea):
         self.widgets: dict[str, QWidget] = {}
         self._tips: dict[str, str] = {}
         self._readers: list[Callable[[], None]] = []
+        self._rows: dict[str, QWidget] = {}
 
         # -- run
         box, form = self._group("Run", outer)
@@ -118,14 +121,34 @@ class SettingsPanel(QScrollArea):
         self.shape = self._ints("data.shape", "Shape of one example, e.g. 784 or 28, 28", form, "Shape")
         self.classes = self._spin("data.classes", "Number of classes", 2, 1_000_000)
         form.addRow("Classes", self.classes)
-        self.data_size = self._spin("data.size", "Examples in the synthetic data set", 1, 100_000_000)
+        self.data_size = self._spin("data.size", "Examples in the synthetic data set; for other sources the "
+                                    "most examples used", 1, 100_000_000)
         form.addRow("Size", self.data_size)
+        self.data_path = self._path("data.path", "The data file or folder (.npz, .csv, TFRecord, an image folder, "
+                                    "or your Python script defining make_dataset)", form, "Path",
+                                    "Data (*.npz *.csv *.tfrecord *.tfrecords *.tfrec *.py);;All files (*)")
+        self.x_key = self._line("data.x_key", "npz: the array of inputs; TFRecord: the feature of inputs", form,
+                                "Inputs key")
+        self.y_key = self._line("data.y_key", "npz: the array of labels; csv: the label column; TFRecord: the "
+                                "label feature", form, "Labels key")
+        self.data_form = form
 
         # -- model
         box, form = self._group("Model", outer)
         self.model_name = self._combo("model.name", MODELS, "The model to train", form, "Model")
         self.hidden = self._ints("model.hidden", "Hidden layer widths, e.g. 256, 128", form, "Hidden sizes",
                                  allow_empty=True)
+        self.vocab_size = self._spin("model.vocab_size", "Token models: ids run from 0 to vocab size - 1", 2,
+                                     10_000_000)
+        form.addRow("Vocab size", self.vocab_size)
+        self.embed_dim = self._spin("model.embed_dim", "Token models: embedding width", 1, 65_536)
+        form.addRow("Embed dim", self.embed_dim)
+        self.heads = self._spin("model.heads", "Transformer: attention heads (must divide the embed dim)", 1, 1024)
+        form.addRow("Heads", self.heads)
+        self.script = self._path("model.script", "Your Python file defining build_model(config) (and optionally "
+                                 "make_dataset and loss); it runs only because you chose it", form, "Script",
+                                 "Python (*.py);;All files (*)")
+        self.model_form = form
 
         # -- training
         box, form = self._group("Training", outer)
@@ -209,6 +232,32 @@ class SettingsPanel(QScrollArea):
 
         self._readers.append(read)
 
+    def _path(self, path: str, tip: str, form: QFormLayout, label: str, filters: str) -> QLineEdit:
+        """A file path: typed, or picked with Browse…"""
+        row = QWidget()
+        layout = QHBoxLayout(row)
+        layout.setContentsMargins(0, 0, 0, 0)
+        edit = QLineEdit()
+        edit.setPlaceholderText("none")
+        self._register(path, edit, tip)
+        edit.editingFinished.connect(lambda: self._set(path, edit.text().strip()))
+        self._readers.append(lambda: edit.setText(str(self._value_of(path))))
+        browse = QPushButton("Browse…")
+        browse.setToolTip(f"Choose the file for {path}")
+
+        def pick() -> None:
+            chosen, _ = QFileDialog.getOpenFileName(self, f"Choose {label.lower()}", edit.text(), filters)
+            if chosen:
+                edit.setText(chosen)
+                self._set(path, chosen)
+
+        browse.clicked.connect(pick)
+        layout.addWidget(edit, 1)
+        layout.addWidget(browse)
+        form.addRow(label, row)
+        self._rows[path] = row
+        return edit
+
     def _ints(self, path: str, tip: str, form: QFormLayout, label: str, allow_empty: bool = False) -> QLineEdit:
         edit = QLineEdit()
         self._register(path, edit, tip)
@@ -274,6 +323,17 @@ class SettingsPanel(QScrollArea):
         form.setRowVisible(self.shards, mode == "async" and part == "fixed")
         form.setRowVisible(self.min_shard_bytes, mode == "async" and part == "min_size")
         form.setRowVisible(self.timeout, mode != "async")
+        c = self.controller.config
+        file_source = c.data.source in cfg.FILE_SOURCES
+        self.data_form.setRowVisible(self._rows["data.path"], file_source)
+        self.data_form.setRowVisible(self.x_key, c.data.source in ("npz", "tfrecord"))
+        self.data_form.setRowVisible(self.y_key, c.data.source in ("npz", "csv", "tfrecord"))
+        self.data_form.setRowVisible(self.data_size, True)
+        token = c.model.name in cfg.TOKEN_MODELS
+        self.model_form.setRowVisible(self.vocab_size, token)
+        self.model_form.setRowVisible(self.embed_dim, token)
+        self.model_form.setRowVisible(self.heads, c.model.name == "transformer")
+        self.model_form.setRowVisible(self._rows["model.script"], c.model.name == "script")
         self.mark_problems(self.controller.problems)
 
     def mark_problems(self, problems: list[Problem]) -> None:
