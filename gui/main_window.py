@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
+    QInputDialog,
     QLabel,
     QMainWindow,
     QMenu,
@@ -22,7 +23,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import cli
+from engine import cli, export
 from engine.config import ROLES, ConfigError
 from gui import theme
 from gui.canvas import ClusterCanvas
@@ -32,7 +33,9 @@ from gui.plots import PlotsPanel
 from gui.problems_list import ProblemsList
 from gui.properties_panel import PropertiesPanel
 from gui.run_status import RunStatus
+from gui.scaling_dialog import ScalingDialog
 from gui.settings_panel import SettingsPanel
+from gui.stragglers_view import StragglerWatch
 from gui.task_table import TaskTable
 
 ORGANIZATION = "ClusterDeck"
@@ -72,7 +75,9 @@ class MainWindow(QMainWindow):
         self.properties = PropertiesPanel(c)
         self.problems = ProblemsList(c)
         self.settings_panel = SettingsPanel(c)
-        self.task_table = TaskTable(c)
+        self.stragglers = StragglerWatch(c)
+        self.task_table = TaskTable(c, stragglers=self.stragglers)
+        self.scaling_dialog: ScalingDialog | None = None
         self.logs = LogView(c)
         self.run_status = RunStatus(c)
 
@@ -106,6 +111,14 @@ class MainWindow(QMainWindow):
         self.path_label.setToolTip("Where new runs are written (CLUSTERDECK_RUNS or ./runs)")
         self.statusBar().addPermanentWidget(self.path_label)
         self.path_label.setText(f"runs: {c.runs_root}")
+        self.straggler_label = QLabel()
+        self.straggler_label.setObjectName("stragglerStatus")
+        self.straggler_label.setToolTip("A replica that stays slower than the others (see the task table's "
+                                        "Straggler column)")
+        self.straggler_label.setStyleSheet("color: #b7791f;")
+        self.straggler_label.hide()
+        self.statusBar().addPermanentWidget(self.straggler_label)
+        self.stragglers.changed.connect(self._stragglers_changed)
 
         c.problemsChanged.connect(self._update_actions)
         c.runStateChanged.connect(self._run_state_changed)
@@ -169,6 +182,11 @@ class MainWindow(QMainWindow):
         self.save_action = self._action("&Save", "Save the config to its file", self.save, K.Save,
                                         SP.SP_DialogSaveButton)
         self.save_as_action = self._action("Save &As…", "Save the config to a new file", self.save_as, K.SaveAs)
+        self.export_action = self._action("&Export…", "Write TF_CONFIG files, per-host launch scripts and "
+                                          "(given an image) a Kubeflow TFJob for this config into a folder",
+                                          self.export_config, "Ctrl+E")
+        self.scaling_action = self._action("Scaling &Report…", "Run this config at 1, 2, 4, … workers and plot "
+                                           "throughput and scaling efficiency", self.open_scaling_dialog)
         self.open_run_action = self._action("Open &Run Folder…", "Show a past run: its config, tasks, curves and "
                                             "logs", self.open_run_folder, "Ctrl+Shift+O", SP.SP_DirOpenIcon)
         self.compare_action = self._action("&Compare with Run…", "Overlay another run's replica curves, dashed",
@@ -234,6 +252,7 @@ class MainWindow(QMainWindow):
         m.addSeparator()
         m.addAction(self.save_action)
         m.addAction(self.save_as_action)
+        m.addAction(self.export_action)
         m.addSeparator()
         m.addAction(self.open_run_action)
         m.addAction(self.compare_action)
@@ -250,6 +269,8 @@ class MainWindow(QMainWindow):
         m = bar.addMenu("&Run")
         m.addAction(self.run_action)
         m.addAction(self.stop_action)
+        m.addSeparator()
+        m.addAction(self.scaling_action)
         m = bar.addMenu("&View")
         for dock in (self.selection_dock, self.settings_dock, self.tasks_dock, self.logs_dock):
             m.addAction(dock.toggleViewAction())
@@ -477,6 +498,44 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(str(exc), 5000)
         self._update_actions()
 
+    def export_config(self, folder: str | Path | None = None, image: str | None = None) -> list[Path]:
+        """Export the config (TF_CONFIG files, launch scripts, TFJob with an image); [] when cancelled or failed."""
+        if folder is None:
+            folder = QFileDialog.getExistingDirectory(self, "Export into folder", self._last_dir())
+            if not folder:
+                return []
+        if image is None:
+            text, ok = QInputDialog.getText(self, "Export", "Container image for a Kubeflow TFJob "
+                                            "(leave empty for none):")
+            if not ok:
+                return []
+            image = text.strip()
+        try:
+            paths = export.write_export(self.controller.config, folder, image=image or None)
+        except ConfigError as exc:
+            QMessageBox.critical(self, "Cannot export the config", str(exc))
+            return []
+        except OSError as exc:
+            QMessageBox.critical(self, "Cannot export the config", f"{folder}: {exc.strerror or exc}")
+            return []
+        self._remember_dir(Path(folder))
+        self.statusBar().showMessage(f"Exported {len(paths)} files to {folder}", 8000)
+        return paths
+
+    def open_scaling_dialog(self) -> ScalingDialog:
+        """Show the scaling report window (one per main window, kept between openings)."""
+        if self.scaling_dialog is None:
+            self.scaling_dialog = ScalingDialog(self.controller, self)
+        self.scaling_dialog.show()
+        self.scaling_dialog.raise_()
+        self.scaling_dialog.activateWindow()
+        return self.scaling_dialog
+
+    def _stragglers_changed(self) -> None:
+        text = self.stragglers.summary()
+        self.straggler_label.setText(text)
+        self.straggler_label.setVisible(bool(text))
+
     def _focus_field(self, field: str) -> None:
         self.settings_dock.show()
         self.settings_dock.raise_()
@@ -568,3 +627,5 @@ class MainWindow(QMainWindow):
         self.plots.stop()
         self.logs.stop()
         self.run_status.stop()
+        if self.scaling_dialog is not None:
+            self.scaling_dialog.shutdown()

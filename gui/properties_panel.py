@@ -20,7 +20,7 @@ from gui.controller import Controller, Selection, problem_target
 
 
 class PropertiesPanel(QWidget):
-    """Shows host fields (name, address, GPUs) or task fields (role, port) for the selection."""
+    """Shows host fields (name, address, GPUs, SSH) or task fields (role, port) for the selection."""
 
     def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -45,9 +45,31 @@ class PropertiesPanel(QWidget):
         self.host_gpus.setKeyboardTracking(False)
         self.host_gpus.setToolTip("GPUs of this host, split evenly over its chief/worker tasks "
                                   "(emulated as CPU devices where there is no GPU)")
+        self.host_ssh_host = QLineEdit()
+        self.host_ssh_host.setObjectName("hostSshHost")
+        self.host_ssh_host.setPlaceholderText("(the address)")
+        self.host_ssh_host.setToolTip("The name ssh dials for this host (an alias of ~/.ssh/config works); "
+                                      "empty: the address. Set it to run a host over SSH.")
+        self.host_ssh_user = QLineEdit()
+        self.host_ssh_user.setObjectName("hostSshUser")
+        self.host_ssh_user.setPlaceholderText("(your ssh default)")
+        self.host_ssh_user.setToolTip("The user to log in as over SSH; empty: ssh's default")
+        self.host_ssh_port = QSpinBox()
+        self.host_ssh_port.setObjectName("hostSshPort")
+        self.host_ssh_port.setRange(1, 65535)
+        self.host_ssh_port.setKeyboardTracking(False)
+        self.host_ssh_port.setToolTip("The SSH port of this host (22 unless its sshd listens elsewhere)")
+        self.host_python = QLineEdit()
+        self.host_python.setObjectName("hostPython")
+        self.host_python.setToolTip("The Python on this host that has ClusterDeck and TensorFlow installed "
+                                    "(remote hosts; local tasks use the app's own Python)")
         form.addRow("Name", self.host_name)
         form.addRow("Address", self.host_address)
         form.addRow("GPUs", self.host_gpus)
+        form.addRow("SSH host", self.host_ssh_host)
+        form.addRow("SSH user", self.host_ssh_user)
+        form.addRow("SSH port", self.host_ssh_port)
+        form.addRow("Python", self.host_python)
         self.stack.addWidget(host_page)
 
         task_page = QWidget()
@@ -80,9 +102,14 @@ class PropertiesPanel(QWidget):
         layout.addWidget(self.stack)
         layout.addWidget(self.problems)
 
-        self.host_name.editingFinished.connect(lambda: self._host(name=self.host_name.text().strip()))
-        self.host_address.editingFinished.connect(lambda: self._host(address=self.host_address.text().strip()))
+        self.host_name.editingFinished.connect(lambda: self._text_edited(self.host_name, "name"))
+        self.host_address.editingFinished.connect(lambda: self._text_edited(self.host_address, "address"))
         self.host_gpus.valueChanged.connect(lambda v: self._host(gpus=int(v)))
+        self.host_ssh_host.editingFinished.connect(lambda: self._text_edited(self.host_ssh_host, "ssh_host"))
+        self.host_ssh_user.editingFinished.connect(lambda: self._text_edited(self.host_ssh_user, "ssh_user"))
+        self.host_ssh_port.valueChanged.connect(lambda v: self._host(ssh_port=int(v)))
+        # an empty interpreter could never start a task: back to the default
+        self.host_python.editingFinished.connect(lambda: self._text_edited(self.host_python, "python", "python3"))
         self.task_role.activated.connect(lambda _i: self._task(role=self.task_role.currentText()))
         self.task_port.valueChanged.connect(lambda v: self._task(port=int(v) or None))
         controller.selectionChanged.connect(self.refresh)
@@ -98,6 +125,17 @@ class PropertiesPanel(QWidget):
         if any(getattr(host, k) != v for k, v in changes.items()):
             self.controller.update_host(sel[1], **changes)
 
+    def _text_edited(self, edit: QLineEdit, field: str, default: str = "") -> None:
+        """A host field typed into: one edit. Leaving a field the user did not type in changes nothing, so
+        focus leaving after an undo never brings the undone text back."""
+        if not edit.isModified():
+            return
+        text = edit.text().strip() or default
+        if text != edit.text():
+            edit.setText(text)
+        edit.setModified(False)
+        self._host(**{field: text})
+
     def _task(self, **changes: object) -> None:
         sel = self.controller.selection
         if sel is None or sel[0] != "task":
@@ -109,7 +147,8 @@ class PropertiesPanel(QWidget):
     def refresh(self, *_args: object) -> None:
         sel: Selection = self.controller.selection
         hosts = self.controller.config.cluster.hosts
-        widgets = (self.host_name, self.host_address, self.host_gpus, self.task_role, self.task_port)
+        widgets = (self.host_name, self.host_address, self.host_gpus, self.host_ssh_host, self.host_ssh_user,
+                   self.host_ssh_port, self.host_python, self.task_role, self.task_port)
         for w in widgets:
             w.blockSignals(True)
         try:
@@ -117,11 +156,14 @@ class PropertiesPanel(QWidget):
                 self.stack.setCurrentIndex(0)
             elif sel[0] == "host":
                 h = hosts[sel[1]]
-                if not self.host_name.hasFocus() or self.host_name.text().strip() == h.name:
-                    self.host_name.setText(h.name)
-                if not self.host_address.hasFocus() or self.host_address.text().strip() == h.address:
-                    self.host_address.setText(h.address)
                 self.host_gpus.setValue(h.gpus)
+                for edit, value in ((self.host_name, h.name), (self.host_address, h.address),
+                                    (self.host_ssh_host, h.ssh_host), (self.host_ssh_user, h.ssh_user),
+                                    (self.host_python, h.python)):
+                    # text being typed (focused and changed since the last edit) is left alone
+                    if not (edit.hasFocus() and edit.isModified()) or edit.text().strip() == value:
+                        edit.setText(value)
+                self.host_ssh_port.setValue(h.ssh_port)
                 self.stack.setCurrentIndex(1)
             else:
                 t = hosts[sel[1]].tasks[sel[2]]

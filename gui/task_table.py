@@ -1,18 +1,20 @@
-"""The task table: host, role, pid, state, CPU %, memory and restarts of every task of the shown run."""
+"""The task table: host, role, pid, state, CPU %, memory, restarts and straggler flags of every task of the shown run."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
-from PySide6.QtGui import QColor
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableView, QVBoxLayout, QWidget
 
+from engine.stragglers import StragglerChange
 from engine.telemetry import TaskState
 from gui import theme
 from gui.controller import Controller
+from gui.stragglers_view import StragglerWatch, describe_change
 
-COLUMNS = ("Task", "Host", "Role", "PID", "State", "CPU %", "Memory", "GPU %", "Restarts", "Reason")
+COLUMNS = ("Task", "Host", "Role", "PID", "State", "CPU %", "Memory", "GPU %", "Restarts", "Reason", "Straggler")
 TIPS = {
     "Task": "role:index of the task",
     "Host": "Host the task runs on",
@@ -23,10 +25,14 @@ TIPS = {
     "Memory": "Resident memory of the task process",
     "GPU %": "GPU utilisation of the task's GPUs, where there are GPUs",
     "Restarts": "How often the task was restarted",
+    "Straggler": "How much slower than the median of the other replicas a replica of this task steps, "
+                 "while it stays slower (hover for its step time)",
     "Reason": "Why the task stopped or failed",
 }
 
 _Index = QModelIndex | QPersistentModelIndex
+#: Rows of straggling tasks: a translucent amber that reads on light and dark palettes.
+STRAGGLER_BACKGROUND = QColor(234, 179, 8, 70)
 
 
 def format_bytes(n: float | None) -> str:
@@ -42,10 +48,13 @@ def format_bytes(n: float | None) -> str:
 class TaskTableModel(QAbstractTableModel):
     """Rows: the tasks of ``controller.state``; refreshed when the controller folds new events."""
 
-    def __init__(self, controller: Controller) -> None:
+    def __init__(self, controller: Controller, stragglers: StragglerWatch | None = None) -> None:
         super().__init__(controller)
         self.controller = controller
+        self.stragglers = stragglers
         self.rows: list[TaskState] = []
+        if stragglers is not None:
+            stragglers.changed.connect(self.refresh)
         controller.runLoaded.connect(self.refresh)
         controller.runUpdated.connect(self.refresh)
         controller.runStateChanged.connect(self.refresh)
@@ -95,7 +104,13 @@ class TaskTableModel(QAbstractTableModel):
             return str(task.restarts) if task.restarts else ""
         if column == "Reason":
             return task.reason
+        if column == "Straggler":
+            flags = self.straggling(task)
+            return ", ".join(f"{c.ratio:.2f}× (replica {c.replica})" for c in flags)
         return ""
+
+    def straggling(self, task: TaskState) -> list[StragglerChange]:
+        return self.stragglers.for_task(task.name) if self.stragglers is not None else []
 
     def data(self, index: _Index, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
         if not index.isValid() or index.row() >= len(self.rows):
@@ -106,7 +121,12 @@ class TaskTableModel(QAbstractTableModel):
             return self.text(task, column)
         if role == Qt.ItemDataRole.ForegroundRole and column == "State":
             return QColor(theme.STATE_COLORS.get(task.state, "#888888"))
+        if role == Qt.ItemDataRole.BackgroundRole and self.straggling(task):
+            return QBrush(STRAGGLER_BACKGROUND)
         if role == Qt.ItemDataRole.ToolTipRole:
+            if column == "Straggler" and self.straggling(task):
+                return "Straggling since it stayed slower than its peers:\n" + "\n".join(
+                    describe_change(c) for c in self.straggling(task))
             if column in ("Reason", "State") and task.log_tail:
                 return f"{task.reason}\n\nLast log lines:\n" + "\n".join(task.log_tail[-10:])
             return self.text(task, column) or TIPS[column]
@@ -118,10 +138,11 @@ class TaskTableModel(QAbstractTableModel):
 class TaskTable(QWidget):
     """The table, with a failure report above it when the run failed (which task, why, its last lines)."""
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, controller: Controller, parent: QWidget | None = None, *,
+                 stragglers: StragglerWatch | None = None) -> None:
         super().__init__(parent)
         self.controller = controller
-        self.model = TaskTableModel(controller)
+        self.model = TaskTableModel(controller, stragglers)
         self.view = QTableView()
         self.view.setObjectName("taskTable")
         self.view.setModel(self.model)

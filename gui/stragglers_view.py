@@ -1,0 +1,93 @@
+"""Straggler flags for the views: an :class:`engine.stragglers.StragglerDetector` fed from the shown run.
+
+Events reach the detector two ways: a live run's listener (on the run's dispatcher thread: it only
+enqueues) drained on the GUI thread whenever the controller folds new events, and an opened run
+folder's ``events.jsonl`` replayed once. Views read :attr:`StragglerWatch.flagged` and listen to
+:attr:`StragglerWatch.changed`.
+"""
+
+from __future__ import annotations
+
+import queue
+from typing import Any
+
+from PySide6.QtCore import QObject, Signal
+
+from engine.stragglers import StragglerChange, StragglerDetector
+from gui.controller import Controller, EventFileReader
+
+
+def describe_change(change: StragglerChange) -> str:
+    """``replica 1 (worker:1): step 120 ms vs median 80 ms (1.50×)``."""
+    return (f"replica {change.replica} ({change.task}): step {change.step_time * 1000:.0f} ms vs median "
+            f"{change.median * 1000:.0f} ms of the others ({change.ratio:.2f}×)")
+
+
+class StragglerWatch(QObject):
+    """Which replicas of the controller's run are straggling now (``{replica: StragglerChange}``)."""
+
+    changed = Signal()
+
+    def __init__(self, controller: Controller, detector: StragglerDetector | None = None,
+                 parent: QObject | None = None) -> None:
+        super().__init__(parent if parent is not None else controller)
+        self.controller = controller
+        self.detector = detector if detector is not None else StragglerDetector()
+        self.flagged: dict[int, StragglerChange] = {}
+        self._queue: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._attached: Any = None
+        controller.runLoaded.connect(self._run_loaded)
+        controller.runUpdated.connect(self.drain)
+        controller.runStateChanged.connect(lambda _s: self.drain())
+
+    def _run_loaded(self) -> None:
+        """A new run (or run folder, or none) is shown: start over."""
+        self.detector.reset()
+        self._queue = queue.SimpleQueue()
+        had = bool(self.flagged)
+        self.flagged = {}
+        run = self.controller.run
+        if run is not None and run is not self._attached:
+            # the controller starts the run before telling us: a straggler needs seconds of steps, so
+            # the few events that may precede this listener never decide a flag
+            q = self._queue
+            run.add_listener(q.put)
+            self._attached = run
+        elif run is None and self.controller.run_dir is not None:
+            self.feed(EventFileReader(self.controller.run_dir / "events.jsonl").read_new())
+            return
+        if had:
+            self.changed.emit()
+
+    def drain(self) -> None:
+        """Feed what the live run's listener queued (GUI thread)."""
+        batch = []
+        while True:
+            try:
+                batch.append(self._queue.get_nowait())
+            except queue.Empty:
+                break
+        if batch:
+            self.feed(batch)
+
+    def feed(self, events: list[dict[str, Any]]) -> list[StragglerChange]:
+        """Give the detector events in order; ``changed`` is emitted once if any flag changed."""
+        changes: list[StragglerChange] = []
+        for event in events:
+            changes += self.detector.update(event)
+        if changes or (not events and self.flagged):
+            self.flagged = self.detector.flagged()
+            self.changed.emit()
+        return changes
+
+    def for_task(self, task: str) -> list[StragglerChange]:
+        """The flagged replicas that run on ``task``."""
+        return [c for _, c in sorted(self.flagged.items()) if c.task == task]
+
+    def summary(self) -> str:
+        """One line for the status bar ('' when nothing straggles)."""
+        if not self.flagged:
+            return ""
+        worst = max(self.flagged.values(), key=lambda c: c.ratio)
+        more = len(self.flagged) - 1
+        return (f"⚠ Straggler: {describe_change(worst)}" + (f" and {more} more" if more else ""))
