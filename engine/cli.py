@@ -6,6 +6,7 @@
     clusterdeck validate PRESET...
     clusterdeck tf-config PRESET         each task's TF_CONFIG, as JSON
     clusterdeck export PRESET [--out DIR] [--image IMG]   launch scripts, TF_CONFIG files, Kubeflow TFJob
+    clusterdeck scaling [PRESET] [--workers 1,2,4] [--steps N] [--strong] [--out DIR] [--report DIR] [--no-png]
     clusterdeck presets                  the presets shipped with ClusterDeck
 """
 
@@ -244,6 +245,12 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scaling(args: argparse.Namespace) -> int:
+    from engine import scaling
+
+    return scaling.command(args)
+
+
 def cmd_presets(args: argparse.Namespace) -> int:
     for p in sorted(presets_dir().glob("*.yaml")):
         try:
@@ -293,6 +300,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default="python3", help="python on the hosts (a host's own python setting wins)")
     p.add_argument("--workdir", default=None, help="ClusterDeck folder on the hosts (default: where the script starts)")
     p.set_defaults(func=cmd_export)
+    from engine.scaling import add_arguments as scaling_arguments
+
+    p = sub.add_parser("scaling", help="run a preset at 1, 2, 4, ... workers; CSV and PNG of throughput and "
+                                       "scaling efficiency")
+    scaling_arguments(p)
+    p.set_defaults(func=cmd_scaling)
     p = sub.add_parser("presets", help="list the bundled presets")
     p.set_defaults(func=cmd_presets)
     p = sub.add_parser("gui", help="open the desktop app")

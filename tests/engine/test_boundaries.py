@@ -10,7 +10,8 @@ from pathlib import Path
 from tests.conftest import ROOT
 
 CONTROL = ["engine", "engine.config", "engine.cluster", "engine.events", "engine.telemetry", "engine.launcher",
-           "engine.supervisor", "engine.gpu", "engine.cli", "engine.export", "engine.stragglers", "engine.netns"]
+           "engine.supervisor", "engine.gpu", "engine.cli", "engine.export", "engine.stragglers", "engine.netns",
+           "engine.scaling", "engine.datasets", "engine.script_check"]
 HEAVY = ("tensorflow", "keras", "PySide6", "pyqtgraph", "shiboken6")
 
 
