@@ -12,7 +12,7 @@ import pytest
 
 from engine import config as config_mod
 from engine import datasets, script_check
-from engine.config import Cluster, Data, Host, Model, Problem, RunConfig, Task, Training, replace
+from engine.config import Cluster, ConfigError, Data, Host, Model, Problem, RunConfig, Task, Training, replace
 from engine.launcher import Run
 from tests.conftest import ROOT
 
@@ -217,8 +217,7 @@ def test_example_script_trains_as_model_and_data_on_two_replicas(runs_root: Path
     preset = config_mod.load(ROOT / "presets" / "data-user-script.yaml")
     cfg = datasets.absolute_paths(preset, ROOT)
     cfg = replace(cfg, training=replace(cfg.training, steps=30, metrics_hz=1e6))
-    assert datasets.preflight(cfg) == []
-    steps = _run(cfg, runs_root)
+    steps = _run(cfg, runs_root)  # Run.start checks the script first (engine.launcher.launch_problems)
     by_replica = {r: [e["loss"] for e in steps if e["replica"] == r] for r in (0, 1)}
     assert len(by_replica[0]) == len(by_replica[1]) == 30
     mean = [(a + b) / 2 for a, b in zip(by_replica[0], by_replica[1], strict=True)]
@@ -236,5 +235,14 @@ def test_script_model_trains_on_the_shipped_digits(tmp_path: Path, runs_root: Pa
                                      keras.layers.Dense(config.data.classes)])
     """)
     cfg = script_config(path, source="digits", shape=(8, 8), classes=10, size=1497, steps=6)
-    assert datasets.preflight(cfg) == []
     _run(cfg, runs_root)
+
+
+def test_launcher_refuses_a_broken_script_before_any_process_starts(tmp_path: Path, runs_root: Path) -> None:
+    path = write(tmp_path, "broken.py", "def build_model(config)\n    return None\n")
+    run = Run(script_config(path), runs_root=runs_root)
+    with pytest.raises(ConfigError) as exc:
+        run.start()
+    one_problem(exc.value.problems, "model.script", str(path), "SyntaxError")
+    assert not run.started and not run.pids()
+    assert not runs_root.exists() or not any(runs_root.iterdir())
