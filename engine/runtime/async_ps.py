@@ -139,7 +139,7 @@ class Trainable:
 
 def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Trainable:
     """Build the model under the current strategy scope, with its step function."""
-    loss_obj = models.loss_fn()
+    loss_obj = models.loss_fn(config)
     optimizer = models.build_optimizer(config)
     notes: list[str] = []
     if config.model.name == embedding_mod.MODEL_NAME:

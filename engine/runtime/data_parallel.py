@@ -88,7 +88,7 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
         model = models.build_model(config)
         optimizer = models.build_optimizer(config)
         optimizer.build(model.trainable_variables)
-    loss_obj = models.loss_fn()
+    loss_obj = models.loss_fn(config)
 
     primary = rank == 0
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)

@@ -30,7 +30,7 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     optimizer.build(model.trainable_variables)
     ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
     x, y = data_mod.arrays(config, split="eval")
-    loss_obj = models.loss_fn()
+    loss_obj = models.loss_fn(config)
     total = config.total_steps()
     ctx.emitter.status("running", total=total)
     last_seen = ""

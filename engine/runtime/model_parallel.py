@@ -86,6 +86,10 @@ def shard_batch(info: MeshInfo, array: np.ndarray, layout: dtensor.Layout) -> tf
     return dtensor.pack([array[b * per:(b + 1) * per] for b in info.local_batch_index], layout)
 
 
+def _ckpt_key(name: str) -> str:
+    return name.replace("/", "__")
+
+
 def main(ctx: TaskContext) -> dict[str, Any]:
     if ctx.role != "worker":
         raise ValueError(f"parallelism 'model' runs worker tasks only (one DTensor client each), not {ctx.role!r}")
@@ -112,11 +116,22 @@ def main(ctx: TaskContext) -> dict[str, Any]:
                      device_ids=[int(i) for i in mesh.local_device_ids()],
                      coordinates=[dict(loc) for loc in mesh.local_device_locations()])
 
-    if config.training.checkpoint_every or config.training.restarts:
-        ctx.emitter.info("parallelism 'model' writes no checkpoints: a restarted run begins again at step 1")
     model = layers.build(config, mesh)
     builder = layers.Builder(mesh, config.training.seed)
     optimizer = layers.Optimizer(config.training.optimizer, config.training.learning_rate, model.params, builder)
+    # the sharded variables and their optimizer slots; every client saves its own shards
+    ckpt = tf.train.Checkpoint(**{_ckpt_key(p.name): p.var for p in model.params},
+                               **{_ckpt_key(f"{p.name}/{k}"): v for p, slot in zip(model.params, optimizer.slots,
+                                                                                   strict=True)
+                                  for k, v in slot.items()},
+                               iterations=optimizer.iterations)
+    manager = tf.train.CheckpointManager(ckpt, str(ctx.checkpoint_dir), max_to_keep=2)
+    start = 0
+    if manager.latest_checkpoint:
+        ckpt.restore(manager.latest_checkpoint)
+        start = int(round(float(optimizer.iterations.numpy())))
+        ctx.emitter.info(f"restored checkpoint {os.path.basename(manager.latest_checkpoint)} (step {start})",
+                         checkpoint=manager.latest_checkpoint)
     placement = layers.describe(model.params, mesh)
     if info.client == 0:
         ctx.emitter.emit("placement", mesh={"batch": p.mesh_batch, "model": p.mesh_model}, devices=mesh.size,
@@ -146,18 +161,26 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     reporter = StepReporter(ctx.emitter, info.owned, per_replica, config.training.metrics_hz, local_names,
                             memory_info, summaries)
     batches = _batches(config)
-    warm_until = max(1, min(50, total // 5))
+    for _ in range(start):  # the data stream carries on where the checkpoint left it
+        next(batches)
+    every = config.training.checkpoint_every
+    warm_until = start + max(1, min(50, (total - start) // 5))
     window_start: float | None = None
     result: tf.Tensor | None = None
-    ctx.emitter.status("running", step=0, total=total)
-    for step in range(1, total + 1):
+    ctx.emitter.status("running", step=start, total=total)
+    for step in range(start + 1, total + 1):
         x, y = next(batches)
         result = train_step(shard_batch(info, x, x_layout), shard_batch(info, y, y_layout))
         if step == warm_until:
             replica_losses(result)
             window_start = time.perf_counter()
-        reporter.step_done(step, functools.partial(replica_losses, result), force=step == total or step == 1)
+        reporter.step_done(step, functools.partial(replica_losses, result),
+                           force=step == total or step == start + 1)
+        if every and step % every == 0 and step < total:
+            manager.save(checkpoint_number=step)
+            reporter.restart_clock()
     final = replica_losses(result) if result is not None else []
+    manager.save(checkpoint_number=total)
     summaries.close()
     window_eps = None
     if window_start is not None and total > warm_until:
@@ -165,6 +188,6 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     if info.clients > 1:
         # every client has finished its last step before any leaves (the first to exit ends the coordination service)
         dtensor.barrier(mesh, "clusterdeck-end")
-    return {"steps": total, "start": 0, "replicas": replicas, "final_loss": final,
+    return {"steps": total, "start": start, "replicas": replicas, "final_loss": final,
             "window_examples_per_sec": window_eps, "replica_ids": list(info.owned), "reports": reporter.reports,
             "mesh": {"batch": p.mesh_batch, "model": p.mesh_model}, "client": info.client}

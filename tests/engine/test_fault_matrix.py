@@ -82,3 +82,26 @@ def test_async_frozen_worker_is_survived(runs_root: Path) -> None:
     pids = run.pids()
     run.stop()
     assert wait_gone(pids, 3) == []
+
+
+def test_model_parallel_run_restarts_from_its_checkpoint(runs_root: Path) -> None:
+    cfg = config_mod.load(PRESETS / "model-2clients.yaml")
+    cfg = replace(cfg, training=replace(cfg.training, steps=120, checkpoint_every=40, restarts=1))
+    run = Run(cfg, runs_root=runs_root)
+    seen: list[dict] = []
+    killed = threading.Event()
+
+    def on_event(e: dict) -> None:
+        seen.append(e)
+        if e["kind"] == "step" and e["step"] >= 50 and not killed.is_set():
+            killed.set()
+            os.kill(run.state.tasks["worker:1"].pid or 0, signal.SIGKILL)
+
+    run.add_listener(on_event)
+    run.start()
+    assert run.wait(200) == "finished", run.state.summary()
+    restart = next(i for i, e in enumerate(seen) if e["kind"] == "run" and e["state"] == "restarting")
+    after = [e["step"] for e in seen[restart:] if e["kind"] == "step"]
+    assert min(after) == 41 and max(after) == 120  # carried on from ckpt-40 on both clients
+    restored = {e["task"] for e in seen[restart:] if e["kind"] == "info" and "restored" in e.get("message", "")}
+    assert restored == {"worker:0", "worker:1"}
