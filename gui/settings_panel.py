@@ -283,6 +283,13 @@ class SettingsPanel(QScrollArea):
             if training != self.controller.config.training:
                 self.controller.set_value("training", training)
             return
+        if path == "data.source" and value in cfg.KNOWN_DATA:
+            # a known data set brings its own example shape and classes: one edit, one undo
+            shape, classes = cfg.KNOWN_DATA[value]
+            data = cfg.replace(self.controller.config.data, source=value, shape=shape, classes=classes)
+            if data != self.controller.config.data:
+                self.controller.set_value("data", data)
+            return
         if self._value_of(path) != value:
             self.controller.set_value(path, value)
 

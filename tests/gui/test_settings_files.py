@@ -36,3 +36,14 @@ def test_pick_an_npz_file_and_its_keys_then_undo(window: Any, qtbot: Any, tmp_pa
 
     window.controller.undo_stack.undo()
     assert window.controller.config.data.y_key != "labels"
+
+
+def test_choosing_a_known_data_set_fills_its_shape_and_classes(window: Any) -> None:
+    source = window.settings_panel.widgets["data.source"]
+    source.setCurrentText("digits")
+    source.activated.emit(source.currentIndex())
+    data = window.controller.config.data
+    assert (data.source, data.shape, data.classes) == ("digits", (8, 8), 10)
+    window.controller.undo_stack.undo()
+    assert window.controller.config.data.source == "synthetic"
+    assert window.controller.config.data.shape == (784,)
