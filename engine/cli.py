@@ -183,6 +183,8 @@ def _run_pretty(run: Any) -> int:
 
 
 def _print_summary(console: Any, run: Any) -> None:
+    from rich.text import Text
+
     s = run.state.summary()
     state = s["state"]
     colour = {"finished": "green", "failed": "red", "stopped": "yellow"}.get(state, "white")
@@ -194,7 +196,7 @@ def _print_summary(console: Any, run: Any) -> None:
         if task is not None and task.log_tail:
             console.print("[dim]last log lines:[/]")
             for line in task.log_tail[-10:]:
-                console.print(f"  [dim]{line}[/]", markup=False, highlight=False)
+                console.print(Text("  " + line, style="dim"), highlight=False)
     for rid, r in s["replicas"].items():
         console.print(f"  replica {rid} ({r['task']}): final loss {_fmt_loss(r['loss'])} "
                       f"(from {_fmt_loss(r['first_loss'])}), {_fmt_rate(r['examples_per_sec'])} examples/s")

@@ -123,6 +123,8 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
 
     total = config.total_steps()
     summaries = Summaries(ctx.run_dir / "tensorboard" / ctx.task.replace(":", "-")) if telemetry else None
+    if summaries is not None and not summaries.enabled:
+        ctx.emitter.info("the tensorboard package is not installed: no TensorBoard summaries for this run")
     reporter = StepReporter(ctx.emitter if telemetry else None, range(base, base + local), per_replica,
                             config.training.metrics_hz, [n.lstrip("/").replace("device:", "") for n in setup.names],
                             memory_info, summaries)
