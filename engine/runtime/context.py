@@ -32,6 +32,16 @@ class TaskContext:
     def checkpoint_dir(self) -> Path:
         return self.run_dir / "checkpoints"
 
+    def setup_devices(self) -> Any:
+        """This task's training devices (real GPUs, or emulated ones: the run is told so)."""
+        from engine.runtime.devices import setup_devices
+
+        setup = setup_devices(self.devices, self.gpus_assigned)
+        if setup.emulated:
+            self.emitter.info(f"no GPU here: {setup.count} GPU(s) emulated as logical CPU devices",
+                              emulated_gpus=setup.count)
+        return setup
+
     @staticmethod
     def from_env(config: RunConfig, run_dir: Path, emitter: Emitter) -> TaskContext:
         task = os.environ.get("CLUSTERDECK_TASK", "worker:0")

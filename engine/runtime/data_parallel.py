@@ -20,7 +20,7 @@ from engine.config import TRAINER_ROLES, RunConfig
 from engine.runtime import data as data_mod
 from engine.runtime import models
 from engine.runtime.context import StepReporter, TaskContext
-from engine.runtime.devices import DeviceSetup, memory_info, setup_devices
+from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.summaries import Summaries
 
 
@@ -64,10 +64,7 @@ def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strateg
 def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
     """Train to ``config.total_steps()``; returns a summary (also used by the benchmark)."""
     config = ctx.config
-    setup = setup_devices(ctx.devices, ctx.gpus_assigned)
-    if setup.emulated:
-        ctx.emitter.info(f"no GPU here: {setup.count} GPU(s) emulated as logical CPU devices",
-                         emulated_gpus=setup.count)
+    setup = ctx.setup_devices()
     strategy = make_strategy(ctx, setup)
     replicas = strategy.num_replicas_in_sync
     local = len(strategy.extended.worker_devices)

@@ -28,7 +28,7 @@ from engine.config import RunConfig
 from engine.runtime import data as data_mod
 from engine.runtime import dtensor_layers as layers
 from engine.runtime.context import StepReporter, TaskContext
-from engine.runtime.devices import DeviceSetup, memory_info, setup_devices
+from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.summaries import Summaries
 
 
@@ -94,10 +94,7 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     if ctx.role != "worker":
         raise ValueError(f"parallelism 'model' runs worker tasks only (one DTensor client each), not {ctx.role!r}")
     config = ctx.config
-    setup = setup_devices(ctx.devices, ctx.gpus_assigned)
-    if setup.emulated:
-        ctx.emitter.info(f"no GPU here: {setup.count} GPU(s) emulated as logical CPU devices",
-                         emulated_gpus=setup.count)
+    setup = ctx.setup_devices()
     info = make_mesh(config, setup)
     mesh, p = info.mesh, config.parallelism
     global_batch = config.training.global_batch_size
