@@ -1,17 +1,27 @@
-"""Telemetry overhead: an engine run with full telemetry against the same loop bare.
+"""Telemetry overhead: ClusterDeck's full telemetry against the bare loop and against Keras + TensorBoard.
 
-Both sides run the same task code (``engine.runtime.task``) on the same config:
+Four sides train the same model on the same data with the same global batch and
+devices (the preset's, by default one task with ``MirroredStrategy`` over 2 logical
+CPU devices), each in fresh processes:
 
 - *engine*: launched by :class:`engine.launcher.Run`: supervisor, per-replica step
-  events at ``training.metrics_hz``, device sampling, events persisted and streamed;
-- *bare*: the task process alone with ``--bare``: no events, no files, no supervisor.
+  events at ``training.metrics_hz``, device sampling, events persisted and streamed,
+  TensorBoard summaries of the same scalars;
+- *bare*: the same task code alone with ``--bare``: no events, no files, no supervisor;
+- *fit*: Keras ``model.fit`` with no callback (``bench/keras_fit.py``);
+- *fit+TB*: the same ``model.fit`` with ``keras.callbacks.TensorBoard(update_freq=1)``,
+  the per-batch live curves users get from TensorBoard today.
 
-Each side measures steady-state examples/s inside the task (after a warm-up,
-with a device sync at both ends of the window). Rounds alternate the order of
-the two sides so drift on a shared machine hits both; the figure that matters
-is the ratio of medians, printed last.
+Each side measures steady-state examples/s inside its process (after the same
+warm-up, to the end of the last step). Rounds rotate the order of the sides so
+drift on a shared machine hits all of them; the figures that matter are the
+ratios of each round's paired runs (median over rounds):
 
-    python bench/telemetry_overhead.py [--rounds 5] [--steps 1500] [--preset data-1worker-2gpus]
+- ``engine / bare``: what ClusterDeck's telemetry costs its own loop (goal >= 0.97);
+- ``fit+TB / fit``: what TensorBoard's per-batch callback costs ``model.fit``
+  (the same question asked of the tool users have today).
+
+    python bench/telemetry_overhead.py [--rounds 3] [--steps 1500] [--preset data-1worker-2gpus] [--quick]
 """
 
 from __future__ import annotations
@@ -19,19 +29,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, add_doc_flags, machine_line, median, verdict, want_doc, write_section  # noqa: E402
 
 from engine import config as config_mod  # noqa: E402
 from engine.cli import resolve_preset  # noqa: E402
 from engine.cluster import plan_tasks, resolve_ports  # noqa: E402
 from engine.launcher import Run  # noqa: E402
+
+SIDES = ("engine", "bare", "fit", "fit+TB")
+GOAL = 0.97
 
 
 def engine_round(cfg: config_mod.RunConfig, root: Path) -> float:
@@ -46,17 +59,20 @@ def engine_round(cfg: config_mod.RunConfig, root: Path) -> float:
     return sum(rates)
 
 
+def _task_env(plan_env: dict[str, str]) -> dict[str, str]:
+    return dict(os.environ, **plan_env, TF_CPU_ALLOCATOR_USE_BFC="1", TF_CPP_MIN_LOG_LEVEL="2",
+                PYTHONPATH=str(ROOT))
+
+
 def bare_round(cfg: config_mod.RunConfig, root: Path) -> float:
     cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
     run_dir = Path(tempfile.mkdtemp(dir=root, prefix="bare-"))
     config_mod.save(cfg, run_dir / "config.yaml")
-    plans = plan_tasks(cfg)
     procs = []
-    for plan in plans:
-        env = dict(os.environ, **plan.env, TF_CPU_ALLOCATOR_USE_BFC="1", PYTHONPATH=str(ROOT))
+    for plan in plan_tasks(cfg):
         out = run_dir / f"{plan.name.replace(':', '-')}.json"
         procs.append((out, subprocess.Popen([sys.executable, "-m", "engine.runtime.task", "--run-dir", str(run_dir),
-                                             "--bare", "--summary-out", str(out)], env=env,
+                                             "--bare", "--summary-out", str(out)], env=_task_env(plan.env),
                                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
     total = 0.0
     for out, proc in procs:
@@ -66,34 +82,111 @@ def bare_round(cfg: config_mod.RunConfig, root: Path) -> float:
     return total
 
 
-def main() -> None:
+def fit_round(cfg: config_mod.RunConfig, root: Path, tensorboard: bool) -> float:
+    run_dir = Path(tempfile.mkdtemp(dir=root, prefix="fit-tb-" if tensorboard else "fit-"))
+    config_mod.save(cfg, run_dir / "config.yaml")
+    out = run_dir / "summary.json"
+    cmd = [sys.executable, str(ROOT / "bench" / "keras_fit.py"), "--run-dir", str(run_dir), "--summary-out", str(out)]
+    if tensorboard:
+        cmd += ["--tensorboard", str(run_dir / "tensorboard")]
+    proc = subprocess.run(cmd, env=_task_env({}), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, timeout=600)
+    if proc.returncode != 0:
+        raise SystemExit(f"keras fit failed with code {proc.returncode}: {proc.stderr.decode()[-2000:]}")
+    return float(json.loads(out.read_text())["window_examples_per_sec"])
+
+
+def measure(side: str, cfg: config_mod.RunConfig, root: Path) -> float:
+    if side == "engine":
+        return engine_round(cfg, root)
+    if side == "bare":
+        return bare_round(cfg, root)
+    return fit_round(cfg, root, tensorboard=side == "fit+TB")
+
+
+def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=1500)
+    parser.add_argument("--rounds", type=int, default=None, help="rounds of all sides (default 3, quick 1)")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 1500, quick 400)")
     parser.add_argument("--preset", default="data-1worker-2gpus")
-    args = parser.parse_args()
+    parser.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated subset of {','.join(SIDES)}")
+    add_doc_flags(parser)
+    args = parser.parse_args(argv)
+    rounds = args.rounds or (1 if args.quick else 3)
+    steps = args.steps or (400 if args.quick else 1500)
+    sides = [s for s in args.sides.split(",") if s]
+    unknown = [s for s in sides if s not in SIDES]
+    if unknown:
+        parser.error(f"--sides: expected some of {', '.join(SIDES)}, received: {', '.join(unknown)}")
     cfg = config_mod.load(resolve_preset(args.preset))
-    cfg = config_mod.replace(cfg, training=config_mod.replace(cfg.training, steps=args.steps, epochs=None,
+    cfg = config_mod.replace(cfg, training=config_mod.replace(cfg.training, steps=steps, epochs=None,
                                                               checkpoint_every=0))
-    engine_rates: list[float] = []
-    bare_rates: list[float] = []
+    rates: dict[str, list[float]] = {s: [] for s in sides}
     with tempfile.TemporaryDirectory(prefix="cd-bench-") as tmp:
         root = Path(tmp)
         print(f"preset {args.preset}: {cfg.num_replicas()} replicas, global batch {cfg.training.global_batch_size}, "
-              f"{args.steps} steps, {args.rounds} rounds (order alternates)")
-        print(f"{'round':>5} {'engine ex/s':>12} {'bare ex/s':>12} {'ratio':>7}")
-        for i in range(args.rounds):
-            order = ("engine", "bare") if i % 2 == 0 else ("bare", "engine")
-            got = {}
-            for side in order:
-                got[side] = engine_round(cfg, root) if side == "engine" else bare_round(cfg, root)
-            engine_rates.append(got["engine"])
-            bare_rates.append(got["bare"])
-            print(f"{i + 1:>5} {got['engine']:>12.0f} {got['bare']:>12.0f} {got['engine'] / got['bare']:>7.3f}",
-                  flush=True)
-    e, b = statistics.median(engine_rates), statistics.median(bare_rates)
-    print(f"median engine {e:.0f} ex/s, bare {b:.0f} ex/s")
-    print(f"telemetry overhead ratio (engine/bare, medians): {e / b:.3f}  (goal >= 0.97)")
+              f"{steps} steps, {rounds} round(s), order rotates; {machine_line()}")
+        print(f"{'round':>5} " + " ".join(f"{s + ' ex/s':>14}" for s in sides), flush=True)
+        for i in range(rounds):
+            order = sides[i % len(sides):] + sides[: i % len(sides)]
+            got = {side: measure(side, cfg, root) for side in order}
+            for side in sides:
+                rates[side].append(got[side])
+            print(f"{i + 1:>5} " + " ".join(f"{got[s]:>14.0f}" for s in sides), flush=True)
+
+    def paired(a: str, b: str) -> float | None:
+        if a not in rates or b not in rates:
+            return None
+        return median([x / y for x, y in zip(rates[a], rates[b], strict=True)])
+
+    figures = {f"median_{s}": median(v) for s, v in rates.items()}
+    ratios = {"engine/bare": paired("engine", "bare"), "fit+TB/fit": paired("fit+TB", "fit"),
+              "fit/bare": paired("fit", "bare"), "fit+TB/bare": paired("fit+TB", "bare")}
+    print("medians: " + ", ".join(f"{s} {median(v):.0f} ex/s" for s, v in rates.items()))
+    for name, value in ratios.items():
+        if value is not None:
+            figures[name] = value
+            note = f"  (goal >= {GOAL})" if name == "engine/bare" else ""
+            print(f"ratio {name:<12} {value:.3f}{note}")
+    eng, tb = ratios["engine/bare"], ratios["fit+TB/fit"]
+    if eng is not None and tb is not None:
+        print(f"engine/bare {'>' if eng > tb else '<='} fit+TB/fit: ClusterDeck's telemetry costs "
+              f"{(1 - eng) * 100:.1f} % of its loop, TensorBoard's callback {(1 - tb) * 100:.1f} % of fit")
+    if want_doc(args) and eng is not None:
+        write_section("telemetry_overhead", _doc(args.preset, cfg, steps, rounds, rates, ratios), args.doc)
+    return figures
+
+
+def _doc(preset: str, cfg: config_mod.RunConfig, steps: int, rounds: int, rates: dict[str, list[float]],
+         ratios: dict[str, float | None]) -> str:
+    eng, tb = ratios["engine/bare"], ratios["fit+TB/fit"]
+    rows = "\n".join(f"| {s} | {median(v):.0f} | {' · '.join(f'{x:.0f}' for x in v)} |" for s, v in rates.items())
+    lines = [
+        "## 1. Telemetry overhead",
+        "",
+        f"`python bench/telemetry_overhead.py` — preset `{preset}` ({cfg.num_replicas()} replicas, global batch "
+        f"{cfg.training.global_batch_size}, {steps} steps per run, {rounds} rounds, order rotating; "
+        f"{machine_line()}). Steady-state examples/s measured inside each training process after the same warm-up.",
+        "",
+        "| side | median examples/s | per round |",
+        "| --- | ---: | --- |",
+        rows,
+        "",
+        "| ratio (median of paired rounds) | value | goal |",
+        "| --- | ---: | --- |",
+        f"| **engine / bare**: ClusterDeck's full telemetry (events at {cfg.training.metrics_hz:g} Hz per replica, "
+        f"device sampling, events.jsonl, TensorBoard summaries) vs the same loop bare | **{eng:.3f}** | >= {GOAL} "
+        f"({verdict(eng >= GOAL)}) |",
+    ]
+    if tb is not None:
+        lines.append(f"| **fit+TB / fit**: `keras.callbacks.TensorBoard(update_freq=1)` vs the same `model.fit` "
+                     f"without callback | **{tb:.3f}** | engine/bare above it ({verdict(eng > tb)}) |")
+    for name in ("fit/bare", "fit+TB/bare"):
+        if ratios.get(name) is not None:
+            lines.append(f"| {name} (for scale: Keras `fit` against ClusterDeck's bare loop) | {ratios[name]:.3f} | |")
+    lines += ["", "Each side's cost is read against its own baseline (engine against its bare loop, fit+TB against "
+              "plain fit): the two loops differ (Keras `fit` splits global batches, ClusterDeck feeds each replica "
+              "its own pipeline), so only like-for-like ratios say what the telemetry costs."]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,7 +36,14 @@ from engine.telemetry import RunState
 from gui import theme
 from gui.controller import Controller
 
-REDRAW_INTERVAL_MS = 40  # 25 Hz
+REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
+#: New events are drawn as soon as the controller has folded them, but never more often than this.
+MIN_REDRAW_SPACING_S = 0.030
+#: Samples per pixel drawn at most (pyqtgraph's "peak" downsampling keeps each bin's min and max).
+SAMPLES_PER_PIXEL = 1.0
+#: Above this many curves a plot draws 1-pixel lines: Qt strokes wider ones many times slower,
+#: and with that many curves wide lines only hide one another.
+THIN_ABOVE = 8
 
 
 @dataclass(frozen=True)
@@ -83,6 +91,17 @@ def ema(y: np.ndarray, weight: float, start: int = 0, prev: np.ndarray | None = 
     return out
 
 
+def _ema_tail(y: np.ndarray, weight: float, start: int, buf: np.ndarray) -> np.ndarray:
+    """``buf[start:len(y)]`` filled with the EMA of ``y`` continued from ``buf[start - 1]``; returns ``buf[:len(y)]``."""
+    n = len(y)
+    last = buf[start - 1]
+    w, a = weight, 1.0 - weight
+    for i in range(start, n):
+        last = w * last + a * y[i]
+        buf[i] = last
+    return buf[:n]
+
+
 def _natural(key: str) -> list[object]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
 
@@ -112,6 +131,9 @@ class MetricPlot(QWidget):
         self.item.setClipToView(True)
         self.item.setDownsampling(auto=True, mode="peak")
         self.item.showGrid(x=True, y=True, alpha=0.25)
+        for name in ("left", "bottom"):
+            # grid lines at the labelled ticks only: the minor levels' lines made painting a plot ~5x slower
+            self.item.getAxis(name).setStyle(maxTickLevel=0)
         self.item.setMenuEnabled(True)
         self.item.getViewBox().setMouseEnabled(x=True, y=True)
         self.item.setLabel("left", spec.unit or None)
@@ -120,6 +142,8 @@ class MetricPlot(QWidget):
         self.raw: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # curve -> unsmoothed (x, y) as shown
         self.labels: dict[str, str] = {}
         self._ema: dict[str, tuple[float, int, np.ndarray]] = {}
+        self._drawn: dict[str, tuple[float, ...]] = {}  # curve -> what its data was made of when last set
+        self._totals: dict[str, tuple[str, int, float, np.ndarray]] = {}  # run prefix -> (base, final n, x, total)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 0)
         layout.setSpacing(0)
@@ -158,34 +182,58 @@ class MetricPlot(QWidget):
         self.raw.clear()
         self.labels.clear()
         self._ema.clear()
+        self._drawn.clear()
+        self._totals.clear()
 
     def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
                width: float = 1.6) -> pg.PlotDataItem:
         curve = self.curves.get(key)
         if curve is None:
-            curve = self.item.plot([], [], pen=pg.mkPen(color, width=width, style=style), name=label)
+            thin = len(self.curves) >= THIN_ABOVE
+            curve = self.item.plot([], [], pen=pg.mkPen(color, width=1.0 if thin else width, style=style), name=label)
             curve.setClipToView(True)
             curve.setDownsampling(auto=True, method="peak")
+            curve.opts["autoDownsampleFactor"] = SAMPLES_PER_PIXEL  # pyqtgraph's default draws 5 per pixel
             self.curves[key] = curve
             self.labels[key] = label
+            if len(self.curves) == THIN_ABOVE + 1:
+                for other in self.curves.values():
+                    pen = pg.mkPen(other.opts["pen"])
+                    pen.setWidthF(1.0)
+                    other.setPen(pen)
         return curve
 
     def _smoothed(self, key: str, y: np.ndarray, weight: float) -> np.ndarray:
+        """EMA of ``y``, extended incrementally: a growable buffer per curve, so a frame costs only its new points."""
         if weight <= 0 or not self.spec.smooth or len(y) == 0:
             return y
+        n = len(y)
         cached = self._ema.get(key)
-        start, prev = 0, None
-        if cached is not None and cached[0] == weight and cached[1] <= len(y):
-            start, prev = cached[1], cached[2]
-            if start == len(y):
-                return prev[: len(y)]
-        out = ema(y, weight, start, prev)
-        self._ema[key] = (weight, len(y), out)
-        return out
+        if cached is None or cached[0] != weight or cached[1] > n:
+            start, buf = 0, np.empty(max(256, n + n // 4))
+        else:
+            _, start, buf = cached
+            if start == n:
+                return buf[:n]
+            if n > len(buf):
+                grown = np.empty(n + n // 2)
+                grown[:start] = buf[:start]
+                buf = grown
+        buf[:n] = ema(y, weight, start, buf[:n]) if start == 0 else _ema_tail(y, weight, start, buf)
+        self._ema[key] = (weight, n, buf)
+        return buf[:n]
 
     def set_curve(self, key: str, label: str, color: str, x: np.ndarray, y: np.ndarray, smoothing: float,
                   style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6) -> None:
         curve = self._curve(key, label, color, style, width)
+        n = len(x)
+        # a curve whose points did not change is not touched: setData makes pyqtgraph redo its bounds,
+        # clipping and downsampling over every point
+        signature = (n, float(x[0]) if n else 0.0, float(x[-1]) if n else 0.0, float(y[-1]) if n else 0.0,
+                     smoothing)
+        if self._drawn.get(key) == signature:
+            return
+        self._drawn[key] = signature
         y = y * self.spec.scale if self.spec.scale != 1.0 else y
         self.raw[key] = (x, y)
         if self.spec.skip_first and len(x) > 1:
@@ -202,7 +250,8 @@ class MetricPlot(QWidget):
         ys = [c.yData for c in self.curves.values() if c.isVisible() and c.yData is not None and len(c.yData)]
         if not ys:
             return
-        values = np.concatenate(ys)
+        # an even sample of at most ~4k points per curve: the percentile of hours of points costs a frame
+        values = np.concatenate([y[:: max(1, len(y) // 4096)] for y in ys])
         top = float(np.percentile(values, 99)) * 1.3
         if top > 0 and np.isfinite(top):
             self.item.setYRange(0.0, top, padding=0)
@@ -313,6 +362,7 @@ class PlotsPanel(QWidget):
 
         self._version = -1
         self._dirty = True
+        self._last_redraw = 0.0
         self.timer = QTimer(self)
         self.timer.setObjectName("plotsTimer")
         self.timer.setInterval(REDRAW_INTERVAL_MS)
@@ -321,6 +371,9 @@ class PlotsPanel(QWidget):
         self.smoothing.valueChanged.connect(self._settings_changed)
         self.clear_compare.clicked.connect(controller.clear_comparisons)
         controller.runLoaded.connect(self._reset)
+        # drawn in the same event-loop turn as the controller folds them: a point waits for one
+        # timer (the controller's drain) instead of two
+        controller.runUpdated.connect(self._run_updated)
         controller.comparisonsChanged.connect(self._comparisons_changed)
         self._settings_changed()
         self.timer.start()
@@ -354,6 +407,8 @@ class PlotsPanel(QWidget):
                 plot.item.removeItem(plot.curves.pop(key))
                 plot.legend.removeItem(plot.labels.pop(key))
                 plot.raw.pop(key, None)
+                plot._drawn.pop(key, None)
+                plot._ema.pop(key, None)
         self.clear_compare.setEnabled(bool(self.controller.comparisons))
         self._dirty = True
         self.redraw_if_needed()
@@ -361,12 +416,17 @@ class PlotsPanel(QWidget):
     def stop(self) -> None:
         self.timer.stop()
 
+    def _run_updated(self) -> None:
+        if time.monotonic() - self._last_redraw >= MIN_REDRAW_SPACING_S:
+            self.redraw_if_needed()
+
     def redraw_if_needed(self) -> None:
         history = self.controller.state.history
         if history.version == self._version and not self._dirty:
             return
         self._version = history.version
         self._dirty = False
+        self._last_redraw = time.monotonic()
         self.redraw()
 
     def redraw(self) -> None:
@@ -403,7 +463,7 @@ class PlotsPanel(QWidget):
         owners = sorted({k.split("/")[1] for k in history.series
                          if k.startswith(spec.scope + "/") and k.rsplit("/", 1)[-1] in spec.metrics}, key=_natural)
         order = {name: i for i, name in enumerate(state.tasks)}
-        totals: list[tuple[np.ndarray, np.ndarray]] = []
+        totals: list[tuple[str, np.ndarray, np.ndarray]] = []
         for n, owner in enumerate(owners):
             for m, metric in enumerate(spec.metrics):
                 key = f"{spec.scope}/{owner}/{metric}"
@@ -417,11 +477,35 @@ class PlotsPanel(QWidget):
                 pen_style = Qt.PenStyle.DotLine if m and not label else style
                 plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style)
                 if spec.total and m == 0:
-                    totals.append((x, y))
+                    totals.append((key, x, y))
         if spec.total and len(totals) > 1:
-            base_x = max(totals, key=lambda xy: len(xy[0]))[0]
-            total = np.zeros_like(base_x)
-            for x, y in totals:
-                total += np.interp(base_x, x, y)
+            base_x, total = _total(plot._totals, prefix, totals)
             plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
                            base_x, total, weight, style, width=2.2)
+
+
+def _total(cache: dict[str, tuple[str, int, float, np.ndarray]], prefix: str,
+           series: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """The sum of the series, each interpolated at the x of the longest, extended incrementally.
+
+    Series only grow, with increasing x: the sum at an x that every series has already
+    reached never changes, so only the points past the earliest series' end are recomputed.
+    """
+    base_key, base_x, _ = max(series, key=lambda s: len(s[1]))
+    start = 0
+    cached = cache.get(prefix)
+    if cached is not None:
+        key, final, x_at, old = cached
+        if key == base_key and 0 < final <= len(base_x) and base_x[final - 1] == x_at and final <= len(old):
+            start = final
+    total = np.empty_like(base_x)
+    if start:
+        total[:start] = cached[3][:start]  # type: ignore[index]
+    tail = base_x[start:]
+    total[start:] = 0.0
+    for _, x, y in series:
+        total[start:] += np.interp(tail, x, y)
+    final = int(np.searchsorted(base_x, min(float(x[-1]) for _, x, _ in series), side="right"))
+    if final:
+        cache[prefix] = (base_key, final, float(base_x[final - 1]), total)
+    return base_x, total

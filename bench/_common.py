@@ -1,0 +1,110 @@
+"""Shared helpers of the benchmarks: presets, percentiles, free ports, the results document."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import socket
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+DOC = ROOT / "docs" / "benchmarks.md"
+
+#: Order of the sections in docs/benchmarks.md (one per benchmark script).
+SECTIONS = ("telemetry_overhead", "live_latency", "gui_scale", "startup_stop", "profiles")
+
+_HEADER = """# Benchmarks
+
+ClusterDeck promises live, sub-second, per-replica telemetry that costs the training
+next to nothing. The scripts in `bench/` measure that promise side by side with what
+users have today (TensorBoard's Keras callback and its server), on the same machine in
+the same invocation, and report **ratios**: the machine they run on is shared and noisy,
+so absolute figures drift between invocations while ratios of interleaved runs hold.
+
+Each section below is rewritten by its script (`python bench/<name>.py`; add `--quick`
+for a short smoke run that leaves this file alone unless `--write-doc` is given);
+`python bench/run_all.py` runs them all.
+
+"""
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The ``q``-th percentile (0..100) by linear interpolation; NaN for no values."""
+    data = sorted(values)
+    if not data:
+        return math.nan
+    k = (len(data) - 1) * q / 100.0
+    lo, hi = math.floor(k), math.ceil(k)
+    return data[lo] + (data[hi] - data[lo]) * (k - lo)
+
+
+def median(values: Sequence[float]) -> float:
+    return percentile(values, 50.0)
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def machine_line() -> str:
+    import platform
+
+    try:
+        import psutil
+
+        mem = f", {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
+    except ImportError:
+        mem = ""
+    return f"{os.cpu_count()} CPU cores{mem}, Python {platform.python_version()}, {platform.system()}"
+
+
+def verdict(ok: bool) -> str:
+    return "met" if ok else "**not met**"
+
+
+def write_section(name: str, body: str, path: Path = DOC) -> Path:
+    """Replace (or add) the section ``name`` of the results document, leaving the others as they are."""
+    if name not in SECTIONS:
+        raise ValueError(f"name: expected one of {', '.join(SECTIONS)}, received: name={name!r}")
+    text = path.read_text(encoding="utf-8") if path.exists() else _HEADER
+    begin, end = f"<!-- bench:{name} -->", f"<!-- /bench:{name} -->"
+    block = f"{begin}\n{body.strip()}\n{end}"
+    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: block, text)
+    else:
+        # keep the sections in their order: insert before the first later section present
+        later = [f"<!-- bench:{s} -->" for s in SECTIONS[SECTIONS.index(name) + 1:]]
+        positions = [text.index(m) for m in later if m in text]
+        if positions:
+            at = min(positions)
+            text = text[:at] + block + "\n\n" + text[at:]
+        else:
+            text = text.rstrip() + "\n\n" + block + "\n"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".md.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+    return path
+
+
+def want_doc(args: object) -> bool:
+    """Full runs write their section; ``--quick`` runs only with ``--write-doc``."""
+    if getattr(args, "no_doc", False):
+        return False
+    return bool(getattr(args, "write_doc", False)) or not bool(getattr(args, "quick", False))
+
+
+def add_doc_flags(parser: object) -> None:
+    parser.add_argument("--quick", action="store_true", help="a short smoke run (figures are rough)")  # type: ignore[attr-defined]
+    parser.add_argument("--write-doc", action="store_true", help="update docs/benchmarks.md even with --quick")  # type: ignore[attr-defined]
+    parser.add_argument("--no-doc", action="store_true", help="leave docs/benchmarks.md alone")  # type: ignore[attr-defined]
+    parser.add_argument("--doc", type=Path, default=DOC, help="the results document (default: docs/benchmarks.md)")  # type: ignore[attr-defined]
