@@ -1,0 +1,54 @@
+"""The app killed with SIGKILL mid-run: every task of its run exits by itself within 5 s."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine import config as config_mod
+from engine import events
+from tests.conftest import ROOT, wait_gone
+from tests.gui.conftest import PRESETS
+
+
+@pytest.mark.cluster
+def test_tasks_outlive_a_killed_app_by_less_than_5s(tmp_path: Path) -> None:
+    cfg = config_mod.load(PRESETS / "data-2workers.yaml")
+    cfg = config_mod.replace(cfg, training=config_mod.replace(cfg.training, steps=100_000))
+    preset = tmp_path / "long.yaml"
+    config_mod.save(cfg, preset)
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", CLUSTERDECK_RUNS=str(tmp_path / "runs"),
+               PYTHONPATH=str(ROOT), XDG_CONFIG_HOME=str(tmp_path / "config"))
+    app = subprocess.Popen([sys.executable, "-m", "engine.cli", "gui", str(preset), "--run"], env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 120
+        tasks: list[psutil.Process] = []
+        run_dir = None
+        while time.monotonic() < deadline:
+            tasks = [p for p in psutil.Process(app.pid).children(recursive=True)
+                     if "engine.runtime.task" in " ".join(p.cmdline())]
+            runs = list((tmp_path / "runs").glob("*"))
+            if len(tasks) == 2 and runs and any(e["kind"] == "step"
+                                                for e in events.read_file(runs[0] / "events.jsonl")):
+                run_dir = runs[0]
+                break
+            time.sleep(0.3)
+        assert run_dir is not None, "the app did not start training within 120 s"
+        pids = [p.pid for p in tasks]
+        app.send_signal(signal.SIGKILL)
+        app.wait(5)
+        assert wait_gone(pids, 5.0) == [], "tasks outlived the killed app by more than 5 s"
+        # the folder is complete enough to reopen: config and the events so far
+        assert config_mod.load(run_dir / "config.yaml").name == cfg.name
+        assert any(e["kind"] == "step" for e in events.read_file(run_dir / "events.jsonl"))
+    finally:
+        if app.poll() is None:
+            app.kill()
