@@ -127,13 +127,13 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--minutes", type=float, default=None, help="simulated minutes (default 60, quick 2)")
     parser.add_argument("--replicas", type=int, default=32)
     parser.add_argument("--chunk", type=float, default=None,
-                        help="simulated seconds queued per fast-forward tick (default 20, quick 5)")
+                        help="simulated seconds queued per fast-forward tick (default 60, quick 5)")
     parser.add_argument("--live", type=float, default=None, help="seconds at real speed after the hour (default 15, quick 3)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the live phase here")
     add_doc_flags(parser)
     args = parser.parse_args(argv)
     minutes = args.minutes if args.minutes is not None else (2.0 if args.quick else 60.0)
-    chunk = args.chunk or (5.0 if args.quick else 20.0)
+    chunk = args.chunk or (5.0 if args.quick else 60.0)
     live = args.live if args.live is not None else (3.0 if args.quick else 15.0)
 
     import tempfile

@@ -60,7 +60,9 @@ class Series:
 
     def append(self, x: float, y: float, t: float) -> None:
         if self._n == len(self._x):
-            grow = max(256, len(self._x))
+            # grow by an eighth: hours of points at 10 Hz for 100+ series stay within ~12 % of what
+            # they hold (doubling kept up to twice that alive); appends stay amortised O(1)
+            grow = max(256, len(self._x) // 8)
             self._x = np.concatenate([self._x, np.empty(grow)])
             self._y = np.concatenate([self._y, np.empty(grow)])
             self._t = np.concatenate([self._t, np.empty(grow)])

@@ -210,13 +210,13 @@ class MetricPlot(QWidget):
         n = len(y)
         cached = self._ema.get(key)
         if cached is None or cached[0] != weight or cached[1] > n:
-            start, buf = 0, np.empty(max(256, n + n // 4))
+            start, buf = 0, np.empty(max(256, n + n // 8))
         else:
             _, start, buf = cached
             if start == n:
                 return buf[:n]
             if n > len(buf):
-                grown = np.empty(n + n // 2)
+                grown = np.empty(max(n + 256, n + n // 8))
                 grown[:start] = buf[:start]
                 buf = grown
         buf[:n] = ema(y, weight, start, buf[:n]) if start == 0 else _ema_tail(y, weight, start, buf)
