@@ -101,13 +101,14 @@ class Run:
 
     def __init__(self, config: RunConfig, *, runs_root: str | Path | None = None, run_dir: str | Path | None = None,
                  python: str | None = None, task_env: dict[str, str] | None = None,
-                 isolate: bool | None = None) -> None:
+                 isolate: bool | None = None, checked: bool = False) -> None:
         self.config = config
         self.runs_root = Path(runs_root) if runs_root is not None else default_runs_root()
         self._run_dir = Path(run_dir) if run_dir is not None else None
         self.python = python or sys.executable
         self.task_env = dict(task_env or {})
         self.isolate = isolate  # None: on unless CLUSTERDECK_NETNS=0
+        self.checked = checked  # the caller ran launch_problems(deep=True) already (off its UI thread)
         self.isolated = False
         self.state = RunState(total_steps=config.total_steps(),
                               tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()])
@@ -146,7 +147,7 @@ class Run:
         """Validate, pick ports, write the run folder and start every host's supervisor."""
         self.config = datasets.absolute_paths(self.config)  # tasks run in the run folder
         self._base_config = self.config
-        problems = launch_problems(self.config, deep=True)
+        problems = launch_problems(self.config, deep=not self.checked)
         if problems:
             raise ConfigError(problems)
         if self._run_dir is None:

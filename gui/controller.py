@@ -8,6 +8,7 @@ window decides how to tell the user.
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import queue
 import re
@@ -18,7 +19,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
 from engine import config as cfg
-from engine import events
+from engine import events, script_check
 from engine.config import ConfigError, Problem, RunConfig
 from engine.launcher import Run, default_runs_root, launch_problems
 from engine.telemetry import TERMINAL, RunState
@@ -139,11 +140,17 @@ class Controller(QObject):
     runStateChanged = Signal(str)  # "starting", "running", "stopping", "finished", "failed", "stopped"
     comparisonsChanged = Signal()
     message = Signal(str)  # for the status bar
+    startFailed = Signal(list)  # list[Problem]: a run checked in the background could not start
 
     def __init__(self, config: RunConfig | None = None, *, runs_root: Path | None = None,
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.undo_stack = QUndoStack(self)
+        self._checking: tuple[RunConfig, concurrent.futures.Future[list[Problem]]] | None = None
+        self._check_pool = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="preflight")
+        self._check_timer = QTimer(self)
+        self._check_timer.setInterval(50)
+        self._check_timer.timeout.connect(self._check_tick)
         self._doc = Document.of(config if config is not None else cfg.default_config())
         self._problems: list[Problem] = launch_problems(self._doc.config)
         self._selection: Selection = None
@@ -345,25 +352,64 @@ class Controller(QObject):
 
     @property
     def is_running(self) -> bool:
-        """A launched run whose end the controller has not folded in yet."""
-        return self.run is not None
+        """A launched run whose end the controller has not folded in yet (or its pre-launch check)."""
+        return self.run is not None or self._checking is not None
 
     @property
     def run_state(self) -> str:
+        if self._checking is not None:
+            return "checking"
         if self._stopping and self.run is not None:
             return "stopping"
         return self.state.state
 
-    def start_run(self) -> Path:
-        """Launch the current config; returns the run folder. Raises ConfigError when it cannot start."""
-        if self.run is not None:
+    def start_run(self) -> Path | None:
+        """Launch the current config; returns the run folder. Raises ConfigError when it cannot start.
+
+        A config naming the user's script is checked first in a background thread (the check
+        imports TensorFlow in a subprocess: seconds); then None is returned, and the run starts
+        when the check passes, or ``startFailed`` reports its problems.
+        """
+        if self.run is not None or self._checking is not None:
             raise RuntimeError("a run is in progress; stop it first")
         problems = launch_problems(self.config)
         if problems:
             raise ConfigError(problems)
+        if script_check.uses_script(self.config):
+            config = self.config
+            self._checking = (config, self._check_pool.submit(launch_problems, config, deep=True))
+            self._check_timer.start()
+            self.runStateChanged.emit("checking")
+            self.message.emit("Checking your script before the run starts…")
+            return None
+        return self._launch(self.config, checked=False)
+
+    def _check_tick(self) -> None:
+        if self._checking is None:
+            self._check_timer.stop()
+            return
+        config, future = self._checking
+        if not future.done():
+            return
+        self._check_timer.stop()
+        self._checking = None
+        try:
+            problems = future.result()
+        except Exception as exc:  # noqa: BLE001 - any failure of the check is shown, never raised into Qt
+            problems = [Problem("", f"the check could not run: {exc}")]
+        if problems:
+            self.runStateChanged.emit("idle")
+            self.startFailed.emit(problems)
+            return
+        try:
+            self._launch(config, checked=True)
+        except ConfigError as exc:
+            self.runStateChanged.emit("idle")
+            self.startFailed.emit(exc.problems)
+
+    def _launch(self, config: RunConfig, *, checked: bool) -> Path:
         self._stop_follow()
-        config = self.config
-        run = Run(config, runs_root=self.runs_root)
+        run = Run(config, runs_root=self.runs_root, checked=checked)
         self._events = queue.SimpleQueue()
         run.add_listener(self._events.put)  # called on the run's dispatcher thread: only enqueue there
         self.state = run_state_for(config)
@@ -383,6 +429,12 @@ class Controller(QObject):
 
     def stop_run(self) -> None:
         """Ask the run to stop; returns at once (the end arrives as a ``run`` event)."""
+        if self._checking is not None:  # not started yet: forget the check's outcome
+            self._checking = None
+            self._check_timer.stop()
+            self.runStateChanged.emit("idle")
+            self.message.emit("Run cancelled before it started")
+            return
         if self.run is None or self._stopping:
             return
         self._stopping = True
@@ -488,6 +540,9 @@ class Controller(QObject):
     def shutdown(self) -> None:
         """Stop timers, and the run if any (without waiting for it)."""
         self._stop_follow()
+        self._check_timer.stop()
+        self._checking = None
+        self._check_pool.shutdown(wait=False, cancel_futures=True)
         if self.run is not None:
             self.stop_run()
         else:

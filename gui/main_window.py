@@ -125,6 +125,7 @@ class MainWindow(QMainWindow):
         c.pathChanged.connect(self._path_changed)
         c.documentChanged.connect(self._update_title)
         c.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
+        c.startFailed.connect(self.show_start_failed)
         c.undo_stack.cleanChanged.connect(lambda _clean: self._update_title())
         self.problems.fieldActivated.connect(self._focus_field)
         self.plots.compare_button.clicked.connect(self.compare_with_run)
@@ -488,6 +489,10 @@ class MainWindow(QMainWindow):
             sel = c.selection
         host = sel[1] if sel is not None else len(c.config.cluster.hosts) - 1
         c.add_task(host, role)
+
+    def show_start_failed(self, problems: list) -> None:
+        QMessageBox.warning(self, "Cannot run", str(ConfigError(problems)))
+        self._update_actions()
 
     def start_run(self) -> None:
         try:

@@ -12,6 +12,7 @@ from gui.controller import Controller
 
 STATE_TEXT = {
     "pending": "Ready",
+    "checking": "Checking…",
     "starting": "Starting…",
     "running": "Running",
     "stopping": "Stopping…",
@@ -91,6 +92,9 @@ class RunStatus(QWidget):
         self.badge.setText(STATE_TEXT.get(state, state.capitalize()))
         self.badge.setStyleSheet(f"QLabel {{ color: white; background: {color}; border-radius: 4px; "
                                  "padding: 2px 8px; font-weight: bold; }")
+        if state == "checking":
+            self.detail.setText("checking your script in a separate process before the run starts")
+            return
         total = max(1, s.total_steps)
         self.progress.setRange(0, total)
         self.progress.setValue(min(s.step, total))
