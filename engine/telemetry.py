@@ -48,14 +48,17 @@ def _is_number(value: Any) -> TypeGuard[int | float]:
 
 
 class Series:
-    """A growable pair of float64 arrays (x, y) with amortised O(1) appends."""
+    """Growable float64 arrays x, y and t (wall time) with amortised O(1) appends.
+
+    ``t_is_x``: the series is by time (x is the wall time), so no separate t array is kept.
+    """
 
     __slots__ = ("_x", "_y", "_n", "_t")
 
-    def __init__(self, capacity: int = 256) -> None:
+    def __init__(self, capacity: int = 256, *, t_is_x: bool = False) -> None:
         self._x = np.empty(capacity, dtype=np.float64)
         self._y = np.empty(capacity, dtype=np.float64)
-        self._t = np.empty(capacity, dtype=np.float64)
+        self._t = None if t_is_x else np.empty(capacity, dtype=np.float64)
         self._n = 0
 
     def append(self, x: float, y: float, t: float) -> None:
@@ -65,10 +68,12 @@ class Series:
             grow = max(256, len(self._x) // 8)
             self._x = np.concatenate([self._x, np.empty(grow)])
             self._y = np.concatenate([self._y, np.empty(grow)])
-            self._t = np.concatenate([self._t, np.empty(grow)])
+            if self._t is not None:
+                self._t = np.concatenate([self._t, np.empty(grow)])
         self._x[self._n] = x
         self._y[self._n] = y
-        self._t[self._n] = t
+        if self._t is not None:
+            self._t[self._n] = t
         self._n += 1
 
     def __len__(self) -> int:
@@ -84,7 +89,7 @@ class Series:
 
     @property
     def t(self) -> np.ndarray:
-        return self._t[: self._n]
+        return (self._x if self._t is None else self._t)[: self._n]
 
 
 #: Per-replica metrics kept as history, with their units.
@@ -101,10 +106,10 @@ class History:
         self.t0: float | None = None
         self.version = 0  # bumps on every append: views redraw only when it moved
 
-    def _series(self, key: str) -> Series:
+    def _series(self, key: str, by_time: bool = False) -> Series:
         s = self.series.get(key)
         if s is None:
-            s = self.series[key] = Series()
+            s = self.series[key] = Series(t_is_x=by_time)
         return s
 
     def add(self, event: dict[str, Any]) -> None:
@@ -131,7 +136,7 @@ class History:
                 value = event.get(metric)
                 if _is_number(value):
                     suffix = f"@{event['device']}" if "device" in event and metric.startswith("tf_") else ""
-                    self._series(f"task/{name}{suffix}/{metric}").append(t, float(value), t)
+                    self._series(f"task/{name}{suffix}/{metric}", by_time=True).append(t, float(value), t)
                     self.version += 1
 
     def keys(self, prefix: str = "") -> list[str]:

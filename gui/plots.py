@@ -39,8 +39,9 @@ from gui.controller import Controller
 REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
 #: New events are drawn as soon as the controller has folded them, but never more often than this.
 MIN_REDRAW_SPACING_S = 0.030
-#: Samples per pixel drawn at most (pyqtgraph's "peak" downsampling keeps each bin's min and max).
-SAMPLES_PER_PIXEL = 1.0
+#: Screen pixels per block of points drawn as its min and max (2 points per block): with 1, ~2 points
+#: per horizontal pixel reach pyqtgraph; fewer points than 2 per pixel in view are drawn exactly.
+PIXELS_PER_BLOCK = 1.0
 #: Above this many curves a plot draws 1-pixel lines: Qt strokes wider ones many times slower,
 #: and with that many curves wide lines only hide one another.
 THIN_ABOVE = 8
@@ -106,8 +107,79 @@ def _natural(key: str) -> list[object]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
 
 
+class _Peaks:
+    """Min and max of each full block of ``size`` points of a curve, extended as the curve grows:
+    O(new points) per frame, so a frame never rescans hours of points."""
+
+    __slots__ = ("size", "weight", "lo", "hi", "done")
+
+    def __init__(self, size: int, weight: float) -> None:
+        self.size = size
+        self.weight = weight
+        self.lo = np.empty(64)
+        self.hi = np.empty(64)
+        self.done = 0  # full blocks summarised
+
+    def extend(self, y: np.ndarray, stable: int | None) -> tuple[np.ndarray, np.ndarray]:
+        size = self.size
+        if stable is not None:
+            self.done = min(self.done, stable // size)
+        full = len(y) // size
+        if full < self.done:
+            self.done = full
+        if full > self.done:
+            if full > len(self.lo):
+                cap = full + full // 4 + 64
+                lo, hi = np.empty(cap), np.empty(cap)
+                lo[: self.done], hi[: self.done] = self.lo[: self.done], self.hi[: self.done]
+                self.lo, self.hi = lo, hi
+            block = y[self.done * size : full * size].reshape(-1, size)
+            self.lo[self.done : full] = block.min(axis=1)
+            self.hi[self.done : full] = block.max(axis=1)
+            self.done = full
+        return self.lo[:full], self.hi[:full]
+
+
+class _RawCurves:
+    """Curve key -> its unsmoothed (x, y) as shown; kept as the history's arrays, offset and scaled on access."""
+
+    def __init__(self) -> None:
+        self._d: dict[str, tuple[np.ndarray, np.ndarray, float, float]] = {}
+
+    def put(self, key: str, x: np.ndarray, y: np.ndarray, x_offset: float, scale: float) -> None:
+        self._d[key] = (x, y, x_offset, scale)
+
+    def __getitem__(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        x, y, off, scale = self._d[key]
+        return (x - off if off else x), (y * scale if scale != 1.0 else y)
+
+    def get(self, key: str, default: object = None) -> object:
+        return self[key] if key in self._d else default
+
+    def length(self, key: str) -> int:
+        entry = self._d.get(key)
+        return 0 if entry is None else len(entry[0])
+
+    def pop(self, key: str, default: object = None) -> object:
+        return self._d.pop(key, default)
+
+    def clear(self) -> None:
+        self._d.clear()
+
+    def __contains__(self, key: object) -> bool:
+        return key in self._d
+
+    def __iter__(self):  # noqa: ANN204
+        return iter(self._d)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
 class MetricPlot(QWidget):
     """One pyqtgraph plot with a title bar, a legend (click an entry to hide its curve) and exports."""
+
+    viewChanged = Signal()
 
     def __init__(self, spec: PlotSpec, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -128,8 +200,7 @@ class MetricPlot(QWidget):
         header.addWidget(self.csv_button)
         self.widget = pg.PlotWidget()
         self.item: pg.PlotItem = self.widget.getPlotItem()
-        self.item.setClipToView(True)
-        self.item.setDownsampling(auto=True, mode="peak")
+        # no pyqtgraph clipping or downsampling: set_curve hands each curve only what the view shows
         self.item.showGrid(x=True, y=True, alpha=0.25)
         for name in ("left", "bottom"):
             # grid lines at the labelled ticks only: the minor levels' lines made painting a plot ~5x slower
@@ -139,7 +210,9 @@ class MetricPlot(QWidget):
         self.item.setLabel("left", spec.unit or None)
         self.legend = self.item.addLegend(offset=(-6, 6), labelTextSize="8pt", verSpacing=-6)
         self.curves: dict[str, pg.PlotDataItem] = {}
-        self.raw: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # curve -> unsmoothed (x, y) as shown
+        self.raw = _RawCurves()  # curve -> unsmoothed (x, y) as shown (offset and scale applied on access)
+        self._peaks: dict[str, _Peaks] = {}  # curve -> min/max per block of its drawn points
+        self._view_key: tuple[float, ...] = ()
         self.labels: dict[str, str] = {}
         self._ema: dict[str, tuple[float, int, np.ndarray]] = {}
         self._drawn: dict[str, tuple[float, ...]] = {}  # curve -> what its data was made of when last set
@@ -149,6 +222,8 @@ class MetricPlot(QWidget):
         layout.setSpacing(0)
         self.robust = spec.robust_y
         self.item.getViewBox().sigRangeChangedManually.connect(self._user_range)
+        self.item.getViewBox().sigXRangeChanged.connect(self._view_moved)
+        self.item.getViewBox().sigResized.connect(self._view_moved)
         layout.addLayout(header)
         layout.addWidget(self.widget, 1)
         self.png_button.clicked.connect(self._ask_png)
@@ -184,6 +259,7 @@ class MetricPlot(QWidget):
         self._ema.clear()
         self._drawn.clear()
         self._totals.clear()
+        self._peaks.clear()
 
     def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
                width: float = 1.6) -> pg.PlotDataItem:
@@ -191,9 +267,6 @@ class MetricPlot(QWidget):
         if curve is None:
             thin = len(self.curves) >= THIN_ABOVE
             curve = self.item.plot([], [], pen=pg.mkPen(color, width=1.0 if thin else width, style=style), name=label)
-            curve.setClipToView(True)
-            curve.setDownsampling(auto=True, method="peak")
-            curve.opts["autoDownsampleFactor"] = SAMPLES_PER_PIXEL  # pyqtgraph's default draws 5 per pixel
             self.curves[key] = curve
             self.labels[key] = label
             if len(self.curves) == THIN_ABOVE + 1:
@@ -203,7 +276,7 @@ class MetricPlot(QWidget):
                     other.setPen(pen)
         return curve
 
-    def _smoothed(self, key: str, y: np.ndarray, weight: float) -> np.ndarray:
+    def _smoothed(self, key: str, y: np.ndarray, weight: float, stable: int | None = None) -> np.ndarray:
         """EMA of ``y``, extended incrementally: a growable buffer per curve, so a frame costs only its new points."""
         if weight <= 0 or not self.spec.smooth or len(y) == 0:
             return y
@@ -213,7 +286,11 @@ class MetricPlot(QWidget):
             start, buf = 0, np.empty(max(256, n + n // 8))
         else:
             _, start, buf = cached
-            if start == n:
+            if stable is not None and stable < start:
+                start = stable  # the points from ``stable`` on changed (the "total" curve)
+            if start == 0:
+                start, buf = 0, np.empty(max(256, n + n // 8))
+            elif start == n:
                 return buf[:n]
             if n > len(buf):
                 grown = np.empty(max(n + 256, n + n // 8))
@@ -224,21 +301,77 @@ class MetricPlot(QWidget):
         return buf[:n]
 
     def set_curve(self, key: str, label: str, color: str, x: np.ndarray, y: np.ndarray, smoothing: float,
-                  style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6) -> None:
+                  style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6, *, x_offset: float = 0.0,
+                  stable: int | None = None) -> None:
+        """Show ``(x - x_offset, y * scale)``: ~2 points per horizontal pixel of the view (each block's
+        min and max, from summaries kept incrementally), or every point in view when fewer.
+
+        ``stable``: how many leading points are unchanged since the last call (default: all that were
+        there; the history only grows)."""
         curve = self._curve(key, label, color, style, width)
         n = len(x)
-        # a curve whose points did not change is not touched: setData makes pyqtgraph redo its bounds,
-        # clipping and downsampling over every point
+        x_range, pixels = self._view()
+        # a curve whose points and view did not change is not touched
         signature = (n, float(x[0]) if n else 0.0, float(x[-1]) if n else 0.0, float(y[-1]) if n else 0.0,
-                     smoothing)
+                     smoothing, x_offset, pixels, *(x_range or ()))
         if self._drawn.get(key) == signature:
             return
         self._drawn[key] = signature
-        y = y * self.spec.scale if self.spec.scale != 1.0 else y
-        self.raw[key] = (x, y)
+        scale = self.spec.scale
+        self.raw.put(key, x, y, x_offset, scale)
         if self.spec.skip_first and len(x) > 1:
             x, y = x[1:], y[1:]
-        curve.setData(x, self._smoothed(key, y, smoothing), skipFiniteCheck=True)
+            stable = None if stable is None else max(0, stable - 1)
+        ys = self._smoothed(key, y, smoothing, stable)
+        xd, yd = self._decimate(key, x, ys, smoothing, stable, x_range, x_offset, pixels)
+        if x_offset:
+            xd = xd - x_offset
+        if scale != 1.0:
+            yd = yd * scale
+        curve.setData(xd, yd, skipFiniteCheck=True)
+
+    def _view(self) -> tuple[tuple[float, float] | None, int]:
+        """The shown x range (None while x follows the data) and the plot's width in pixels."""
+        vb = self.item.getViewBox()
+        pixels = int(vb.width()) or 800
+        if vb.autoRangeEnabled()[0]:
+            return None, pixels
+        lo, hi = vb.viewRange()[0]
+        return (float(lo), float(hi)), pixels
+
+    def _view_moved(self, *_args: object) -> None:
+        """The user's x range or the plot's width changed: curves are cut again at the next redraw."""
+        x_range, pixels = self._view()
+        key = (pixels, *(x_range or ()))
+        if key != self._view_key:
+            self._view_key = key
+            self.viewChanged.emit()
+
+    def _decimate(self, key: str, x: np.ndarray, y: np.ndarray, weight: float, stable: int | None,
+                  x_range: tuple[float, float] | None, x_offset: float, pixels: int) -> tuple[np.ndarray, np.ndarray]:
+        n = len(x)
+        i0, i1 = 0, n
+        if x_range is not None and n:
+            i0 = max(0, int(np.searchsorted(x, x_range[0] + x_offset, side="left")) - 1)
+            i1 = min(n, int(np.searchsorted(x, x_range[1] + x_offset, side="right")) + 1)
+        blocks = max(1, int(pixels / PIXELS_PER_BLOCK))
+        if i1 - i0 <= 2 * blocks:
+            return x[i0:i1], y[i0:i1]
+        size = 1 << int(np.ceil(np.log2((i1 - i0) / blocks)))
+        peaks = self._peaks.get(key)
+        if peaks is None or peaks.size != size or peaks.weight != weight:
+            peaks = self._peaks[key] = _Peaks(size, weight)
+        lo, hi = peaks.extend(y, stable)
+        b0, b1 = i0 // size, i1 // size
+        m = b1 - b0
+        xd = np.empty(2 * m + (i1 - b1 * size))
+        yd = np.empty_like(xd)
+        xd[: 2 * m : 2] = xd[1 : 2 * m : 2] = x[b0 * size : b1 * size : size]
+        yd[: 2 * m : 2] = lo[b0:b1]
+        yd[1 : 2 * m : 2] = hi[b0:b1]
+        xd[2 * m :] = x[b1 * size : i1]
+        yd[2 * m :] = y[b1 * size : i1]
+        return xd, yd
 
     def _user_range(self, *_args: object) -> None:
         self.robust = False  # the user zoomed: leave the range alone
@@ -261,8 +394,7 @@ class MetricPlot(QWidget):
 
     def points(self, key: str) -> int:
         """Points of one curve (tests and the status line use it)."""
-        raw = self.raw.get(key)
-        return 0 if raw is None else len(raw[0])
+        return self.raw.length(key)
 
     # ------------------------------------------------------------------ export
 
@@ -375,6 +507,8 @@ class PlotsPanel(QWidget):
         # timer (the controller's drain) instead of two
         controller.runUpdated.connect(self._run_updated)
         controller.comparisonsChanged.connect(self._comparisons_changed)
+        for plot in self.plots.values():
+            plot.viewChanged.connect(self._view_changed)
         self._settings_changed()
         self.timer.start()
 
@@ -395,6 +529,9 @@ class PlotsPanel(QWidget):
         self._dirty = True
         self.redraw_if_needed()
 
+    def _view_changed(self) -> None:
+        self._dirty = True  # the fallback timer redraws: curves are cut for the new range or width
+
     def _reset(self) -> None:
         for plot in self.plots.values():
             plot.clear()
@@ -409,6 +546,7 @@ class PlotsPanel(QWidget):
                 plot.raw.pop(key, None)
                 plot._drawn.pop(key, None)
                 plot._ema.pop(key, None)
+                plot._peaks.pop(key, None)
         self.clear_compare.setEnabled(bool(self.controller.comparisons))
         self._dirty = True
         self.redraw_if_needed()
@@ -447,13 +585,14 @@ class PlotsPanel(QWidget):
         self.hint.setVisible(not state.history.series)
         self.redrawn.emit()
 
-    def _xy(self, state: RunState, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """x as step, or as seconds since the run started (since its first figure when that is unknown)."""
+    def _xy(self, state: RunState, key: str) -> tuple[np.ndarray, np.ndarray, float]:
+        """x as step, or as seconds since the run started (since its first figure when that is unknown):
+        the history's own arrays and the offset to subtract from x (applied to the drawn points only)."""
         s = state.history.series[key]
         t0 = state.started_at if state.started_at is not None else (state.history.t0 or 0.0)
         if key.startswith("task/"):
-            return s.x - t0, s.y
-        return (s.t - t0, s.y) if self.by_time else (s.x, s.y)
+            return s.x, s.y, t0
+        return (s.t, s.y, t0) if self.by_time else (s.x, s.y, 0.0)
 
     def _draw_run(self, plot: MetricPlot, state: RunState, label: str, weight: float, style: Qt.PenStyle) -> None:
         spec = plot.spec
@@ -464,28 +603,29 @@ class PlotsPanel(QWidget):
                          if k.startswith(spec.scope + "/") and k.rsplit("/", 1)[-1] in spec.metrics}, key=_natural)
         order = {name: i for i, name in enumerate(state.tasks)}
         totals: list[tuple[str, np.ndarray, np.ndarray]] = []
+        offset = 0.0
         for n, owner in enumerate(owners):
             for m, metric in enumerate(spec.metrics):
                 key = f"{spec.scope}/{owner}/{metric}"
                 if key not in history.series or len(history.series[key]) == 0:
                     continue
-                x, y = self._xy(state, key)
+                x, y, offset = self._xy(state, key)
                 name = f"replica {owner}" if spec.scope == "replica" else owner
                 if m:
                     name += f" {SECONDARY_LABEL.get(metric, metric)}"
                 color = theme.curve_color(int(owner) if owner.isdigit() else order.get(owner, n))
                 pen_style = Qt.PenStyle.DotLine if m and not label else style
-                plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style)
+                plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style, x_offset=offset)
                 if spec.total and m == 0:
                     totals.append((key, x, y))
         if spec.total and len(totals) > 1:
-            base_x, total = _total(plot._totals, prefix, totals)
+            base_x, total, stable = _total(plot._totals, prefix, totals)
             plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
-                           base_x, total, weight, style, width=2.2)
+                           base_x, total, weight, style, width=2.2, x_offset=offset, stable=stable)
 
 
 def _total(cache: dict[str, tuple[str, int, float, np.ndarray]], prefix: str,
-           series: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+           series: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, int]:
     """The sum of the series, each interpolated at the x of the longest, extended incrementally.
 
     Series only grow, with increasing x: the sum at an x that every series has already
@@ -508,4 +648,4 @@ def _total(cache: dict[str, tuple[str, int, float, np.ndarray]], prefix: str,
     final = int(np.searchsorted(base_x, min(float(x[-1]) for _, x, _ in series), side="right"))
     if final:
         cache[prefix] = (base_key, final, float(base_x[final - 1]), total)
-    return base_x, total
+    return base_x, total, start

@@ -30,6 +30,7 @@ TIPS = {
     "Reason": "Why the task stopped or failed",
 }
 
+_STATE, _REASON, _STRAGGLER = COLUMNS.index("State"), COLUMNS.index("Reason"), COLUMNS.index("Straggler")
 _Index = QModelIndex | QPersistentModelIndex
 #: Rows of straggling tasks: a translucent amber that reads on light and dark palettes.
 STRAGGLER_BACKGROUND = QColor(234, 179, 8, 70)
@@ -53,6 +54,7 @@ class TaskTableModel(QAbstractTableModel):
         self.controller = controller
         self.stragglers = stragglers
         self.rows: list[TaskState] = []
+        self._shown: list[tuple[object, ...]] = []  # per row: what it showed when last refreshed
         if stragglers is not None:
             stragglers.changed.connect(self.refresh)
         controller.runLoaded.connect(self.refresh)
@@ -66,8 +68,31 @@ class TaskTableModel(QAbstractTableModel):
             self.beginResetModel()
             self.rows = rows
             self.endResetModel()
+            self._shown = [self._row_texts(r) for r in rows]
         elif rows:
-            self.dataChanged.emit(self.index(0, 0), self.index(len(rows) - 1, len(COLUMNS) - 1))
+            # only the cells whose text changed are repainted (a fold changes a column or two)
+            first_row = last_row = first_col = last_col = -1
+            for i, task in enumerate(rows):
+                texts = self._row_texts(task)
+                old = self._shown[i]
+                if texts == old:
+                    continue
+                self._shown[i] = texts
+                cols = [c for c, (a, b) in enumerate(zip(texts, old, strict=True)) if a != b]
+                if cols[-1] >= len(COLUMNS):  # the log tail or reason: tooltips of State and Reason
+                    cols = sorted({*(c for c in cols if c < len(COLUMNS)), _STATE, _REASON})
+                if _STRAGGLER in cols:  # the row's background: every cell
+                    cols = [0, len(COLUMNS) - 1]
+                first_row = i if first_row < 0 else first_row
+                last_row = i
+                first_col = cols[0] if first_col < 0 else min(first_col, cols[0])
+                last_col = max(last_col, cols[-1])
+            if first_row >= 0:
+                self.dataChanged.emit(self.index(first_row, first_col), self.index(last_row, last_col))
+
+    def _row_texts(self, task: TaskState) -> tuple[object, ...]:
+        """What a row shows (text per column, with the state's colour and the straggler flags)."""
+        return (*(self.text(task, c) for c in COLUMNS), tuple(task.log_tail[-10:]), task.reason)
 
     def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008 - Qt's signature
         return 0 if parent.isValid() else len(self.rows)
