@@ -346,10 +346,24 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     # ``completed`` is also the last finished step)
     scheduled = completed = start
 
+    lost_results = 0
+
     def fetch_oldest() -> None:
-        nonlocal completed
+        nonlocal completed, lost_results
         step, remote = window.popleft()
-        loss, worker, ts = remote.fetch()
+        try:
+            loss, worker, ts = remote.fetch()
+        except (tf.errors.UnavailableError, tf.errors.CancelledError) as exc:
+            # the step ran (its update reached the ps) but the worker holding its result died before
+            # the chief copied it: only that step's figures are lost. A lost ps is fatal: re-raise.
+            if "/job:ps" in str(exc) or "/job:worker" not in str(exc):
+                raise
+            completed += 1
+            lost_results += 1
+            if lost_results <= 3:
+                ctx.emitter.info(f"step {step}: its worker died before its figures were read; training goes on",
+                                 lost_step=step)
+            return
         completed += 1
         reporter.step_done(step, float(loss), int(worker), float(ts))
 
