@@ -174,8 +174,10 @@ class TaskTable(QWidget):
         self.view.setAlternatingRowColors(True)
         self.view.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
         self.view.verticalHeader().setVisible(False)
-        self.view.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.view.horizontalHeader().setStretchLastSection(True)
+        header = self.view.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        header.setSectionResizeMode(_REASON, QHeaderView.ResizeMode.Stretch)  # the long text gets the room
+        header.setStretchLastSection(False)
         self.view.setToolTip("Every task of the shown run; hover a failed task for its last log lines")
         self.failure = QLabel()
         self.failure.setObjectName("failureReport")
