@@ -29,6 +29,7 @@ from gui import theme
 from gui.canvas import ClusterCanvas
 from gui.controller import Controller
 from gui.logs import LogView
+from gui.messages import RunMessages
 from gui.plots import PlotsPanel
 from gui.problems_list import ProblemsList
 from gui.properties_panel import PropertiesPanel
@@ -102,6 +103,12 @@ class MainWindow(QMainWindow):
         self.tasks_dock = self._dock("Tasks", "tasksDock", self.task_table, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.logs_dock = self._dock("Logs", "logsDock", self.logs, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.tasks_dock, self.logs_dock)
+        self.messages = RunMessages(c)
+        self.messages_dock = self._dock("Messages", "messagesDock", self.messages,
+                                        Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.tabifyDockWidget(self.logs_dock, self.messages_dock)
+        self.tasks_dock.raise_()
+        self.messages.warning.connect(lambda text: self.statusBar().showMessage(f"⚠ {text}", 15000))
         self.tasks_dock.raise_()
 
         self._build_actions()
@@ -273,7 +280,7 @@ class MainWindow(QMainWindow):
         m.addSeparator()
         m.addAction(self.scaling_action)
         m = bar.addMenu("&View")
-        for dock in (self.selection_dock, self.settings_dock, self.tasks_dock, self.logs_dock):
+        for dock in (self.selection_dock, self.settings_dock, self.tasks_dock, self.logs_dock, self.messages_dock):
             m.addAction(dock.toggleViewAction())
         m.addSeparator()
         m.addAction(self.fit_action)

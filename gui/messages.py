@@ -1,0 +1,61 @@
+"""What the run says: strategy and device notes, layouts, restored checkpoints, and warnings
+(exposed ports, emulated GPUs) — every ``info`` event of the run, newest last."""
+
+from __future__ import annotations
+
+import time
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
+from PySide6.QtWidgets import QListWidget, QListWidgetItem, QVBoxLayout, QWidget
+
+from gui import theme
+from gui.controller import Controller
+
+
+class RunMessages(QWidget):
+    """A list of the run's ``info`` events; warnings stand out and are announced once."""
+
+    warning = Signal(str)  # a new warning, for the status bar
+
+    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.list = QListWidget()
+        self.list.setObjectName("runMessages")
+        self.list.setWordWrap(True)
+        self.list.setToolTip("Messages of the run: strategies, devices, layouts, checkpoints and warnings")
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.addWidget(self.list)
+        self._shown = 0
+        controller.runLoaded.connect(self.reload)
+        controller.runUpdated.connect(self.update_messages)
+
+    def reload(self) -> None:
+        self.list.clear()
+        self._shown = 0
+        self.update_messages()
+
+    def update_messages(self) -> None:
+        infos = self.controller.state.infos
+        for event in infos[self._shown:]:
+            message = str(event.get("message", "")).strip()
+            if not message:
+                continue
+            stamp = time.strftime("%H:%M:%S", time.localtime(float(event.get("t", 0.0))))
+            is_warning = bool(event.get("warning"))
+            text = f"{stamp}  {event.get('task', '')}: {message}"
+            item = QListWidgetItem(("⚠ " if is_warning else "") + text)
+            item.setToolTip(message)
+            if is_warning:
+                item.setForeground(QBrush(QColor(theme.PROBLEM_COLOR)))
+                self.warning.emit(message)
+            item.setData(Qt.ItemDataRole.UserRole, bool(is_warning))
+            self.list.addItem(item)
+        self._shown = len(infos)
+        if self.list.count():
+            self.list.scrollToBottom()
+
+    def texts(self) -> list[str]:
+        return [self.list.item(i).text() for i in range(self.list.count())]
