@@ -103,7 +103,7 @@ def test_mirrored_two_devices_follow_one_device_trajectory(runs_root: Path) -> N
     two = _loss_trajectory(replace(base, name="two-devices", cluster=one_worker(2)), runs_root)
     assert len(one) == len(two) == 20
     assert one[-1] < one[0], "the loss must fall, or the comparison proves nothing"
-    for step, (a, b) in enumerate(zip(one, two), start=1):
+    for step, (a, b) in enumerate(zip(one, two, strict=True), start=1):
         assert abs(a - b) <= 1e-4, f"step {step}: 1 device {a:.6f} vs 2 devices {b:.6f}"
 
 
