@@ -107,6 +107,15 @@ def _natural(key: str) -> list[object]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
 
 
+def _nice_ceiling(value: float) -> float:
+    """The next of 1, 1.5, 2, 3, 5, 7.5 x 10^k at or above ``value``."""
+    exp = 10.0 ** np.floor(np.log10(value))
+    for step in (1.0, 1.5, 2.0, 3.0, 5.0, 7.5, 10.0):
+        if step * exp >= value:
+            return float(step * exp)
+    return float(10.0 * exp)
+
+
 class _Peaks:
     """Min and max of each full block of ``size`` points of a curve, extended as the curve grows:
     O(new points) per frame, so a frame never rescans hours of points."""
@@ -221,6 +230,10 @@ class MetricPlot(QWidget):
         layout.setContentsMargins(0, 2, 0, 0)
         layout.setSpacing(0)
         self.robust = spec.robust_y
+        # the plot follows its data itself, in coarse steps (see follow_data): pyqtgraph's auto-range
+        # moves the view every frame, and a moved view makes every curve and axis redo their geometry
+        self.following = True
+        self.item.getViewBox().disableAutoRange()
         self.item.getViewBox().sigRangeChangedManually.connect(self._user_range)
         self.item.getViewBox().sigXRangeChanged.connect(self._view_moved)
         self.item.getViewBox().sigResized.connect(self._view_moved)
@@ -334,7 +347,7 @@ class MetricPlot(QWidget):
         """The shown x range (None while x follows the data) and the plot's width in pixels."""
         vb = self.item.getViewBox()
         pixels = int(vb.width()) or 800
-        if vb.autoRangeEnabled()[0]:
+        if self.following or vb.autoRangeEnabled()[0]:
             return None, pixels
         lo, hi = vb.viewRange()[0]
         return (float(lo), float(hi)), pixels
@@ -375,6 +388,40 @@ class MetricPlot(QWidget):
 
     def _user_range(self, *_args: object) -> None:
         self.robust = False  # the user zoomed: leave the range alone
+        self.following = False
+
+    def follow_data(self) -> None:
+        """Keep every point in view, moving the view only when the data leaves it or fills
+        less than half of it (x grows by a quarter ahead): most frames leave it alone."""
+        vb = self.item.getViewBox()
+        if vb.autoRangeEnabled()[0] or vb.autoRangeEnabled()[1]:
+            # the user asked for auto-range (the plot's "A" button): follow the data again
+            vb.disableAutoRange()
+            self.following = True
+            self.robust = self.spec.robust_y
+            self._view_moved()
+        if not self.following:
+            return
+        shown = [c for c in self.curves.values() if c.isVisible() and c.xData is not None and len(c.xData)]
+        if not shown:
+            return
+        lo = min(float(c.xData[0]) for c in shown)
+        hi = max(float(c.xData[-1]) for c in shown)
+        (x0, x1), (y0, y1) = vb.viewRange()
+        span = max(hi - lo, 1e-9)
+        if hi > x1 or lo < x0 or span < 0.5 * (x1 - x0):
+            vb.setXRange(lo, lo + span * 1.25, padding=0)
+        if self.robust:
+            return  # fit_robust_y keeps y
+        ys = [c.yData[np.isfinite(c.yData)] for c in shown]
+        ys = [y for y in ys if len(y)]
+        if not ys:
+            return
+        ylo = min(float(y.min()) for y in ys)
+        yhi = max(float(y.max()) for y in ys)
+        yspan = max(yhi - ylo, abs(yhi) * 1e-3, 1e-12)
+        if yhi > y1 or ylo < y0 or yspan < 0.5 * (y1 - y0):
+            vb.setYRange(ylo - 0.05 * yspan, yhi + 0.15 * yspan, padding=0)
 
     def fit_robust_y(self) -> None:
         """Y from 0 to a little above the 99th percentile of the shown points."""
@@ -386,8 +433,13 @@ class MetricPlot(QWidget):
         # an even sample of at most ~4k points per curve: the percentile of hours of points costs a frame
         values = np.concatenate([y[:: max(1, len(y) // 4096)] for y in ys])
         top = float(np.percentile(values, 99)) * 1.3
-        if top > 0 and np.isfinite(top):
-            self.item.setYRange(0.0, top, padding=0)
+        if not (top > 0 and np.isfinite(top)):
+            return
+        # move the range only when the data leaves it or shrinks well inside it: a view that changes
+        # every frame makes every curve recompute its bounds and every axis re-render at each paint
+        current = self.item.getViewBox().viewRange()[1][1]
+        if current <= 0 or top > current or top < 0.6 * current:
+            self.item.setYRange(0.0, _nice_ceiling(top), padding=0)
 
     def set_x_label(self, text: str) -> None:
         self.item.setLabel("bottom", text)
@@ -581,6 +633,7 @@ class PlotsPanel(QWidget):
                     style = (Qt.PenStyle.DashLine, Qt.PenStyle.DashDotLine, Qt.PenStyle.DotLine)[n % 3]
                     self._draw_run(plot, other, label, weight, style)
             plot.fit_robust_y()
+            plot.follow_data()
         self.clear_compare.setEnabled(bool(self.controller.comparisons))
         self.hint.setVisible(not state.history.series)
         self.redrawn.emit()
