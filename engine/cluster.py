@@ -14,6 +14,15 @@ from engine.config import TRAINER_ROLES, Cluster, Host, RunConfig, Task, replace
 CLUSTER_ROLES = ("chief", "worker", "ps")
 
 
+def primary_roles(mode: str) -> tuple[str, ...]:
+    """Roles whose tasks finish by themselves, ending the run (ps servers never do)."""
+    if mode == "async":
+        return ("chief",)
+    if mode == "data":
+        return ("chief", "worker", "evaluator")  # the evaluator finishes after the final checkpoint
+    return ("chief", "worker")
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A port nobody listens on right now (the OS picks it)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:

@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from engine import config as config_mod
-from engine.cluster import gpu_assignment, plan_tasks, tf_config
+from engine.cluster import gpu_assignment, plan_tasks, primary_roles, tf_config
 from engine.config import ConfigError, Host, Problem, RunConfig, replace
 
 #: First port given to ``auto`` tasks on each machine (TF's customary gRPC port).
@@ -151,15 +151,6 @@ def script_names(config: RunConfig) -> dict[str, str]:
         used.add(name)
         names[h.name] = name
     return names
-
-
-def primary_roles(mode: str) -> tuple[str, ...]:
-    """Roles whose tasks finish by themselves (mirrors ``engine.launcher.primary_roles``)."""
-    if mode == "async":
-        return ("chief",)
-    if mode == "data":
-        return ("chief", "worker", "evaluator")
-    return ("chief", "worker")
 
 
 _SCRIPT_HEAD = """\

@@ -27,7 +27,7 @@ import psutil
 
 from engine import config as config_mod
 from engine import datasets, events, netns
-from engine.cluster import TaskPlan, plan_tasks, resolve_ports
+from engine.cluster import TaskPlan, plan_tasks, primary_roles, resolve_ports
 from engine.config import ConfigError, Host, Problem, RunConfig
 from engine.telemetry import RunState
 
@@ -65,15 +65,6 @@ def launch_problems(config: RunConfig, *, deep: bool = False) -> list[Problem]:
     if deep and not problems:
         problems = datasets.preflight(datasets.absolute_paths(config))
     return problems
-
-
-def primary_roles(mode: str) -> tuple[str, ...]:
-    """Roles whose finishing ends the run (ps servers and evaluators never finish by themselves)."""
-    if mode == "async":
-        return ("chief",)
-    if mode == "data":
-        return ("chief", "worker", "evaluator")  # the evaluator finishes after the final checkpoint
-    return ("chief", "worker")
 
 
 @dataclass

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import os
-import queue
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -59,10 +57,6 @@ class StepReporter:
     Between reports no value is fetched from the device, so the training loop
     is not synchronised more often than the rate allows; a report averages
     step time and throughput over the steps since the previous one.
-
-    TensorBoard summaries of each report are written by a background thread:
-    six eager ``tf.summary.scalar`` calls cost ~2 ms, during which a synchronous
-    loop would not train at all. Closing the summaries waits for every queued point.
     """
 
     def __init__(self, emitter: Emitter | None, replica_ids: Sequence[int], per_replica_batch: int,
@@ -81,40 +75,6 @@ class StepReporter:
         self.last_memory = -float("inf")
         self.pending = 0
         self.reports = 0
-        self._summary_queue: queue.Queue[tuple[int, int, float, float, float] | None] | None = None
-        if summaries is not None:
-            self._summary_queue = queue.Queue()
-            threading.Thread(target=self._write_summaries, name="summaries", daemon=True).start()
-            close = summaries.close
-
-            def close_after_queued() -> None:
-                # the loop closes the summaries it handed us: every queued point is written first
-                self.flush_summaries()
-                close()
-
-            summaries.close = close_after_queued
-
-    def _write_summaries(self) -> None:
-        assert self._summary_queue is not None
-        while True:
-            item = self._summary_queue.get()
-            try:
-                if item is not None:
-                    rid, step, loss, rate, step_time = item
-                    self.summaries.replica(rid, step, loss=loss, examples_per_sec=rate, step_time=step_time)
-            except Exception:  # noqa: BLE001 - a failed summary must not stop training; events carry the data
-                pass
-            finally:
-                self._summary_queue.task_done()
-
-    def flush_summaries(self) -> None:
-        """Wait until every queued summary is written."""
-        if self._summary_queue is not None:
-            self._summary_queue.join()
-
-    def due(self, now: float | None = None) -> bool:
-        now = time.perf_counter() if now is None else now
-        return now - self.last_emit >= self.interval
 
     def step_done(self, step: int, fetch: Callable[[], Sequence[Any]], force: bool = False,
                   worker: int | None = None) -> None:
@@ -142,8 +102,8 @@ class StepReporter:
             if worker is not None:
                 fields["worker"] = worker
             self.emitter.emit("step", **fields)
-            if self._summary_queue is not None:
-                self._summary_queue.put((rid, step, float(loss), rate, step_time))
+            if self.summaries is not None:
+                self.summaries.replica(rid, step, loss=float(loss), examples_per_sec=rate, step_time=step_time)
         self.reports += 1
         self.last = now
         self.last_emit = now
