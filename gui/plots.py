@@ -8,6 +8,7 @@ setting changed). Other runs can be overlaid (dashed) for comparison.
 from __future__ import annotations
 
 import csv
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -21,6 +22,7 @@ from PySide6.QtGui import QPalette
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
+    QGraphicsItem,
     QGridLayout,
     QHBoxLayout,
     QLabel,
@@ -32,9 +34,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.telemetry import RunState
+from engine.telemetry import History, RunState
 from gui import theme
 from gui.controller import Controller
+from gui.curves import Curve, CurveSet
 
 REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
 #: New events are drawn as soon as the controller has folded them, but never more often than this.
@@ -45,6 +48,8 @@ PIXELS_PER_BLOCK = 1.0
 #: Above this many curves a plot draws 1-pixel lines: Qt strokes wider ones many times slower,
 #: and with that many curves wide lines only hide one another.
 THIN_ABOVE = 8
+#: Legend entries per column: more curves than this make more columns.
+LEGEND_ROWS = 8
 
 
 @dataclass(frozen=True)
@@ -129,10 +134,12 @@ class _Peaks:
         self.hi = np.empty(64)
         self.done = 0  # full blocks summarised
 
-    def extend(self, y: np.ndarray, stable: int | None) -> tuple[np.ndarray, np.ndarray]:
+    def changed_from(self, stable: int) -> None:
+        """Points from ``stable`` on changed: their blocks are summarised again at the next extend."""
+        self.done = min(self.done, stable // self.size)
+
+    def extend(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         size = self.size
-        if stable is not None:
-            self.done = min(self.done, stable // size)
         full = len(y) // size
         if full < self.done:
             self.done = full
@@ -185,6 +192,17 @@ class _RawCurves:
         return len(self._d)
 
 
+class _Source:
+    """The points behind one curve: x as recorded and y smoothed, before offset and scale."""
+
+    __slots__ = ("x", "y", "n", "offset", "weight", "shape", "shown")
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, offset: float, weight: float, shape: tuple[object, ...]) -> None:
+        self.x, self.y, self.n = x, y, len(x)
+        self.offset, self.weight, self.shape = offset, weight, shape
+        self.shown: tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray]] | None = None
+
+
 class MetricPlot(QWidget):
     """One pyqtgraph plot with a title bar, a legend (click an entry to hide its curve) and exports."""
 
@@ -218,7 +236,13 @@ class MetricPlot(QWidget):
         self.item.getViewBox().setMouseEnabled(x=True, y=True)
         self.item.setLabel("left", spec.unit or None)
         self.legend = self.item.addLegend(offset=(-6, 6), labelTextSize="8pt", verSpacing=-6)
-        self.curves: dict[str, pg.PlotDataItem] = {}
+        # every line of the plot is one item, drawn incrementally (see gui.curves)
+        self.lines = CurveSet()
+        self.item.addItem(self.lines)
+        self.curves: dict[str, Curve] = self.lines.curves
+        self._sources: dict[str, _Source] = {}
+        self._x_label: str | None = None
+        self._owners: dict[str, tuple[History, int, list[str]]] = {}
         self.raw = _RawCurves()  # curve -> unsmoothed (x, y) as shown (offset and scale applied on access)
         self._peaks: dict[str, _Peaks] = {}  # curve -> min/max per block of its drawn points
         self._view_key: tuple[float, ...] = ()
@@ -253,7 +277,10 @@ class MetricPlot(QWidget):
             axis = self.item.getAxis(name)
             axis.setPen(pg.mkPen(pal.color(QPalette.ColorRole.Mid)))
             axis.setTextPen(pg.mkPen(text))
-        self.legend.setLabelTextColor(text)  # no legend brush: its box can span more than its entries
+        self.legend.setLabelTextColor(text)
+        backdrop = pal.color(QPalette.ColorRole.Base)
+        backdrop.setAlpha(200)  # entries stay readable over the curves, which still show through
+        self.legend.setBrush(pg.mkBrush(backdrop))
 
     def changeEvent(self, event: QEvent) -> None:
         if event.type() == QEvent.Type.PaletteChange:
@@ -263,10 +290,11 @@ class MetricPlot(QWidget):
     # ------------------------------------------------------------------ curves
 
     def clear(self) -> None:
-        for curve in self.curves.values():
-            self.item.removeItem(curve)
+        self.lines.clear()
+        self._owners.clear()
         self.legend.clear()
-        self.curves.clear()
+        self._fit_legend()
+        self._sources.clear()
         self.raw.clear()
         self.labels.clear()
         self._ema.clear()
@@ -275,19 +303,66 @@ class MetricPlot(QWidget):
         self._peaks.clear()
 
     def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
-               width: float = 1.6) -> pg.PlotDataItem:
+               width: float = 1.6) -> Curve:
         curve = self.curves.get(key)
         if curve is None:
             thin = len(self.curves) >= THIN_ABOVE
-            curve = self.item.plot([], [], pen=pg.mkPen(color, width=1.0 if thin else width, style=style), name=label)
-            self.curves[key] = curve
+            curve = self.lines.add(key, pg.mkPen(color, width=1.0 if thin else width, style=style), label)
             self.labels[key] = label
+            self.legend.addItem(curve, label)
+            sample, text = self.legend.items[-1]
+            self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            # legend entries are drawn from a cache: they are repainted only when they change,
+            # not at every frame that draws the lines under them
+            for entry in (sample, text, text.item):
+                entry.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            self._fit_legend()
             if len(self.curves) == THIN_ABOVE + 1:
                 for other in self.curves.values():
-                    pen = pg.mkPen(other.opts["pen"])
+                    pen = pg.mkPen(other.pen())
                     pen.setWidthF(1.0)
                     other.setPen(pen)
         return curve
+
+    def _fit_legend(self) -> None:
+        """Many curves make more columns (a compact block, not a column taller than the plot); the
+        legend is sized to its entries (pyqtgraph sizes it from its entries' last geometry, which
+        keeps it stretched once it was)."""
+        columns = max(1, math.ceil(len(self.curves) / LEGEND_ROWS))
+        if columns > 1:  # no more columns than the plot's width holds
+            entry = max(label.preferredWidth() for _, label in self.legend.items) + 26
+            columns = max(1, min(columns, int((self.item.getViewBox().width() - 12) // entry)))
+        if columns != self.legend.columnCount:
+            self.legend.setColumnCount(columns)
+        layout = self.legend.layout
+        layout.invalidate()
+        layout.activate()
+        hint = layout.effectiveSizeHint(Qt.SizeHint.PreferredSize)
+        self.legend.setGeometry(0, 0, hint.width(), hint.height() if self.curves else 0)
+
+    def owners(self, history: History, run: str = "") -> list[str]:
+        """The replicas or tasks with a series this plot shows, in natural order (computed again
+        only when the history gained series)."""
+        cached = self._owners.get(run)
+        if cached is not None and cached[0] is history and cached[1] == len(history.series):
+            return cached[2]
+        spec = self.spec
+        owners = sorted({k.split("/")[1] for k in history.series
+                         if k.startswith(spec.scope + "/") and k.rsplit("/", 1)[-1] in spec.metrics}, key=_natural)
+        self._owners[run] = (history, len(history.series), owners)
+        return owners
+
+    def remove_curve(self, key: str) -> None:
+        curve = self.lines.remove(key)
+        if curve is not None:
+            self.legend.removeItem(curve)
+            self._fit_legend()
+        self.labels.pop(key, None)
+        self.raw.pop(key, None)
+        self._drawn.pop(key, None)
+        self._ema.pop(key, None)
+        self._peaks.pop(key, None)
+        self._sources.pop(key, None)
 
     def _smoothed(self, key: str, y: np.ndarray, weight: float, stable: int | None = None) -> np.ndarray:
         """EMA of ``y``, extended incrementally: a growable buffer per curve, so a frame costs only its new points."""
@@ -336,12 +411,54 @@ class MetricPlot(QWidget):
             x, y = x[1:], y[1:]
             stable = None if stable is None else max(0, stable - 1)
         ys = self._smoothed(key, y, smoothing, stable)
-        xd, yd = self._decimate(key, x, ys, smoothing, stable, x_range, x_offset, pixels)
-        if x_offset:
-            xd = xd - x_offset
-        if scale != 1.0:
-            yd = yd * scale
-        curve.setData(xd, yd, skipFiniteCheck=True)
+        peaks = self._peaks.get(key)
+        if peaks is not None and stable is not None:
+            peaks.changed_from(stable)
+        m = len(x)
+        shape = (float(x[0]) if m else math.nan, x_offset, smoothing, pixels, x_range)
+        src = self._sources.get(key)
+        if src is not None and src.shape == shape and 0 < src.n <= m and (stable is None or stable >= src.n):
+            # the curve grew at its end: only its new segments are drawn
+            first = src.n - 1
+            src.x, src.y, src.n = x, ys, m
+            if m - first >= 2:
+                xs = x[first:m] - x_offset if x_offset else x[first:m]
+                curve.append(xs, ys[first:m] * scale if scale != 1.0 else ys[first:m])
+            return
+        self._sources[key] = _Source(x, ys, x_offset, smoothing, shape)
+        curve.set_source(lambda: self._display(key), [*self._x_bounds(x, x_offset), *self._y_bounds(ys, scale)])
+
+    @staticmethod
+    def _x_bounds(x: np.ndarray, offset: float) -> tuple[float, float]:
+        finite = x[np.isfinite(x)]
+        if not len(finite):
+            return math.inf, -math.inf
+        return float(finite.min()) - offset, float(finite.max()) - offset
+
+    @staticmethod
+    def _y_bounds(y: np.ndarray, scale: float) -> tuple[float, float]:
+        finite = y[np.isfinite(y)]
+        if not len(finite):
+            return math.inf, -math.inf
+        return float(finite.min()) * scale, float(finite.max()) * scale
+
+    def _display(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """What the curve draws for the current view: ~2 points per horizontal pixel (each block's
+        min and max), or every point in view when fewer; offset and scaled."""
+        src = self._sources.get(key)
+        if src is None:
+            return np.empty(0), np.empty(0)
+        x_range, pixels = self._view()
+        view = (src.n, pixels, x_range)
+        if src.shown is not None and src.shown[0] == view:
+            return src.shown[1]
+        xd, yd = self._decimate(key, src.x, src.y, src.weight, x_range, src.offset, pixels)
+        if src.offset:
+            xd = xd - src.offset
+        if self.spec.scale != 1.0:
+            yd = yd * self.spec.scale
+        src.shown = (view, (xd, yd))
+        return xd, yd
 
     def _view(self) -> tuple[tuple[float, float] | None, int]:
         """The shown x range (None while x follows the data) and the plot's width in pixels."""
@@ -357,10 +474,12 @@ class MetricPlot(QWidget):
         x_range, pixels = self._view()
         key = (pixels, *(x_range or ()))
         if key != self._view_key:
+            if self._view_key and key[0] != self._view_key[0] and len(self.curves) > LEGEND_ROWS:
+                self._fit_legend()
             self._view_key = key
             self.viewChanged.emit()
 
-    def _decimate(self, key: str, x: np.ndarray, y: np.ndarray, weight: float, stable: int | None,
+    def _decimate(self, key: str, x: np.ndarray, y: np.ndarray, weight: float,
                   x_range: tuple[float, float] | None, x_offset: float, pixels: int) -> tuple[np.ndarray, np.ndarray]:
         n = len(x)
         i0, i1 = 0, n
@@ -374,7 +493,7 @@ class MetricPlot(QWidget):
         peaks = self._peaks.get(key)
         if peaks is None or peaks.size != size or peaks.weight != weight:
             peaks = self._peaks[key] = _Peaks(size, weight)
-        lo, hi = peaks.extend(y, stable)
+        lo, hi = peaks.extend(y)
         b0, b1 = i0 // size, i1 // size
         m = b1 - b0
         xd = np.empty(2 * m + (i1 - b1 * size))
@@ -402,23 +521,21 @@ class MetricPlot(QWidget):
             self._view_moved()
         if not self.following:
             return
-        shown = [c for c in self.curves.values() if c.isVisible() and c.xData is not None and len(c.xData)]
-        if not shown:
+        bounds = [c.bounds for c in self.curves.values() if c.isVisible() and c.source is not None]
+        lo = min((b[0] for b in bounds), default=math.inf)
+        hi = max((b[1] for b in bounds), default=-math.inf)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
             return
-        lo = min(float(c.xData[0]) for c in shown)
-        hi = max(float(c.xData[-1]) for c in shown)
         (x0, x1), (y0, y1) = vb.viewRange()
         span = max(hi - lo, 1e-9)
         if hi > x1 or lo < x0 or span < 0.5 * (x1 - x0):
             vb.setXRange(lo, lo + span * 1.25, padding=0)
         if self.robust:
             return  # fit_robust_y keeps y
-        ys = [c.yData[np.isfinite(c.yData)] for c in shown]
-        ys = [y for y in ys if len(y)]
-        if not ys:
+        ylo = min(b[2] for b in bounds)
+        yhi = max(b[3] for b in bounds)
+        if not (math.isfinite(ylo) and math.isfinite(yhi)):
             return
-        ylo = min(float(y.min()) for y in ys)
-        yhi = max(float(y.max()) for y in ys)
         yspan = max(yhi - ylo, abs(yhi) * 1e-3, 1e-12)
         if yhi > y1 or ylo < y0 or yspan < 0.5 * (y1 - y0):
             vb.setYRange(ylo - 0.05 * yspan, yhi + 0.15 * yspan, padding=0)
@@ -427,12 +544,16 @@ class MetricPlot(QWidget):
         """Y from 0 to a little above the 99th percentile of the shown points."""
         if not self.robust:
             return
-        ys = [c.yData for c in self.curves.values() if c.isVisible() and c.yData is not None and len(c.yData)]
+        ys = [src.y for key, src in self._sources.items() if src.n and self.curves[key].isVisible()]
         if not ys:
             return
-        # an even sample of at most ~4k points per curve: the percentile of hours of points costs a frame
-        values = np.concatenate([y[:: max(1, len(y) // 4096)] for y in ys])
-        top = float(np.percentile(values, 99)) * 1.3
+        # an even sample of at most ~512 points per curve, and each curve's latest points: the
+        # percentile of hours of points would cost a frame
+        values = np.concatenate([y[:: max(1, len(y) // 512)] for y in ys] + [y[-16:] for y in ys])
+        values = values[np.isfinite(values)]
+        if not len(values):
+            return
+        top = float(np.percentile(values, 99)) * self.spec.scale * 1.3
         if not (top > 0 and np.isfinite(top)):
             return
         # move the range only when the data leaves it or shrinks well inside it: a view that changes
@@ -442,7 +563,9 @@ class MetricPlot(QWidget):
             self.item.setYRange(0.0, _nice_ceiling(top), padding=0)
 
     def set_x_label(self, text: str) -> None:
-        self.item.setLabel("bottom", text)
+        if text != self._x_label:  # a label set again lays the axis out and repaints it
+            self._x_label = text
+            self.item.setLabel("bottom", text)
 
     def points(self, key: str) -> int:
         """Points of one curve (tests and the status line use it)."""
@@ -593,12 +716,7 @@ class PlotsPanel(QWidget):
     def _comparisons_changed(self) -> None:
         for plot in self.plots.values():
             for key in [k for k in plot.curves if k.startswith("cmp:")]:
-                plot.item.removeItem(plot.curves.pop(key))
-                plot.legend.removeItem(plot.labels.pop(key))
-                plot.raw.pop(key, None)
-                plot._drawn.pop(key, None)
-                plot._ema.pop(key, None)
-                plot._peaks.pop(key, None)
+                plot.remove_curve(key)
         self.clear_compare.setEnabled(bool(self.controller.comparisons))
         self._dirty = True
         self.redraw_if_needed()
@@ -634,6 +752,7 @@ class PlotsPanel(QWidget):
                     self._draw_run(plot, other, label, weight, style)
             plot.fit_robust_y()
             plot.follow_data()
+            plot.lines.flush()
         self.clear_compare.setEnabled(bool(self.controller.comparisons))
         self.hint.setVisible(not state.history.series)
         self.redrawn.emit()
@@ -652,8 +771,7 @@ class PlotsPanel(QWidget):
         history = state.history
         prefix = f"cmp:{label}:" if label else ""
         suffix = f" · {label}" if label else ""
-        owners = sorted({k.split("/")[1] for k in history.series
-                         if k.startswith(spec.scope + "/") and k.rsplit("/", 1)[-1] in spec.metrics}, key=_natural)
+        owners = plot.owners(history, prefix)
         order = {name: i for i, name in enumerate(state.tasks)}
         totals: list[tuple[str, np.ndarray, np.ndarray]] = []
         offset = 0.0
@@ -672,22 +790,33 @@ class PlotsPanel(QWidget):
                 if spec.total and m == 0:
                     totals.append((key, x, y))
         if spec.total and len(totals) > 1:
-            base_x, total, stable = _total(plot._totals, prefix, totals)
+            # drawn where every replica has reported: past that the sum would still change
+            base_x, total, stable, final = _total(plot._totals, prefix, totals)
             plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
-                           base_x, total, weight, style, width=2.2, x_offset=offset, stable=stable)
+                           base_x[:final], total[:final], weight, style, width=2.2, x_offset=offset,
+                           stable=stable)
 
 
 def _total(cache: dict[str, tuple[str, int, float, np.ndarray]], prefix: str,
-           series: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, int]:
-    """The sum of the series, each interpolated at the x of the longest, extended incrementally.
+           series: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """The sum of the series, each interpolated at the x of one of them (the base), extended
+    incrementally: ``(base x, total, stable, final)``.
 
     Series only grow, with increasing x: the sum at an x that every series has already
-    reached never changes, so only the points past the earliest series' end are recomputed.
+    reached (the first ``final`` points) never changes, so only the points past the earliest
+    series' end are recomputed; the first ``stable`` points are those of the last call. The
+    base stays the same series while it keeps up (replicas report in turn, and a new base
+    would mean a new sum), else it is the longest.
     """
-    base_key, base_x, _ = max(series, key=lambda s: len(s[1]))
+    longest = max(series, key=lambda s: len(s[1]))
+    base_key, base_x, _ = longest
     start = 0
     cached = cache.get(prefix)
     if cached is not None:
+        for key, x, _ in series:
+            if key == cached[0] and 2 * len(x) >= len(longest[1]):
+                base_key, base_x = key, x
+                break
         key, final, x_at, old = cached
         if key == base_key and 0 < final <= len(base_x) and base_x[final - 1] == x_at and final <= len(old):
             start = final
@@ -701,4 +830,4 @@ def _total(cache: dict[str, tuple[str, int, float, np.ndarray]], prefix: str,
     final = int(np.searchsorted(base_x, min(float(x[-1]) for _, x, _ in series), side="right"))
     if final:
         cache[prefix] = (base_key, final, float(base_x[final - 1]), total)
-    return base_x, total, start
+    return base_x, total, start, final

@@ -1,0 +1,259 @@
+"""Many lines of one plot drawn as one item, incrementally.
+
+A pyqtgraph ``PlotDataItem`` per line costs a few hundred microseconds of Python per
+``setData`` (bounds, signals, geometry) and its own path and paint at every frame: with
+32 replicas on four plots that alone was most of a frame. A :class:`CurveSet` is one
+graphics item for every line of a plot. It keeps what it drew in an image the size of the
+view; while the view stays put (the plots move it in coarse steps, see
+``MetricPlot.follow_data``), a frame only draws each line's new segments onto that image
+and puts the image on screen, so the cost of a frame no longer grows with the hours of
+points behind it. Anything else (another range, a resize, a hidden line, new pens, a line
+whose old points changed) draws every visible line again from its points for the view.
+
+A :class:`Curve` is one line: its pen and visibility, what a pyqtgraph legend entry asks of
+an item (``opts['pen']``, ``isVisible``/``setVisible``), and where its points come from: a
+*source* callable that returns the line's points for the current view (already cut and
+downsampled for the screen), asked only when everything is drawn again.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import QLineF, QRectF, Qt
+from PySide6.QtGui import QImage, QPainter, QPen, QTransform
+
+Points = tuple[np.ndarray, np.ndarray]
+
+
+class Curve:
+    """One line of a :class:`CurveSet`; also the item behind its legend entry."""
+
+    def __init__(self, owner: CurveSet, key: str, pen: QPen, name: str = "") -> None:
+        self.owner = owner
+        self.key = key
+        self.opts: dict[str, object] = {"pen": pen, "name": name, "antialias": False}
+        self._visible = True
+        self.source: Callable[[], Points] | None = None
+        self._pending: list[Points] = []  # segments appended since the image was drawn
+        self.bounds = [math.inf, -math.inf, math.inf, -math.inf]  # x lo, x hi, y lo, y hi (finite points)
+
+    # -- what a legend entry uses
+    def name(self) -> str:
+        return str(self.opts["name"])
+
+    def isVisible(self) -> bool:  # noqa: N802 - Qt naming, as pyqtgraph's legend calls it
+        return self._visible
+
+    def setVisible(self, visible: bool) -> None:  # noqa: N802
+        if bool(visible) != self._visible:
+            self._visible = bool(visible)
+            self.owner.invalidate()
+
+    def pen(self) -> QPen:
+        return self.opts["pen"]  # type: ignore[return-value]
+
+    def setPen(self, pen: QPen) -> None:  # noqa: N802
+        self.opts["pen"] = pen
+        self.owner.invalidate()
+
+    # -- points
+    def set_source(self, source: Callable[[], Points], bounds: list[float]) -> None:
+        """Every point of the line may have changed: ``source()`` gives them for the view when
+        drawn; ``bounds``: x lo, x hi, y lo, y hi of all of them."""
+        self.source = source
+        self._pending.clear()
+        self.bounds = list(bounds)
+        self.owner.invalidate()
+
+    def append(self, x: np.ndarray, y: np.ndarray) -> None:
+        """New points at the end of the line; ``x[0], y[0]`` is the last point it had (the joint)."""
+        if len(x) < 2:
+            return
+        self._pending.append((x, y))
+        b, nb = self.bounds, _bounds(x, y)
+        self.bounds = [min(b[0], nb[0]), max(b[1], nb[1]), min(b[2], nb[2]), max(b[3], nb[3])]
+        self.owner.changed(nb)
+
+    def getData(self) -> Points:  # noqa: N802 - as PlotDataItem's
+        """The points the line draws for the current view."""
+        if self.source is None:
+            return np.empty(0), np.empty(0)
+        return self.source()
+
+    @property
+    def xData(self) -> np.ndarray:  # noqa: N802
+        return self.getData()[0]
+
+    @property
+    def yData(self) -> np.ndarray:  # noqa: N802
+        return self.getData()[1]
+
+
+def _bounds(x: np.ndarray, y: np.ndarray) -> list[float]:
+    if len(x) <= 8:  # the few points of a frame: plain floats beat numpy's per-call cost
+        xs = [v for v in x.tolist() if math.isfinite(v)]
+        ys = [v for v in y.tolist() if math.isfinite(v)]
+        if not xs or not ys:
+            return [math.inf, -math.inf, math.inf, -math.inf]
+        return [min(xs), max(xs), min(ys), max(ys)]
+    fx = x[np.isfinite(x)] if len(x) else x
+    fy = y[np.isfinite(y)] if len(y) else y
+    if not len(fx) or not len(fy):
+        return [math.inf, -math.inf, math.inf, -math.inf]
+    return [float(fx.min()), float(fx.max()), float(fy.min()), float(fy.max())]
+
+
+class CurveSet(pg.GraphicsObject):
+    """Every line of one plot, as one item of its ViewBox (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.curves: dict[str, Curve] = {}
+        self._image: QImage | None = None
+        self._image_key: tuple[float, ...] = ()
+        self._stale = True  # the image must be drawn again from every line's points
+        self._rect = QRectF()
+        self._dirty: list[float] | None = None  # bounds of the segments appended since the last flush
+        self.full_draws = 0  # how many times every line was drawn again (tests and benchmarks read it)
+        self.setFlag(self.GraphicsItemFlag.ItemUsesExtendedStyleOption, False)
+
+    # -- lines
+    def add(self, key: str, pen: QPen, name: str = "") -> Curve:
+        curve = self.curves[key] = Curve(self, key, pen, name)
+        self.invalidate()
+        return curve
+
+    def remove(self, key: str) -> Curve | None:
+        curve = self.curves.pop(key, None)
+        if curve is not None:
+            self.invalidate()
+        return curve
+
+    def clear(self) -> None:
+        self.curves.clear()
+        self.invalidate()
+
+    def invalidate(self) -> None:
+        """Draw every line again at the next paint."""
+        self._stale = True
+        self.update()
+
+    def changed(self, bounds: list[float]) -> None:
+        """A line has new segments within ``bounds`` (x lo, x hi, y lo, y hi): repainted at :meth:`flush`."""
+        d = self._dirty
+        if d is None:
+            self._dirty = list(bounds)
+        else:
+            d[0], d[1], d[2], d[3] = min(d[0], bounds[0]), max(d[1], bounds[1]), min(d[2], bounds[2]), max(d[3], bounds[3])
+
+    def flush(self) -> None:
+        """Ask for the paint of what changed since the last flush: only the band the new segments
+        cover (a few pixels at the lines' ends), so the axes, grid and legend elsewhere stay as they are."""
+        d, self._dirty = self._dirty, None
+        if d is None or self._stale:
+            return  # nothing new, or invalidate() asked for the whole item already
+        if not all(math.isfinite(v) for v in d):
+            self.update()
+            return
+        vx, vy = self.pixelVectors()  # one pixel along x and y, in data units
+        if vx is None or vy is None:
+            self.update()
+            return
+        px, py = abs(vx.x()) + abs(vy.x()), abs(vx.y()) + abs(vy.y())
+        if not (math.isfinite(px) and math.isfinite(py)) or px <= 0 or py <= 0:
+            self.update()
+            return
+        pad = 4.0  # pixels: the widest pen and its joins
+        self.update(QRectF(d[0] - pad * px, d[2] - pad * py, d[1] - d[0] + 2 * pad * px, d[3] - d[2] + 2 * pad * py))
+
+    # -- geometry: the item covers the view, wherever the points are
+    def boundingRect(self) -> QRectF:  # noqa: N802
+        rect = self.viewRect()
+        if rect is None:
+            return QRectF()
+        if rect != self._rect:
+            self._rect = QRectF(rect)
+        return self._rect
+
+    def viewTransformChanged(self) -> None:  # noqa: N802 - pyqtgraph hook
+        self.prepareGeometryChange()
+        super().viewTransformChanged()
+
+    def dataBounds(self, ax: int, frac: float = 1.0, orthoRange: object = None) -> tuple[float, float] | None:  # noqa: N802,N803
+        """Range of the visible lines' points along ``ax`` (the ViewBox's auto-range asks)."""
+        lo = min((c.bounds[2 * ax] for c in self.curves.values() if c.isVisible()), default=math.inf)
+        hi = max((c.bounds[2 * ax + 1] for c in self.curves.values() if c.isVisible()), default=-math.inf)
+        if not (math.isfinite(lo) and math.isfinite(hi)):
+            return None
+        return lo, hi
+
+    # -- drawing
+    def paint(self, p: QPainter, option: object, widget: object = None) -> None:
+        if widget is None:
+            # an export (PNG, SVG) or another painter: draw every line straight onto it
+            self._draw_all(p)
+            return
+        transform = p.transform()
+        rect = transform.mapRect(self.boundingRect()).toAlignedRect()
+        if rect.isEmpty():
+            return
+        dpr = float(widget.devicePixelRatioF())  # type: ignore[attr-defined]
+        key = (transform.m11(), transform.m12(), transform.m21(), transform.m22(), transform.dx(),
+               transform.dy(), float(rect.x()), float(rect.y()), float(rect.width()), float(rect.height()), dpr)
+        painter = QPainter()
+        if self._stale or self._image is None or key != self._image_key:
+            image = QImage(int(rect.width() * dpr), int(rect.height() * dpr), QImage.Format.Format_ARGB32_Premultiplied)
+            image.setDevicePixelRatio(dpr)
+            image.fill(Qt.GlobalColor.transparent)
+            painter.begin(image)
+            painter.setRenderHints(p.renderHints())
+            painter.setTransform(transform * QTransform.fromTranslate(-rect.x(), -rect.y()))
+            self._draw_all(painter)
+            painter.end()
+            self._image, self._image_key, self._stale = image, key, False
+            self.full_draws += 1
+        elif any(c._pending for c in self.curves.values()):
+            painter.begin(self._image)
+            painter.setRenderHints(p.renderHints())
+            painter.setTransform(transform * QTransform.fromTranslate(-rect.x(), -rect.y()))
+            for curve in self.curves.values():
+                if curve._pending and curve.isVisible():
+                    painter.setPen(curve.pen())
+                    for x, y in curve._pending:
+                        _draw_line(painter, x, y)
+                curve._pending.clear()
+            painter.end()
+        else:
+            for curve in self.curves.values():
+                curve._pending.clear()
+        p.save()
+        p.resetTransform()
+        p.drawImage(rect.topLeft(), self._image)
+        p.restore()
+
+    def _draw_all(self, painter: QPainter) -> None:
+        for curve in self.curves.values():
+            curve._pending.clear()
+            if not curve.isVisible() or curve.source is None:
+                continue
+            x, y = curve.source()
+            if len(x) < 2:
+                continue
+            painter.setPen(curve.pen())
+            _draw_line(painter, x, y)
+
+
+def _draw_line(painter: QPainter, x: np.ndarray, y: np.ndarray) -> None:
+    if len(x) <= 8:  # the new segments of a frame: one line each, gaps (NaN) left out
+        xs, ys = x.tolist(), y.tolist()
+        for i in range(len(xs) - 1):
+            x0, y0, x1, y1 = xs[i], ys[i], xs[i + 1], ys[i + 1]
+            if math.isfinite(x0 + y0 + x1 + y1):
+                painter.drawLine(QLineF(x0, y0, x1, y1))
+        return
+    painter.drawPath(pg.arrayToQPath(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64),
+                                     connect="finite"))

@@ -1,0 +1,182 @@
+"""The live plots' drawing: lines drawn incrementally look as if drawn at once, downsampling
+keeps every extreme, the legend hides lines, exports draw them, totals stay put."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyqtgraph as pg
+import pytest
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtGui import QImage
+
+from gui.plots import PLOTS, MetricPlot, _total, ema
+
+LOSS = PLOTS[0]
+BLUE, ORANGE = "#3b82f6", "#f97316"
+
+
+def make_plot(qtbot: Any, spec: Any = LOSS, x_range: tuple[float, float] | None = (0.0, 400.0)) -> MetricPlot:
+    plot = MetricPlot(spec)
+    plot.resize(500, 300)
+    qtbot.addWidget(plot)
+    plot.show()
+    qtbot.waitExposed(plot)
+    if x_range is not None:  # a fixed view, as after the user zoomed
+        plot.following = False
+        plot.item.setXRange(*x_range, padding=0)
+        plot.item.setYRange(-1.5, 1.5, padding=0)
+    return plot
+
+
+def pixels(plot: MetricPlot) -> np.ndarray:
+    """The plot as the screen shows it (RGB rows)."""
+    image = plot.widget.grab().toImage().convertToFormat(QImage.Format.Format_RGB32)
+    return pg.functions.ndarray_from_qimage(image)[..., :3].copy()
+
+
+def count_color(img: np.ndarray, color: str, tol: int = 40) -> int:
+    rgb = np.array([int(color[i : i + 2], 16) for i in (1, 3, 5)])[::-1]  # the array is BGR
+    return int((np.abs(img.astype(int) - rgb).max(axis=-1) <= tol).sum())
+
+
+def test_lines_grown_frame_by_frame_look_like_lines_drawn_at_once(qtbot: Any) -> None:
+    x = np.arange(300.0)
+    y1, y2 = np.sin(x / 20), np.cos(x / 15)
+    grown = make_plot(qtbot)
+    grown.set_curve("a", "a", BLUE, x[:30], y1[:30], 0.0)
+    grown.set_curve("b", "b", ORANGE, x[:30], y2[:30], 0.0)
+    grown.lines.flush()
+    pixels(grown)
+    full_draws = grown.lines.full_draws
+    for k in range(40, 301, 10):  # 27 frames, each adding points at the lines' ends
+        grown.set_curve("a", "a", BLUE, x[:k], y1[:k], 0.0)
+        grown.set_curve("b", "b", ORANGE, x[:k], y2[:k], 0.0)
+        grown.lines.flush()
+        pixels(grown)
+    assert grown.lines.full_draws == full_draws, "appended points are drawn without drawing every line again"
+    at_once = make_plot(qtbot)
+    at_once.set_curve("a", "a", BLUE, x, y1, 0.0)
+    at_once.set_curve("b", "b", ORANGE, x, y2, 0.0)
+    a, b = pixels(grown), pixels(at_once)
+    assert count_color(a, BLUE) > 300 and count_color(a, ORANGE) > 300
+    assert (a != b).any(axis=-1).mean() < 0.002  # line joins may differ by a pixel, nothing else
+
+
+def test_a_moved_view_or_a_changed_line_draws_everything_again(qtbot: Any) -> None:
+    x = np.arange(100.0)
+    plot = make_plot(qtbot)
+    plot.set_curve("a", "a", BLUE, x, np.sin(x / 10), 0.0)
+    pixels(plot)
+    before = plot.lines.full_draws
+    plot.item.setXRange(0, 200, padding=0)
+    pixels(plot)
+    assert plot.lines.full_draws == before + 1
+    plot.set_curve("a", "a", BLUE, x, np.sin(x / 10), 0.9)  # new smoothing: every point changes
+    pixels(plot)
+    assert plot.lines.full_draws >= before + 2
+
+
+def test_clicking_a_legend_entry_hides_its_line(qtbot: Any) -> None:
+    x = np.arange(200.0)
+    plot = make_plot(qtbot)
+    plot.set_curve("a", "replica 0", BLUE, x, np.sin(x / 20), 0.0)
+    plot.set_curve("b", "replica 1", ORANGE, x, np.cos(x / 20), 0.0)
+    assert count_color(pixels(plot), ORANGE) > 200
+    sample, label = plot.legend.items[1]
+    assert label.text == "replica 1"
+    view = plot.widget
+    pos = view.mapFromScene(sample.mapToScene(QPointF(10, 10)))
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    assert not plot.curves["b"].isVisible()
+    img = pixels(plot)
+    assert count_color(img, ORANGE) < 20 and count_color(img, BLUE) > 200  # (the legend's own mark aside)
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    assert plot.curves["b"].isVisible() and count_color(pixels(plot), ORANGE) > 200
+
+
+def test_a_gap_in_the_data_is_not_bridged(qtbot: Any) -> None:
+    x = np.arange(400.0)
+    y = np.zeros(400)
+    y[150:250] = np.nan
+    plot = make_plot(qtbot)
+    plot.set_curve("a", "a", BLUE, x[:100], y[:100], 0.0)
+    pixels(plot)
+    for k in (160, 260, 400):  # the gap arrives over several frames
+        plot.set_curve("a", "a", BLUE, x[:k], y[:k], 0.0)
+        plot.lines.flush()
+        pixels(plot)
+    img = pixels(plot)
+
+    def at(px: float) -> tuple[int, int]:
+        p = plot.widget.mapFromScene(plot.lines.mapToScene(QPointF(px, 0.0)))
+        return p.x(), p.y()
+
+    (left, row), (right, _) = at(170), at(230)
+    band = img[row - 2 : row + 3]
+    assert count_color(band[:, left:right], BLUE) == 0
+    assert count_color(band[:, : left - 20], BLUE) > 50 and count_color(band[:, right + 20 :], BLUE) > 50
+
+
+def test_downsampling_keeps_every_extreme_and_the_history_keeps_every_point(qtbot: Any) -> None:
+    n = 200_000
+    x = np.arange(n, dtype=float)
+    y = np.sin(x / 5000.0)
+    y[123_457] = 9.0  # one spike, and one dip
+    y[77_777] = -7.0
+    plot = make_plot(qtbot, x_range=None)
+    plot.set_curve("a", "a", BLUE, x, y, 0.0)
+    xd, yd = plot.curves["a"].getData()
+    assert len(xd) < 3 * plot.item.getViewBox().width(), "about 2 points per pixel reach the screen"
+    assert yd.max() == 9.0 and yd.min() == -7.0
+    assert plot.points("a") == n and np.array_equal(plot.raw["a"][1], y)
+    plot.set_curve("a", "a", BLUE, np.arange(n + 10, dtype=float), np.append(y, np.full(10, -8.0)), 0.0)
+    assert plot.curves["a"].getData()[1].min() == -8.0
+    plot.follow_data()
+    (x0, x1), (y0, y1) = plot.item.getViewBox().viewRange()
+    assert x0 <= 0 and x1 >= n + 9 and y0 <= -8.0 and y1 >= 9.0, "following keeps every point in view"
+
+
+def test_export_png_draws_the_lines(qtbot: Any, tmp_path: Path) -> None:
+    x = np.arange(200.0)
+    plot = make_plot(qtbot)
+    plot.set_curve("a", "a", BLUE, x, np.sin(x / 20), 0.0)
+    out = plot.export_png(tmp_path / "loss.png", width=800)
+    image = QImage(str(out)).convertToFormat(QImage.Format.Format_RGB32)
+    assert image.width() == 800
+    assert count_color(pg.functions.ndarray_from_qimage(image)[..., :3], BLUE) > 300
+
+
+def test_many_curves_share_a_compact_legend(qtbot: Any) -> None:
+    x = np.arange(50.0)
+    plot = make_plot(qtbot)
+    for r in range(32):
+        plot.set_curve(f"replica/{r}/loss", f"replica {r}", BLUE, x, np.sin(x / 10 + r), 0.0)
+    assert plot.legend.columnCount > 1
+    assert plot.legend.geometry().height() < 0.8 * plot.item.getViewBox().height()
+    assert all(c.pen().widthF() == 1.0 for c in plot.curves.values()), "many curves are drawn 1 pixel wide"
+
+
+def test_the_total_is_drawn_where_every_replica_reported_and_keeps_its_points() -> None:
+    cache: dict[str, Any] = {}
+    xs = [np.arange(1.0, 11.0), np.arange(1.0, 9.0)]
+    series = [(f"r{i}", x, np.full(len(x), float(i + 1))) for i, x in enumerate(xs)]
+    base_x, total, stable, final = _total(cache, "", series)
+    assert stable == 0 and final == 8 and np.allclose(total[:final], 3.0)
+    # the other replica becomes the longest: the base stays, the first points are kept
+    xs = [np.arange(1.0, 11.0), np.arange(1.0, 12.0)]
+    series = [(f"r{i}", x, np.full(len(x), float(i + 1))) for i, x in enumerate(xs)]
+    base_x2, total2, stable2, final2 = _total(cache, "", series)
+    assert stable2 == 8 and final2 == 10 and base_x2 is xs[0] and np.allclose(total2[:final2], 3.0)
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.6, 0.95])
+def test_smoothing_extended_frame_by_frame_equals_smoothing_at_once(qtbot: Any, weight: float) -> None:
+    rng = np.random.default_rng(1)
+    y = rng.normal(size=500)
+    plot = make_plot(qtbot)
+    for k in (1, 2, 50, 51, 300, 500):
+        got = plot._smoothed("a", y[:k], weight)
+    assert np.allclose(got, ema(y, weight) if weight else y)
