@@ -175,9 +175,13 @@ class TaskTable(QWidget):
         self.view.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
         self.view.verticalHeader().setVisible(False)
         header = self.view.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        # columns fit their contents when the rows change, then stay (and the user may resize them):
+        # fitting them at every refresh made the view read every cell of the table each time
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setSectionResizeMode(_REASON, QHeaderView.ResizeMode.Stretch)  # the long text gets the room
         header.setStretchLastSection(False)
+        self.model.modelReset.connect(self._fit_columns)
+        self.model.dataChanged.connect(self._fit_if_clipped)
         self.view.setToolTip("Every task of the shown run; hover a failed task for its last log lines")
         self.failure = QLabel()
         self.failure.setObjectName("failureReport")
@@ -191,6 +195,24 @@ class TaskTable(QWidget):
         layout.addWidget(self.view, 1)
         controller.runStateChanged.connect(self._update_failure)
         controller.runLoaded.connect(self._update_failure)
+
+    def _fit_columns(self) -> None:
+        for column in range(len(COLUMNS)):
+            if column != _REASON:
+                self.view.resizeColumnToContents(column)
+
+    def _fit_if_clipped(self, top_left: QModelIndex, bottom_right: QModelIndex, *_args: object) -> None:
+        """Widen a column whose changed cells no longer fit (a state or a straggler flag got longer)."""
+        metrics = self.view.fontMetrics()
+        for column in range(top_left.column(), bottom_right.column() + 1):
+            if column == _REASON:
+                continue
+            width = self.view.columnWidth(column)
+            for row in range(top_left.row(), bottom_right.row() + 1):
+                text = self.model.data(self.model.index(row, column))
+                if text and metrics.horizontalAdvance(str(text)) + 12 > width:
+                    self.view.resizeColumnToContents(column)
+                    break
 
     def _update_failure(self, *_args: object) -> None:
         state = self.controller.state
