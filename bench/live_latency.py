@@ -7,7 +7,7 @@ replica 0's loss:
 
 - *ClusterDeck*: the event's own ``t`` (set by the task when it emits the step
   event) to the moment the plots panel's ``redrawn`` signal finds the point in
-  the loss curve's data (``PlotDataItem.xData``);
+  the loss curve's data (``MetricPlot.points``);
 - *TensorBoard*: the same ``t`` to the moment TensorBoard's HTTP data API
   (``GET /data/plugin/scalars/scalars?run=…&tag=replica_0/loss``, the route its
   scalar dashboard reads) first serves that step; polled every 100 ms.
@@ -161,10 +161,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         def on_redrawn() -> None:
             now = time.time()
-            curve = loss.curves.get(key)
-            if curve is None or curve.xData is None:
-                return
-            n = len(curve.xData)
+            n = loss.points(key)  # points the loss curve holds (the screen may show fewer, downsampled)
             if n > seen["n"]:
                 series = controller.state.history.series[key]
                 gui_latency.extend((now - series.t[seen["n"]:n]).tolist())
