@@ -61,7 +61,9 @@ def _fmt_loss(value: float | None) -> str:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from engine.launcher import Run
+    from engine.memory import tune_allocator
 
+    tune_allocator()  # this process keeps the run's history: see engine.memory
     try:
         cfg = _load(args.preset)
         if args.steps is not None:
