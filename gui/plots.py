@@ -48,6 +48,9 @@ PIXELS_PER_BLOCK = 1.0
 #: Above this many curves a plot draws 1-pixel lines: Qt strokes wider ones many times slower,
 #: and with that many curves wide lines only hide one another.
 THIN_ABOVE = 8
+#: Smoothed curves are kept for the screen only (the history and exports keep the exact points):
+#: float32 halves what an hour of 96 smoothed curves holds, ~7 significant digits drawn.
+SMOOTHED_DTYPE = np.float32
 #: Legend entries per column: more curves than this make more columns.
 LEGEND_ROWS = 8
 
@@ -100,7 +103,7 @@ def ema(y: np.ndarray, weight: float, start: int = 0, prev: np.ndarray | None = 
 def _ema_tail(y: np.ndarray, weight: float, start: int, buf: np.ndarray) -> np.ndarray:
     """``buf[start:len(y)]`` filled with the EMA of ``y`` continued from ``buf[start - 1]``; returns ``buf[:len(y)]``."""
     n = len(y)
-    last = buf[start - 1]
+    last = float(buf[start - 1])
     w, a = weight, 1.0 - weight
     for i in range(start, n):
         last = w * last + a * y[i]
@@ -371,17 +374,17 @@ class MetricPlot(QWidget):
         n = len(y)
         cached = self._ema.get(key)
         if cached is None or cached[0] != weight or cached[1] > n:
-            start, buf = 0, np.empty(max(256, n + n // 8))
+            start, buf = 0, np.empty(max(256, n + n // 8), dtype=SMOOTHED_DTYPE)
         else:
             _, start, buf = cached
             if stable is not None and stable < start:
                 start = stable  # the points from ``stable`` on changed (the "total" curve)
             if start == 0:
-                start, buf = 0, np.empty(max(256, n + n // 8))
+                start, buf = 0, np.empty(max(256, n + n // 8), dtype=SMOOTHED_DTYPE)
             elif start == n:
                 return buf[:n]
             if n > len(buf):
-                grown = np.empty(max(n + 256, n + n // 8))
+                grown = np.empty(max(n + 256, n + n // 8), dtype=SMOOTHED_DTYPE)
                 grown[:start] = buf[:start]
                 buf = grown
         buf[:n] = ema(y, weight, start, buf[:n]) if start == 0 else _ema_tail(y, weight, start, buf)
