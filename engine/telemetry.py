@@ -44,44 +44,111 @@ class ReplicaState:
 
 
 def _is_number(value: Any) -> TypeGuard[int | float]:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool))
+
+
+def _grown(a: np.ndarray, n: int) -> np.ndarray:
+    """A copy of ``a``'s first ``n`` items in an array half as large again (at least 256 items).
+
+    Only the filled part is copied: the rest stays untouched, and as large arrays are ``mmap``
+    blocks of their own (:mod:`engine.memory`), that spare room costs address space, not memory.
+    Measured with ``bench/gui_scale.py`` (36,000 points per series): growing by an eighth with
+    ``np.concatenate`` (which writes the spare room too) ended at 316 MB RSS; copying the filled
+    part only, 307 MB; with shared axes, 273 MB by an eighth, 265 MB by half, 264 MB by doubling.
+    By half: most of the gain, with less idle room than doubling; 12 reallocations to 36,000 points, not 42.
+    """
+    b = np.empty(max(256, len(a) + len(a) // 2), dtype=np.float64)
+    b[:n] = a[:n]
+    return b
+
+
+class _Axis:
+    """Growable x and t (wall time) arrays: where the points of one series are, or of several
+    series of one owner that got a point from every event since they started (see :class:`History`).
+
+    ``t is None``: x is the wall time.
+    """
+
+    __slots__ = ("x", "t", "n")
+
+    def __init__(self, capacity: int = 256, t_is_x: bool = False) -> None:
+        self.x = np.empty(capacity, dtype=np.float64)
+        self.t: np.ndarray | None = None if t_is_x else np.empty(capacity, dtype=np.float64)
+        self.n = 0
+
+    def append(self, x: float, t: float) -> None:
+        n = self.n
+        if n == len(self.x):
+            self.x = _grown(self.x, n)
+            if self.t is not None:
+                self.t = _grown(self.t, n)
+        self.x[n] = x
+        if self.t is not None:
+            self.t[n] = t
+        self.n = n + 1
+
+    def part(self, start: int, stop: int) -> _Axis:
+        """A copy of ``[start, stop)`` with room to grow."""
+        n = stop - start
+        axis = _Axis(max(256, n + n // 2), self.t is None)
+        axis.x[:n] = self.x[start:stop]
+        if self.t is not None and axis.t is not None:
+            axis.t[:n] = self.t[start:stop]
+        axis.n = n
+        return axis
 
 
 class Series:
     """Growable float64 arrays x, y and t (wall time) with amortised O(1) appends.
 
     ``t_is_x``: the series is by time (x is the wall time), so no separate t array is kept.
+    ``x`` and ``t`` may be views of an axis shared with other series of the same owner
+    (:class:`History` does that); ``y`` is always the series' own.
     """
 
-    __slots__ = ("_x", "_y", "_n", "_t")
+    __slots__ = ("_axis", "_start", "_y", "_n", "_shared")
 
     def __init__(self, capacity: int = 256, *, t_is_x: bool = False) -> None:
-        self._x = np.empty(capacity, dtype=np.float64)
+        self._axis = _Axis(capacity, t_is_x)
+        self._start = 0
         self._y = np.empty(capacity, dtype=np.float64)
-        self._t = None if t_is_x else np.empty(capacity, dtype=np.float64)
         self._n = 0
+        self._shared = False
+
+    @classmethod
+    def _on(cls, axis: _Axis, start: int) -> Series:
+        """A series whose x and t are ``axis`` from index ``start`` on (it gets a point at each of them)."""
+        s = cls.__new__(cls)
+        s._axis, s._start, s._n, s._shared = axis, start, 0, True
+        s._y = np.empty(256, dtype=np.float64)
+        return s
 
     def append(self, x: float, y: float, t: float) -> None:
-        if self._n == len(self._x):
-            # grow by an eighth: hours of points at 10 Hz for 100+ series stay within ~12 % of what
-            # they hold (doubling kept up to twice that alive); appends stay amortised O(1)
-            grow = max(256, len(self._x) // 8)
-            self._x = np.concatenate([self._x, np.empty(grow)])
-            self._y = np.concatenate([self._y, np.empty(grow)])
-            if self._t is not None:
-                self._t = np.concatenate([self._t, np.empty(grow)])
-        self._x[self._n] = x
-        self._y[self._n] = y
-        if self._t is not None:
-            self._t[self._n] = t
-        self._n += 1
+        if self._shared:
+            self._detach()
+        self._axis.append(x, t)
+        self._push(y)
+
+    def _push(self, y: float) -> None:
+        """Append y only: its x and t are already at the axis' index ``_start + len(self)``."""
+        n = self._n
+        if n == len(self._y):
+            self._y = _grown(self._y, n)
+        self._y[n] = y
+        self._n = n + 1
+
+    def _detach(self) -> None:
+        """Copy this series' part of a shared axis: from now on it keeps x and t of its own."""
+        self._axis = self._axis.part(self._start, self._start + self._n)
+        self._start = 0
+        self._shared = False
 
     def __len__(self) -> int:
         return self._n
 
     @property
     def x(self) -> np.ndarray:
-        return self._x[: self._n]
+        return self._axis.x[self._start: self._start + self._n]
 
     @property
     def y(self) -> np.ndarray:
@@ -89,7 +156,26 @@ class Series:
 
     @property
     def t(self) -> np.ndarray:
-        return (self._x if self._t is None else self._t)[: self._n]
+        axis = self._axis
+        return (axis.x if axis.t is None else axis.t)[self._start: self._start + self._n]
+
+
+class _Owner:
+    """The series of one owner (a replica, a task) and the axis shared by those that are aligned.
+
+    A series is *shared* (x and t are views of ``axis``) as long as it got a point from every
+    event that added one to the axis since it started; the first event that brings the axis a
+    point but not this series detaches it: it copies its part and keeps its own x and t after.
+    """
+
+    __slots__ = ("prefix", "t_is_x", "series", "axis", "shared")
+
+    def __init__(self, prefix: str, t_is_x: bool) -> None:
+        self.prefix = prefix
+        self.t_is_x = t_is_x
+        self.series: dict[str, Series] = {}
+        self.axis: _Axis | None = None
+        self.shared: list[Series] = []
 
 
 #: Per-replica metrics kept as history, with their units.
@@ -99,12 +185,20 @@ TASK_METRICS = {"cpu_percent": "%", "rss_bytes": "B", "tf_bytes": "B", "gpu_util
 
 
 class History:
-    """Every point of every curve: ``replica/<id>/<metric>`` (x = step) and ``task/<name>/<metric>`` (x = time)."""
+    """Every point of every curve: ``replica/<id>/<metric>`` (x = step) and ``task/<name>/<metric>`` (x = time).
+
+    The metrics of one event have the same x and t: the series of one replica (of one task)
+    share a single x and t axis as long as each got a point from every event (5 arrays per
+    replica instead of 9). ``series[key]`` is still every point of each, in order.
+    """
 
     def __init__(self) -> None:
         self.series: dict[str, Series] = {}
         self.t0: float | None = None
         self.version = 0  # bumps on every append: views redraw only when it moved
+        self._owners: dict[str, _Owner] = {}  # by key prefix
+        self._by_replica: dict[Any, _Owner] = {}
+        self._by_task: dict[str, _Owner] = {}
 
     def _series(self, key: str, by_time: bool = False) -> Series:
         s = self.series.get(key)
@@ -112,18 +206,69 @@ class History:
             s = self.series[key] = Series(t_is_x=by_time)
         return s
 
+    def _owner(self, prefix: str, by_time: bool) -> _Owner:
+        owner = self._owners.get(prefix)
+        if owner is None:
+            owner = self._owners[prefix] = _Owner(prefix, by_time)
+        return owner
+
+    def _fold(self, owner: _Owner, x: float, t: float, points: list[tuple[str, float]]) -> None:
+        """One event's points of ``owner``'s metrics, all at (x, t)."""
+        shared = owner.shared
+        series = owner.series
+        at = -1  # the axis index of this event's point, once it has one
+        pushed = 0
+        for metric, y in points:
+            s = series.get(metric)
+            if s is not None and not s._shared:
+                s.append(x, y, t)
+                continue
+            if at < 0:
+                axis = owner.axis
+                if axis is None:
+                    axis = owner.axis = _Axis(t_is_x=owner.t_is_x)
+                at = axis.n  # axis.append(x, t), inline
+                if at == len(axis.x):
+                    axis.x = _grown(axis.x, at)
+                    if axis.t is not None:
+                        axis.t = _grown(axis.t, at)
+                axis.x[at] = x
+                if axis.t is not None:
+                    axis.t[at] = t
+                axis.n = at + 1
+            if s is None:
+                assert axis is not None  # it got this event's point just above
+                s = series[metric] = self.series[owner.prefix + metric] = Series._on(axis, at)
+                shared.append(s)
+            n = s._n  # s._push(y), inline: the hot path of a live run
+            if n == len(s._y):
+                s._y = _grown(s._y, n)
+            s._y[n] = y
+            s._n = n + 1
+            pushed += 1
+        self.version += len(points)
+        if at >= 0 and pushed != len(shared):
+            # the axis has a point some shared series did not get: those go their own way
+            for s in [s for s in shared if not s._shared or s._start + s._n != at + 1]:
+                if s._shared:
+                    s._detach()
+                shared.remove(s)
+            if not shared:
+                owner.axis = None
+
     def add(self, event: dict[str, Any]) -> None:
         t = float(event.get("t", 0.0))
         if self.t0 is None:
             self.t0 = t
         kind = event.get("kind")
         if kind == "step":
-            rid = event["replica"]
-            for metric in REPLICA_METRICS:
-                value = event.get(metric)
-                if _is_number(value):
-                    self._series(f"replica/{rid}/{metric}").append(float(event["step"]), float(value), t)
-                    self.version += 1
+            points = [(m, float(v)) for m in REPLICA_METRICS if (v := event.get(m)) is not None and _is_number(v)]
+            if points:
+                rid = event["replica"]
+                owner = self._by_replica.get(rid)
+                if owner is None:
+                    owner = self._by_replica[rid] = self._owner(f"replica/{rid}/", False)
+                self._fold(owner, float(event["step"]), t, points)
         elif kind == "eval":
             for metric in ("loss", "accuracy"):
                 value = event.get(metric)
@@ -131,13 +276,21 @@ class History:
                     self._series(f"eval/{metric}").append(float(event["step"]), float(value), t)
                     self.version += 1
         elif kind == "device":
+            points = [(m, float(v)) for m in TASK_METRICS if (v := event.get(m)) is not None and _is_number(v)]
+            if not points:
+                return
             name = event["task"]
-            for metric in TASK_METRICS:
-                value = event.get(metric)
-                if _is_number(value):
-                    suffix = f"@{event['device']}" if "device" in event and metric.startswith("tf_") else ""
-                    self._series(f"task/{name}{suffix}/{metric}", by_time=True).append(t, float(value), t)
-                    self.version += 1
+            if "device" in event:  # TensorFlow's memory is per device: a series of its own for each
+                for metric, value in points:
+                    if metric.startswith("tf_"):
+                        self._series(f"task/{name}@{event['device']}/{metric}", by_time=True).append(t, value, t)
+                        self.version += 1
+                points = [p for p in points if not p[0].startswith("tf_")]
+            if points:
+                owner = self._by_task.get(name)
+                if owner is None:
+                    owner = self._by_task[name] = self._owner(f"task/{name}/", True)
+                self._fold(owner, t, t, points)
 
     def keys(self, prefix: str = "") -> list[str]:
         return sorted(k for k in self.series if k.startswith(prefix))

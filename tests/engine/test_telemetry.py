@@ -6,6 +6,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from engine.events import make
 from engine.telemetry import History, RunState, Series
@@ -233,3 +235,151 @@ def test_eval_events_are_kept_and_plotted_by_step() -> None:
     assert rs.history.series["eval/loss"].y.tolist() == [0.5, 0.25]
     assert rs.history.series["eval/accuracy"].y.tolist() == [0.8], "a bool is not a figure"
     assert rs.replicas == {}, "evaluation is not training progress"
+
+
+# --------------------------------------------------------------------------- History: shared axes
+
+METRICS = ("loss", "examples_per_sec", "step_time")
+
+
+def _buffers(*arrays: np.ndarray) -> list[np.ndarray]:
+    """The distinct arrays that hold the data of ``arrays`` (views resolved to their base)."""
+    out: list[np.ndarray] = []
+    for a in arrays:
+        base = a if a.base is None else a.base
+        assert isinstance(base, np.ndarray)
+        if not any(base is b for b in out):
+            out.append(base)
+    return out
+
+
+def test_aligned_metrics_of_a_replica_share_one_step_and_time_axis() -> None:
+    h = History()
+    for i in range(1000):
+        h.add(step("worker:0", 0, i, i * 0.1))
+    loss, eps, st = (h.series[f"replica/0/{m}"] for m in METRICS)
+    assert np.shares_memory(loss.x, eps.x) and np.shares_memory(loss.x, st.x)
+    assert np.shares_memory(loss.t, eps.t) and np.shares_memory(loss.t, st.t)
+    assert not np.shares_memory(loss.y, eps.y) and not np.shares_memory(loss.y, st.y)
+    for s in (loss, eps, st):
+        assert len(s.x) == len(s.y) == len(s.t) == len(s) == 1000
+        assert s.x.dtype == s.y.dtype == s.t.dtype == np.float64
+        np.testing.assert_array_equal(s.x, np.arange(1000.0))
+        np.testing.assert_array_equal(s.t, T0 + np.arange(1000) * 0.1)
+
+
+def test_a_replica_holds_five_arrays_not_nine() -> None:
+    h = History()
+    n = 20_000
+    for i in range(n):
+        h.add(step("worker:0", 0, i, i * 0.1))
+    series = [h.series[f"replica/0/{m}"] for m in METRICS]
+    buffers = _buffers(*(a for s in series for a in (s.x, s.y, s.t)))
+    assert len(buffers) == 5, "one x, one t and three y"
+    held = sum(b.nbytes for b in buffers)
+    assert held <= 5 * 8 * (n + n // 2 + 256), held  # room to grow included
+    assert held < 9 * 8 * n, "less than what a private x and t per metric would take, filled alone"
+
+
+def test_task_metrics_share_their_time_axis() -> None:
+    h = History()
+    for i in range(300):
+        h.add(ev("device", "worker:0", float(i), cpu_percent=50.0 + i, rss_bytes=1000 + i, gpu_util=None))
+    cpu, rss = h.series["task/worker:0/cpu_percent"], h.series["task/worker:0/rss_bytes"]
+    assert np.shares_memory(cpu.x, rss.x) and np.shares_memory(cpu.t, cpu.x), "by time: t is x"
+    np.testing.assert_array_equal(cpu.t, T0 + np.arange(300.0))
+    np.testing.assert_array_equal(rss.y, 1000.0 + np.arange(300))
+
+
+def test_a_metric_missing_from_a_step_goes_its_own_way() -> None:
+    h = History()
+    for i in range(10):
+        h.add(step("worker:0", 0, i, i * 0.1))
+    h.add(step("worker:0", 0, 10, 1.0, loss=None))  # no loss at step 10
+    for i in range(11, 600):
+        h.add(step("worker:0", 0, i, i * 0.1))
+    loss, eps, st = (h.series[f"replica/0/{m}"] for m in METRICS)
+    assert not np.shares_memory(loss.x, eps.x) and not np.shares_memory(loss.t, eps.t)
+    assert np.shares_memory(eps.x, st.x), "the other two still share"
+    expected = [float(i) for i in range(600) if i != 10]
+    assert loss.x.tolist() == expected and len(loss.t) == len(loss.y) == len(loss) == 599
+    assert eps.x.tolist() == [float(i) for i in range(600)] and len(st) == 600
+    assert h.version == 600 * 3 - 1 and h.total_points() == 600 * 3 - 1
+
+
+def test_a_metric_appearing_late_shares_from_where_it_starts() -> None:
+    h = History()
+    for i in range(5):
+        h.add(step("worker:0", 0, i, float(i), loss=None))
+    for i in range(5, 400):
+        h.add(step("worker:0", 0, i, float(i)))
+    loss, eps = h.series["replica/0/loss"], h.series["replica/0/examples_per_sec"]
+    assert np.shares_memory(loss.x, eps.x)
+    assert loss.x.tolist() == [float(i) for i in range(5, 400)] and len(eps) == 400
+    np.testing.assert_array_equal(loss.t, eps.t[5:])
+
+
+def test_views_taken_earlier_never_change() -> None:
+    h = History()
+    seen: list[tuple[np.ndarray, np.ndarray, np.ndarray, list[float], list[float], list[float]]] = []
+    for i in range(2000):
+        h.add(step("worker:0", 0, i % 700, i * 0.1, loss=None if i % 997 == 5 else float(i)))
+        if i % 50 == 0:
+            s = h.series["replica/0/loss"] if "replica/0/loss" in h.series else h.series["replica/0/step_time"]
+            seen.append((s.x, s.y, s.t, s.x.tolist(), s.y.tolist(), s.t.tolist()))
+    for x, y, t, xs, ys, ts in seen:
+        assert x.tolist() == xs and y.tolist() == ys and t.tolist() == ts
+
+
+def test_series_shared_detaches_on_a_direct_append() -> None:
+    h = History()
+    for i in range(3):
+        h.add(step("worker:0", 0, i, float(i)))
+    loss = h.series["replica/0/loss"]
+    loss.append(99.0, 9.0, T0 + 99.5)
+    h.add(step("worker:0", 0, 3, 3.0))
+    assert loss.x.tolist() == [0.0, 1.0, 2.0, 99.0, 3.0]
+    assert (loss.t - T0).tolist() == [0.0, 1.0, 2.0, 99.5, 3.0] and loss.y.tolist() == [1.0, 1.0, 1.0, 9.0, 1.0]
+    assert h.series["replica/0/step_time"].x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+# Figures as a step event may carry them: numbers, missing, None, or not numbers at all.
+figure = st.one_of(st.floats(allow_nan=False, allow_infinity=False, width=32), st.integers(-5, 5),
+                   st.none(), st.just(True), st.just("x"), st.just(...))
+step_event = st.tuples(st.integers(0, 2), st.integers(-3, 40), figure, figure, figure)
+device_event = st.tuples(st.sampled_from(["ps:0", "worker:1"]), figure, figure, figure)
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(step_event, device_event), max_size=400), st.integers(1, 60))
+def test_history_matches_a_naive_model(events: list[tuple[Any, ...]], check_every: int) -> None:
+    """Random interleavings of replicas, steps that repeat or go back and metrics that come and go."""
+    h = History()
+    model: dict[str, list[tuple[float, float, float]]] = {}
+    for i, e in enumerate(events):
+        t = i * 0.5
+        if isinstance(e[0], int):
+            rid, n, *values = e
+            fields = {m: v for m, v in zip(METRICS, values, strict=True) if v is not ...}
+            event = {"v": 1, "kind": "step", "task": f"worker:{rid}", "t": T0 + t, "replica": rid, "step": n,
+                     **fields}
+            for m, v in fields.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    model.setdefault(f"replica/{rid}/{m}", []).append((float(n), float(v), T0 + t))
+        else:
+            task, cpu, rss, gpu = e
+            fields = {m: v for m, v in (("cpu_percent", cpu), ("rss_bytes", rss), ("gpu_util", gpu)) if v is not ...}
+            event = {"v": 1, "kind": "device", "task": task, "t": T0 + t, **fields}
+            for m, v in fields.items():
+                if isinstance(v, (int, float)) and not isinstance(v, bool):
+                    model.setdefault(f"task/{task}/{m}", []).append((T0 + t, float(v), T0 + t))
+        h.add(event)
+        if i % check_every == 0 or i == len(events) - 1:
+            assert sorted(h.series) == sorted(model)
+            for key, points in model.items():
+                s = h.series[key]
+                assert len(s) == len(s.x) == len(s.y) == len(s.t) == len(points)
+                assert s.x.dtype == s.y.dtype == s.t.dtype == np.float64
+                assert list(zip(s.x.tolist(), s.y.tolist(), s.t.tolist(), strict=True)) == points, key
+    assert h.version == h.total_points() == sum(len(p) for p in model.values())
+    assert h.replicas() == sorted({int(k.split("/")[1]) for k in model if k.startswith("replica/")})
