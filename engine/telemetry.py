@@ -227,15 +227,8 @@ class History:
                 axis = owner.axis
                 if axis is None:
                     axis = owner.axis = _Axis(t_is_x=owner.t_is_x)
-                at = axis.n  # axis.append(x, t), inline
-                if at == len(axis.x):
-                    axis.x = _grown(axis.x, at)
-                    if axis.t is not None:
-                        axis.t = _grown(axis.t, at)
-                axis.x[at] = x
-                if axis.t is not None:
-                    axis.t[at] = t
-                axis.n = at + 1
+                at = axis.n
+                axis.append(x, t)
             if s is None:
                 assert axis is not None  # it got this event's point just above
                 s = series[metric] = self.series[owner.prefix + metric] = Series._on(axis, at)

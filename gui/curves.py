@@ -27,6 +27,8 @@ from PySide6.QtCore import QLineF, QRectF, Qt
 from PySide6.QtGui import QImage, QPainter, QPen, QTransform
 
 Points = tuple[np.ndarray, np.ndarray]
+#: Appends a line keeps for the next paint; past this the next paint draws every line in full.
+MAX_PENDING = 64
 
 
 class Curve:
@@ -73,7 +75,13 @@ class Curve:
         """New points at the end of the line; ``x[0], y[0]`` is the last point it had (the joint)."""
         if len(x) < 2:
             return
-        self._pending.append((x, y))
+        if len(self._pending) >= MAX_PENDING:
+            # not painted for a while (a hidden or minimised window): draw everything at the next
+            # paint instead of keeping every frame's segments
+            self._pending.clear()
+            self.owner._stale = True
+        else:
+            self._pending.append((x, y))
         b, nb = self.bounds, _bounds(x, y)
         self.bounds = [min(b[0], nb[0]), max(b[1], nb[1]), min(b[2], nb[2]), max(b[3], nb[3])]
         self.owner.changed(nb)

@@ -12,6 +12,7 @@ import pytest
 from PySide6.QtCore import QPointF, Qt
 from PySide6.QtGui import QImage
 
+from gui.curves import MAX_PENDING
 from gui.plots import PLOTS, MetricPlot, _total, ema
 
 LOSS = PLOTS[0]
@@ -77,6 +78,27 @@ def test_a_moved_view_or_a_changed_line_draws_everything_again(qtbot: Any) -> No
     plot.set_curve("a", "a", BLUE, x, np.sin(x / 10), 0.9)  # new smoothing: every point changes
     pixels(plot)
     assert plot.lines.full_draws >= before + 2
+
+
+def test_a_plot_not_painted_for_long_keeps_no_backlog(qtbot: Any) -> None:
+    x = np.arange(2000.0)
+    y = np.sin(x / 50)
+    plot = make_plot(qtbot, x_range=(0.0, 2000.0))
+    plot.set_curve("a", "a", BLUE, x[:10], y[:10], 0.0)
+    pixels(plot)
+    before = plot.lines.full_draws
+    plot.hide()  # a hidden window is not painted: frames keep coming
+    for k in range(11, 2000):
+        plot.set_curve("a", "a", BLUE, x[:k], y[:k], 0.0)
+        plot.lines.flush()
+    assert len(plot.curves["a"]._pending) <= MAX_PENDING
+    plot.show()
+    qtbot.waitExposed(plot)
+    img = pixels(plot)
+    assert plot.lines.full_draws == before + 1, "the backlog was dropped: the next paint draws the line in full"
+    at_once = make_plot(qtbot, x_range=(0.0, 2000.0))
+    at_once.set_curve("a", "a", BLUE, x[:1999], y[:1999], 0.0)
+    assert (img != pixels(at_once)).any(axis=-1).mean() < 0.002
 
 
 def test_clicking_a_legend_entry_hides_its_line(qtbot: Any) -> None:
