@@ -127,6 +127,8 @@ class CurveSet(pg.GraphicsObject):
         self._rect = QRectF()
         self._dirty: list[float] | None = None  # bounds of the segments appended since the last flush
         self.full_draws = 0  # how many times every line was drawn again (tests and benchmarks read it)
+        self.log = (False, False)  # the plot's log x / log y (its context menu sets them)
+        self.on_log_mode: Callable[[], None] | None = None
         self.setFlag(self.GraphicsItemFlag.ItemUsesExtendedStyleOption, False)
 
     # -- lines
@@ -177,6 +179,14 @@ class CurveSet(pg.GraphicsObject):
             return
         pad = 4.0  # pixels: the widest pen and its joins
         self.update(QRectF(d[0] - pad * px, d[2] - pad * py, d[1] - d[0] + 2 * pad * px, d[3] - d[2] + 2 * pad * py))
+
+    def setLogMode(self, x: bool, y: bool) -> None:  # noqa: N802 - what PlotItem calls on its items
+        """The lines' points are given in log10 where the axis is logarithmic: the owner makes them again."""
+        if (bool(x), bool(y)) != self.log:
+            self.log = (bool(x), bool(y))
+            if self.on_log_mode is not None:
+                self.on_log_mode()
+            self.invalidate()
 
     # -- geometry: the item covers the view, wherever the points are
     def boundingRect(self) -> QRectF:  # noqa: N802

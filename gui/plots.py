@@ -236,6 +236,7 @@ class MetricPlot(QWidget):
             # grid lines at the labelled ticks only: the minor levels' lines made painting a plot ~5x slower
             self.item.getAxis(name).setStyle(maxTickLevel=0)
         self.item.setMenuEnabled(True)
+        self._trim_menu()
         self.item.getViewBox().setMouseEnabled(x=True, y=True)
         self.item.setLabel("left", spec.unit or None)
         self.legend = self.item.addLegend(offset=(-6, 6), labelTextSize="8pt", verSpacing=-6)
@@ -244,6 +245,7 @@ class MetricPlot(QWidget):
         self.item.addItem(self.lines)
         self.curves: dict[str, Curve] = self.lines.curves
         self._sources: dict[str, _Source] = {}
+        self.lines.on_log_mode = self._log_mode_changed
         self._x_label: str | None = None
         self._owners: dict[str, tuple[History, int, list[str]]] = {}
         self.raw = _RawCurves()  # curve -> unsmoothed (x, y) as shown (offset and scale applied on access)
@@ -269,6 +271,34 @@ class MetricPlot(QWidget):
         self.png_button.clicked.connect(self._ask_png)
         self.csv_button.clicked.connect(self._ask_csv)
         self.apply_theme()
+
+    def _trim_menu(self) -> None:
+        """pyqtgraph's "Plot Options" offer transforms and downsampling made for its own data items:
+        only those that apply to these plots stay (log x / log y and the grid)."""
+        ctrl = self.item.ctrl
+        for check in (ctrl.fftCheck, ctrl.derivativeCheck, ctrl.phasemapCheck):
+            check.hide()
+        for action in self.item.ctrlMenu.actions():
+            if action.text() in ("Downsample", "Average", "Alpha", "Points"):
+                self.item.ctrlMenu.removeAction(action)
+
+    def _log_mode_changed(self) -> None:
+        """Log x or y was switched: every curve is made again in the new coordinates."""
+        self._drawn.clear()
+        self._sources.clear()
+        self.robust = self.spec.robust_y and not self.lines.log[1]
+        self.viewChanged.emit()
+
+    def _screen(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Points in the view's coordinates: log10 on a logarithmic axis (no point where <= 0)."""
+        log_x, log_y = self.lines.log
+        if log_x or log_y:
+            with np.errstate(divide="ignore", invalid="ignore"):
+                if log_x:
+                    x = np.log10(np.where(x > 0, x, np.nan))
+                if log_y:
+                    y = np.log10(np.where(y > 0, y, np.nan))
+        return x, y
 
     # ------------------------------------------------------------------ theme
 
@@ -426,10 +456,15 @@ class MetricPlot(QWidget):
             src.x, src.y, src.n = x, ys, m
             if m - first >= 2:
                 xs = x[first:m] - x_offset if x_offset else x[first:m]
-                curve.append(xs, ys[first:m] * scale if scale != 1.0 else ys[first:m])
+                curve.append(*self._screen(xs, ys[first:m] * scale if scale != 1.0 else ys[first:m]))
             return
         self._sources[key] = _Source(x, ys, x_offset, smoothing, shape)
-        curve.set_source(lambda: self._display(key), [*self._x_bounds(x, x_offset), *self._y_bounds(ys, scale)])
+        if any(self.lines.log):
+            bx, by = self._screen(x - x_offset, ys * scale)
+            bounds = [*self._x_bounds(bx, 0.0), *self._y_bounds(by, 1.0)]
+        else:
+            bounds = [*self._x_bounds(x, x_offset), *self._y_bounds(ys, scale)]
+        curve.set_source(lambda: self._display(key), bounds)
 
     @staticmethod
     def _x_bounds(x: np.ndarray, offset: float) -> tuple[float, float]:
@@ -460,6 +495,7 @@ class MetricPlot(QWidget):
             xd = xd - src.offset
         if self.spec.scale != 1.0:
             yd = yd * self.spec.scale
+        xd, yd = self._screen(xd, yd)
         src.shown = (view, (xd, yd))
         return xd, yd
 
@@ -470,6 +506,8 @@ class MetricPlot(QWidget):
         if self.following or vb.autoRangeEnabled()[0]:
             return None, pixels
         lo, hi = vb.viewRange()[0]
+        if self.lines.log[0]:  # the view is in log10 of x
+            lo, hi = 10.0 ** min(lo, 300.0), 10.0 ** min(hi, 300.0)
         return (float(lo), float(hi)), pixels
 
     def _view_moved(self, *_args: object) -> None:
@@ -520,7 +558,7 @@ class MetricPlot(QWidget):
             # the user asked for auto-range (the plot's "A" button): follow the data again
             vb.disableAutoRange()
             self.following = True
-            self.robust = self.spec.robust_y
+            self.robust = self.spec.robust_y and not self.lines.log[1]
             self._view_moved()
         if not self.following:
             return
@@ -545,7 +583,7 @@ class MetricPlot(QWidget):
 
     def fit_robust_y(self) -> None:
         """Y from 0 to a little above the 99th percentile of the shown points."""
-        if not self.robust:
+        if not self.robust or self.lines.log[1]:
             return
         ys = [src.y for key, src in self._sources.items() if src.n and self.curves[key].isVisible()]
         if not ys:

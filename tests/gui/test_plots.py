@@ -161,6 +161,27 @@ def test_downsampling_keeps_every_extreme_and_the_history_keeps_every_point(qtbo
     assert x0 <= 0 and x1 >= n + 9 and y0 <= -8.0 and y1 >= 9.0, "following keeps every point in view"
 
 
+def test_log_y_from_the_plot_menu_draws_log10_of_the_points(qtbot: Any) -> None:
+    x = np.arange(1.0, 301.0)
+    y = 10.0 ** (-x / 100)  # 0.1 .. 0.001: a straight line on a log axis
+    plot = make_plot(qtbot, x_range=None)
+    plot.set_curve("a", "a", BLUE, x[:100], y[:100], 0.0)
+    plot.item.setLogMode(False, True)  # what the menu's "Log Y" does
+    plot.set_curve("a", "a", BLUE, x[:200], y[:200], 0.0)
+    plot.set_curve("a", "a", BLUE, x, y, 0.0)  # and the next frame appends in log coordinates
+    plot.follow_data()
+    _, yd = plot.curves["a"].getData()
+    assert np.allclose(yd, np.log10(y))
+    y0, y1 = plot.item.getViewBox().viewRange()[1]
+    assert y0 <= -3 and y1 >= -1 and y1 - y0 < 5, "the view holds the log10 of every point"
+    assert count_color(pixels(plot), BLUE) > 300
+    plot.item.setLogMode(False, False)
+    plot.set_curve("a", "a", BLUE, x, y, 0.0)
+    assert np.allclose(plot.curves["a"].getData()[1], y)
+    menus = [action.text() for action in plot.item.ctrlMenu.actions()]
+    assert "Transforms" in menus and "Downsample" not in menus  # only options that apply are offered
+
+
 def test_export_png_draws_the_lines(qtbot: Any, tmp_path: Path) -> None:
     x = np.arange(200.0)
     plot = make_plot(qtbot)
