@@ -312,7 +312,7 @@ class MetricPlot(QWidget):
             axis.setTextPen(pg.mkPen(text))
         self.legend.setLabelTextColor(text)
         backdrop = pal.color(QPalette.ColorRole.Base)
-        backdrop.setAlpha(200)  # entries stay readable over the curves, which still show through
+        backdrop.setAlpha(160)  # entries stay readable over the curves, which still show through
         self.legend.setBrush(pg.mkBrush(backdrop))
 
     def changeEvent(self, event: QEvent) -> None:
