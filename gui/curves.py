@@ -79,7 +79,7 @@ class Curve:
             # not painted for a while (a hidden or minimised window): draw everything at the next
             # paint instead of keeping every frame's segments
             self._pending.clear()
-            self.owner._stale = True
+            self.owner.invalidate()
         else:
             self._pending.append((x, y))
         b, nb = self.bounds, _bounds(x, y)
@@ -213,7 +213,7 @@ class CurveSet(pg.GraphicsObject):
     def paint(self, p: QPainter, option: object, widget: object = None) -> None:
         if widget is None:
             # an export (PNG, SVG) or another painter: draw every line straight onto it
-            self._draw_all(p)
+            self._draw_all(p, keep_pending=True)  # the screen's image still needs them
             return
         transform = p.transform()
         rect = transform.mapRect(self.boundingRect()).toAlignedRect()
@@ -253,9 +253,10 @@ class CurveSet(pg.GraphicsObject):
         p.drawImage(rect.topLeft(), self._image)
         p.restore()
 
-    def _draw_all(self, painter: QPainter) -> None:
+    def _draw_all(self, painter: QPainter, keep_pending: bool = False) -> None:
         for curve in self.curves.values():
-            curve._pending.clear()
+            if not keep_pending:
+                curve._pending.clear()
             if not curve.isVisible() or curve.source is None:
                 continue
             x, y = curve.source()

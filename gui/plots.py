@@ -8,6 +8,7 @@ setting changed). Other runs can be overlaid (dashed) for comparison.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import re
 import time
@@ -18,7 +19,7 @@ import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QPalette
+from PySide6.QtGui import QAction, QPalette
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -254,7 +255,7 @@ class MetricPlot(QWidget):
         self.labels: dict[str, str] = {}
         self._ema: dict[str, tuple[float, int, np.ndarray]] = {}
         self._drawn: dict[str, tuple[float, ...]] = {}  # curve -> what its data was made of when last set
-        self._totals: dict[str, tuple[str, int, float, np.ndarray]] = {}  # run prefix -> (base, final n, x, total)
+        self._totals: dict[str, tuple[str, int, float, np.ndarray, tuple[str, ...]]] = {}  # run prefix -> (base, final n, x, total)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 0)
         layout.setSpacing(0)
@@ -269,6 +270,13 @@ class MetricPlot(QWidget):
         layout.addLayout(header)
         layout.addWidget(self.widget, 1)
         self.png_button.clicked.connect(self._ask_png)
+        # the plot's right-click "Export…" offers these two instead of pyqtgraph's export dialog, whose
+        # exporters know only pyqtgraph's own data items
+        png_action = QAction("Export as PNG…", self)
+        png_action.triggered.connect(self._ask_png)
+        csv_action = QAction("Export data as CSV…", self)
+        csv_action.triggered.connect(self._ask_csv)
+        self.widget.scene().contextMenu = [png_action, csv_action]
         self.csv_button.clicked.connect(self._ask_csv)
         self.apply_theme()
 
@@ -283,11 +291,23 @@ class MetricPlot(QWidget):
                 self.item.ctrlMenu.removeAction(action)
 
     def _log_mode_changed(self) -> None:
-        """Log x or y was switched: every curve is made again in the new coordinates."""
-        self._drawn.clear()
-        self._sources.clear()
+        """Log x or y was switched: every curve's points are given again in the new coordinates, at
+        once (pyqtgraph fits the range to the curves' bounds right after)."""
         self.robust = self.spec.robust_y and not self.lines.log[1]
+        for key, src in self._sources.items():
+            curve = self.curves.get(key)
+            src.shown = None
+            if curve is not None:
+                curve.set_source(functools.partial(self._display, key), self._bounds(src))
         self.viewChanged.emit()
+
+    def _bounds(self, src: _Source) -> list[float]:
+        """x lo, x hi, y lo, y hi of a source's points in the view's coordinates."""
+        scale = self.spec.scale
+        if any(self.lines.log):
+            bx, by = self._screen(src.x - src.offset, src.y * scale)
+            return [*self._x_bounds(bx, 0.0), *self._y_bounds(by, 1.0)]
+        return [*self._x_bounds(src.x, src.offset), *self._y_bounds(src.y, scale)]
 
     def _screen(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Points in the view's coordinates: log10 on a logarithmic axis (no point where <= 0)."""
@@ -440,7 +460,7 @@ class MetricPlot(QWidget):
         self._drawn[key] = signature
         scale = self.spec.scale
         self.raw.put(key, x, y, x_offset, scale)
-        if self.spec.skip_first and len(x) > 1:
+        if self.spec.skip_first:  # also while it is the only point: it must not seed the smoothing
             x, y = x[1:], y[1:]
             stable = None if stable is None else max(0, stable - 1)
         ys = self._smoothed(key, y, smoothing, stable)
@@ -458,13 +478,8 @@ class MetricPlot(QWidget):
                 xs = x[first:m] - x_offset if x_offset else x[first:m]
                 curve.append(*self._screen(xs, ys[first:m] * scale if scale != 1.0 else ys[first:m]))
             return
-        self._sources[key] = _Source(x, ys, x_offset, smoothing, shape)
-        if any(self.lines.log):
-            bx, by = self._screen(x - x_offset, ys * scale)
-            bounds = [*self._x_bounds(bx, 0.0), *self._y_bounds(by, 1.0)]
-        else:
-            bounds = [*self._x_bounds(x, x_offset), *self._y_bounds(ys, scale)]
-        curve.set_source(lambda: self._display(key), bounds)
+        src = self._sources[key] = _Source(x, ys, x_offset, smoothing, shape)
+        curve.set_source(functools.partial(self._display, key), self._bounds(src))
 
     @staticmethod
     def _x_bounds(x: np.ndarray, offset: float) -> tuple[float, float]:
@@ -758,6 +773,10 @@ class PlotsPanel(QWidget):
         for plot in self.plots.values():
             for key in [k for k in plot.curves if k.startswith("cmp:")]:
                 plot.remove_curve(key)
+            # what was kept of the overlaid runs (their histories, their totals) goes with them
+            for cache in (plot._owners, plot._totals):
+                for prefix in [k for k in cache if k.startswith("cmp:")]:
+                    del cache[prefix]
         self.clear_compare.setEnabled(bool(self.controller.comparisons))
         self._dirty = True
         self.redraw_if_needed()
@@ -838,27 +857,29 @@ class PlotsPanel(QWidget):
                            stable=stable)
 
 
-def _total(cache: dict[str, tuple[str, int, float, np.ndarray]], prefix: str,
+def _total(cache: dict[str, tuple[str, int, float, np.ndarray, tuple[str, ...]]], prefix: str,
            series: list[tuple[str, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray, int, int]:
     """The sum of the series, each interpolated at the x of one of them (the base), extended
-    incrementally: ``(base x, total, stable, final)``.
+    incrementally: ``(base x, total, stable, final)``. A series adds nothing before its first x
+    (a replica that started later).
 
     Series only grow, with increasing x: the sum at an x that every series has already
     reached (the first ``final`` points) never changes, so only the points past the earliest
-    series' end are recomputed; the first ``stable`` points are those of the last call. The
-    base stays the same series while it keeps up (replicas report in turn, and a new base
-    would mean a new sum), else it is the longest.
+    series' end are recomputed; the first ``stable`` points are those of the last call (none when
+    the set of series changed). The base stays the same series while it keeps up (replicas
+    report in turn, and a new base would mean a new sum), else it is the longest.
     """
+    keys = tuple(key for key, _, _ in series)
     longest = max(series, key=lambda s: len(s[1]))
     base_key, base_x, _ = longest
     start = 0
     cached = cache.get(prefix)
-    if cached is not None:
+    if cached is not None and cached[4] == keys:
         for key, x, _ in series:
             if key == cached[0] and 2 * len(x) >= len(longest[1]):
                 base_key, base_x = key, x
                 break
-        key, final, x_at, old = cached
+        key, final, x_at, old, _ = cached
         if key == base_key and 0 < final <= len(base_x) and base_x[final - 1] == x_at and final <= len(old):
             start = final
     total = np.empty_like(base_x)
@@ -867,8 +888,8 @@ def _total(cache: dict[str, tuple[str, int, float, np.ndarray]], prefix: str,
     tail = base_x[start:]
     total[start:] = 0.0
     for _, x, y in series:
-        total[start:] += np.interp(tail, x, y)
+        total[start:] += np.interp(tail, x, y, left=0.0)
     final = int(np.searchsorted(base_x, min(float(x[-1]) for _, x, _ in series), side="right"))
     if final:
-        cache[prefix] = (base_key, final, float(base_x[final - 1]), total)
+        cache[prefix] = (base_key, final, float(base_x[final - 1]), total, keys)
     return base_x, total, start, final

@@ -182,6 +182,7 @@ class TaskTable(QWidget):
         header.setStretchLastSection(False)
         self.model.modelReset.connect(self._fit_columns)
         self.model.dataChanged.connect(self._fit_if_clipped)
+        self._fit_columns()  # the rows already there
         self.view.setToolTip("Every task of the shown run; hover a failed task for its last log lines")
         self.failure = QLabel()
         self.failure.setObjectName("failureReport")

@@ -101,6 +101,79 @@ def test_a_plot_not_painted_for_long_keeps_no_backlog(qtbot: Any) -> None:
     assert (img != pixels(at_once)).any(axis=-1).mean() < 0.002
 
 
+def test_lines_that_come_back_into_a_fixed_view_are_painted(qtbot: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from PySide6.QtWidgets import QApplication
+
+    from gui.curves import CurveSet
+
+    paints = []
+    original = CurveSet.paint
+    monkeypatch.setattr(CurveSet, "paint", lambda self, *a: (paints.append(1), original(self, *a))[1])
+    x = np.arange(400.0)
+    y = np.where(x < MAX_PENDING + 40, 5.0, 0.0)  # above the view for longer than the backlog holds, then in it
+    plot = make_plot(qtbot)
+    plot.set_curve("a", "a", BLUE, x[:10], y[:10], 0.0)
+    pixels(plot)
+    for k in range(11, 400):
+        plot.set_curve("a", "a", BLUE, x[:k], y[:k], 0.0)
+        plot.lines.flush()
+        QApplication.processEvents()  # the screen paints what was asked for, nothing more
+        if k == MAX_PENDING + 60:
+            paints.clear()
+    assert paints, "segments back in view were painted on screen"
+
+
+def test_an_export_between_frames_loses_no_segment_of_the_screen(qtbot: Any, tmp_path: Path) -> None:
+    x = np.arange(300.0)
+    y = np.sin(x / 20)
+    plot = make_plot(qtbot)
+    plot.set_curve("a", "a", BLUE, x[:100], y[:100], 0.0)
+    pixels(plot)
+    plot.set_curve("a", "a", BLUE, x, y, 0.0)  # new segments, not painted yet
+    plot.export_png(tmp_path / "between.png")
+    plot.lines.flush()
+    at_once = make_plot(qtbot)
+    at_once.set_curve("a", "a", BLUE, x, y, 0.0)
+    assert (pixels(plot) != pixels(at_once)).any(axis=-1).mean() < 0.002
+
+
+def test_the_right_click_export_writes_this_plots_data(qtbot: Any, tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from PySide6.QtWidgets import QFileDialog
+
+    x = np.arange(30.0)
+    plot = make_plot(qtbot)
+    plot.set_curve("a", "replica 0", BLUE, x, np.sin(x), 0.5)
+    actions = {a.text(): a for a in plot.widget.scene().contextMenu}
+    assert set(actions) == {"Export as PNG…", "Export data as CSV…"}
+    out = tmp_path / "loss.csv"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(out), "")))
+    actions["Export data as CSV…"].trigger()
+    rows = out.read_text(encoding="utf-8").splitlines()
+    assert rows[0] == "curve,x,y" and len(rows) == 31 and rows[1].startswith("replica 0,0.0,0.0")
+
+
+def test_the_first_step_left_out_does_not_seed_the_smoothing(qtbot: Any) -> None:
+    step_time = next(spec for spec in PLOTS if spec.key == "step_time")
+    x = np.arange(1.0, 51.0)
+    y = np.full(50, 0.1)
+    y[0] = 30.0  # the first step traces the function: 300 times slower
+    grown = make_plot(qtbot, step_time, x_range=None)
+    for k in range(1, 51):
+        grown.set_curve("a", "a", BLUE, x[:k], y[:k], 0.9)
+    assert np.allclose(grown.curves["a"].getData()[1], 100.0)  # ms, the first step nowhere
+
+
+def test_the_total_counts_a_replica_that_joined_late() -> None:
+    cache: dict[str, Any] = {}
+    early = ("r0", np.arange(1.0, 21.0), np.full(20, 1.0))
+    _total(cache, "", [early])
+    late = ("r1", np.arange(11.0, 21.0), np.full(10, 2.0))
+    base_x, total, stable, final = _total(cache, "", [early, late])
+    assert stable == 0, "a new set of series makes the sum again"
+    assert np.allclose(total[:10], 1.0) and np.allclose(total[10:final], 3.0)
+
+
 def test_clicking_a_legend_entry_hides_its_line(qtbot: Any) -> None:
     x = np.arange(200.0)
     plot = make_plot(qtbot)
@@ -167,6 +240,8 @@ def test_log_y_from_the_plot_menu_draws_log10_of_the_points(qtbot: Any) -> None:
     plot = make_plot(qtbot, x_range=None)
     plot.set_curve("a", "a", BLUE, x[:100], y[:100], 0.0)
     plot.item.setLogMode(False, True)  # what the menu's "Log Y" does
+    assert np.allclose(plot.curves["a"].getData()[1], np.log10(y[:100])), "at once, not at the next frame"
+    assert plot.item.getViewBox().viewRange()[1][0] < -1.5, "pyqtgraph's range fit sees the log10 bounds"
     plot.set_curve("a", "a", BLUE, x[:200], y[:200], 0.0)
     plot.set_curve("a", "a", BLUE, x, y, 0.0)  # and the next frame appends in log coordinates
     plot.follow_data()
