@@ -313,25 +313,22 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 def check_history(history: Any, replicas: int, ticks: int) -> int:
     """Points missing or different from what was sent, over every series."""
-    lost = 0
     expected_ticks = np.arange(ticks)
+
+    def differing(key: str, y: np.ndarray, x: np.ndarray | None = None) -> int:
+        s = history.series.get(key)
+        if s is None:
+            return ticks
+        n = min(len(s), ticks)
+        wrong = np.count_nonzero(s.y[:n] != y[:n]) + (np.count_nonzero(s.x[:n] != x[:n]) if x is not None else 0)
+        return abs(len(s) - ticks) + int(wrong)
+
+    lost = 0
     for r in range(replicas):
         v = values(r, expected_ticks)
         for metric in ("loss", "examples_per_sec", "step_time"):
-            s = history.series.get(f"replica/{r}/{metric}")
-            if s is None:
-                lost += ticks
-                continue
-            lost += abs(len(s) - ticks)
-            n = min(len(s), ticks)
-            lost += int(np.count_nonzero(s.y[:n] != v[metric][:n]) + np.count_nonzero(s.x[:n] != v["step"][:n]))
-        s = history.series.get(f"task/worker:{r}/cpu_percent")
-        if s is None:
-            lost += ticks
-            continue
-        lost += abs(len(s) - ticks)
-        n = min(len(s), ticks)
-        lost += int(np.count_nonzero(s.y[:n] != v["cpu_percent"][:n]))
+            lost += differing(f"replica/{r}/{metric}", v[metric], v["step"])
+        lost += differing(f"task/worker:{r}/cpu_percent", v["cpu_percent"])
     return lost
 
 

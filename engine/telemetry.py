@@ -233,11 +233,7 @@ class History:
                 assert axis is not None  # it got this event's point just above
                 s = series[metric] = self.series[owner.prefix + metric] = Series._on(axis, at)
                 shared.append(s)
-            n = s._n  # s._push(y), inline: the hot path of a live run
-            if n == len(s._y):
-                s._y = _grown(s._y, n)
-            s._y[n] = y
-            s._n = n + 1
+            s._push(y)
             pushed += 1
         self.version += len(points)
         if at >= 0 and pushed != len(shared):

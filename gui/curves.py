@@ -82,9 +82,9 @@ class Curve:
             self.owner.invalidate()
         else:
             self._pending.append((x, y))
-        b, nb = self.bounds, _bounds(x, y)
-        self.bounds = [min(b[0], nb[0]), max(b[1], nb[1]), min(b[2], nb[2]), max(b[3], nb[3])]
-        self.owner.changed(nb)
+        new = [*finite_range(x), *finite_range(y)]
+        self.bounds = _union(self.bounds, new)
+        self.owner.changed(new)
 
     def getData(self) -> Points:  # noqa: N802 - as PlotDataItem's
         """The points the line draws for the current view."""
@@ -101,18 +101,18 @@ class Curve:
         return self.getData()[1]
 
 
-def _bounds(x: np.ndarray, y: np.ndarray) -> list[float]:
-    if len(x) <= 8:  # the few points of a frame: plain floats beat numpy's per-call cost
-        xs = [v for v in x.tolist() if math.isfinite(v)]
-        ys = [v for v in y.tolist() if math.isfinite(v)]
-        if not xs or not ys:
-            return [math.inf, -math.inf, math.inf, -math.inf]
-        return [min(xs), max(xs), min(ys), max(ys)]
-    fx = x[np.isfinite(x)] if len(x) else x
-    fy = y[np.isfinite(y)] if len(y) else y
-    if not len(fx) or not len(fy):
-        return [math.inf, -math.inf, math.inf, -math.inf]
-    return [float(fx.min()), float(fx.max()), float(fy.min()), float(fy.max())]
+def finite_range(a: np.ndarray) -> tuple[float, float]:
+    """Lowest and highest finite value of ``a``; ``(inf, -inf)`` when there is none."""
+    if len(a) <= 8:  # the few points of a frame: plain floats beat numpy's per-call cost
+        values = [v for v in a.tolist() if math.isfinite(v)]
+        return (min(values), max(values)) if values else (math.inf, -math.inf)
+    finite = a[np.isfinite(a)]
+    return (float(finite.min()), float(finite.max())) if len(finite) else (math.inf, -math.inf)
+
+
+def _union(a: list[float], b: list[float]) -> list[float]:
+    """Bounds (x lo, x hi, y lo, y hi) holding both."""
+    return [min(a[0], b[0]), max(a[1], b[1]), min(a[2], b[2]), max(a[3], b[3])]
 
 
 class CurveSet(pg.GraphicsObject):
@@ -124,12 +124,10 @@ class CurveSet(pg.GraphicsObject):
         self._image: QImage | None = None
         self._image_key: tuple[float, ...] = ()
         self._stale = True  # the image must be drawn again from every line's points
-        self._rect = QRectF()
         self._dirty: list[float] | None = None  # bounds of the segments appended since the last flush
         self.full_draws = 0  # how many times every line was drawn again (tests and benchmarks read it)
         self.log = (False, False)  # the plot's log x / log y (its context menu sets them)
         self.on_log_mode: Callable[[], None] | None = None
-        self.setFlag(self.GraphicsItemFlag.ItemUsesExtendedStyleOption, False)
 
     # -- lines
     def add(self, key: str, pen: QPen, name: str = "") -> Curve:
@@ -154,11 +152,7 @@ class CurveSet(pg.GraphicsObject):
 
     def changed(self, bounds: list[float]) -> None:
         """A line has new segments within ``bounds`` (x lo, x hi, y lo, y hi): repainted at :meth:`flush`."""
-        d = self._dirty
-        if d is None:
-            self._dirty = list(bounds)
-        else:
-            d[0], d[1], d[2], d[3] = min(d[0], bounds[0]), max(d[1], bounds[1]), min(d[2], bounds[2]), max(d[3], bounds[3])
+        self._dirty = bounds if self._dirty is None else _union(self._dirty, bounds)
 
     def flush(self) -> None:
         """Ask for the paint of what changed since the last flush: only the band the new segments
@@ -166,16 +160,12 @@ class CurveSet(pg.GraphicsObject):
         d, self._dirty = self._dirty, None
         if d is None or self._stale:
             return  # nothing new, or invalidate() asked for the whole item already
-        if not all(math.isfinite(v) for v in d):
-            self.update()
-            return
         vx, vy = self.pixelVectors()  # one pixel along x and y, in data units
-        if vx is None or vy is None:
-            self.update()
-            return
-        px, py = abs(vx.x()) + abs(vy.x()), abs(vx.y()) + abs(vy.y())
-        if not (math.isfinite(px) and math.isfinite(py)) or px <= 0 or py <= 0:
-            self.update()
+        px = py = math.nan
+        if vx is not None and vy is not None:
+            px, py = abs(vx.x()) + abs(vy.x()), abs(vx.y()) + abs(vy.y())
+        if not all(math.isfinite(v) for v in (*d, px, py)) or px <= 0 or py <= 0:
+            self.update()  # no band to tell: the whole item
             return
         pad = 4.0  # pixels: the widest pen and its joins
         self.update(QRectF(d[0] - pad * px, d[2] - pad * py, d[1] - d[0] + 2 * pad * px, d[3] - d[2] + 2 * pad * py))
@@ -190,12 +180,8 @@ class CurveSet(pg.GraphicsObject):
 
     # -- geometry: the item covers the view, wherever the points are
     def boundingRect(self) -> QRectF:  # noqa: N802
-        rect = self.viewRect()
-        if rect is None:
-            return QRectF()
-        if rect != self._rect:
-            self._rect = QRectF(rect)
-        return self._rect
+        rect = self.viewRect()  # kept by pyqtgraph until the view's transform changes
+        return QRectF() if rect is None else rect
 
     def viewTransformChanged(self) -> None:  # noqa: N802 - pyqtgraph hook
         self.prepareGeometryChange()
@@ -222,35 +208,31 @@ class CurveSet(pg.GraphicsObject):
         dpr = float(widget.devicePixelRatioF())  # type: ignore[attr-defined]
         key = (transform.m11(), transform.m12(), transform.m21(), transform.m22(), transform.dx(),
                transform.dy(), float(rect.x()), float(rect.y()), float(rect.width()), float(rect.height()), dpr)
-        painter = QPainter()
-        if self._stale or self._image is None or key != self._image_key:
+        image = self._image
+        full = self._stale or image is None or key != self._image_key
+        if full or image is None:
             image = QImage(int(rect.width() * dpr), int(rect.height() * dpr), QImage.Format.Format_ARGB32_Premultiplied)
             image.setDevicePixelRatio(dpr)
             image.fill(Qt.GlobalColor.transparent)
-            painter.begin(image)
-            painter.setRenderHints(p.renderHints())
-            painter.setTransform(transform * QTransform.fromTranslate(-rect.x(), -rect.y()))
-            self._draw_all(painter)
-            painter.end()
             self._image, self._image_key, self._stale = image, key, False
             self.full_draws += 1
-        elif any(c._pending for c in self.curves.values()):
-            painter.begin(self._image)
+        if full or any(c._pending for c in self.curves.values()):
+            painter = QPainter(image)
             painter.setRenderHints(p.renderHints())
             painter.setTransform(transform * QTransform.fromTranslate(-rect.x(), -rect.y()))
-            for curve in self.curves.values():
-                if curve._pending and curve.isVisible():
-                    painter.setPen(curve.pen())
-                    for x, y in curve._pending:
-                        _draw_line(painter, x, y)
-                curve._pending.clear()
+            if full:
+                self._draw_all(painter)
+            else:
+                for curve in self.curves.values():
+                    if curve._pending and curve.isVisible():
+                        painter.setPen(curve.pen())
+                        for x, y in curve._pending:
+                            _draw_line(painter, x, y)
+                    curve._pending.clear()
             painter.end()
-        else:
-            for curve in self.curves.values():
-                curve._pending.clear()
         p.save()
         p.resetTransform()
-        p.drawImage(rect.topLeft(), self._image)
+        p.drawImage(rect.topLeft(), image)
         p.restore()
 
     def _draw_all(self, painter: QPainter, keep_pending: bool = False) -> None:

@@ -38,7 +38,7 @@ from PySide6.QtWidgets import (
 from engine.telemetry import History, RunState
 from gui import theme
 from gui.controller import Controller
-from gui.curves import Curve, CurveSet
+from gui.curves import Curve, CurveSet, finite_range
 
 REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
 #: New events are drawn as soon as the controller has folded them, but never more often than this.
@@ -197,13 +197,17 @@ class _RawCurves:
 
 
 class _Source:
-    """The points behind one curve: x as recorded and y smoothed, before offset and scale."""
+    """The points behind one curve: x as recorded and y smoothed, before offset and scale.
 
-    __slots__ = ("x", "y", "n", "offset", "weight", "shape", "shown")
+    ``signature``: what the points given to :meth:`MetricPlot.set_curve` last were (unchanged: nothing
+    to do); ``shape``: what every drawn point depends on (unchanged: new points are appended)."""
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, offset: float, weight: float, shape: tuple[object, ...]) -> None:
-        self.x, self.y, self.n = x, y, len(x)
-        self.offset, self.weight, self.shape = offset, weight, shape
+    __slots__ = ("x", "y", "offset", "weight", "shape", "signature", "shown")
+
+    def __init__(self, x: np.ndarray, y: np.ndarray, offset: float, weight: float, shape: tuple[object, ...],
+                 signature: tuple[float, ...]) -> None:
+        self.x, self.y = x, y
+        self.offset, self.weight, self.shape, self.signature = offset, weight, shape, signature
         self.shown: tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray]] | None = None
 
 
@@ -241,6 +245,9 @@ class MetricPlot(QWidget):
         self.item.getViewBox().setMouseEnabled(x=True, y=True)
         self.item.setLabel("left", spec.unit or None)
         self.legend = self.item.addLegend(offset=(-6, 6), labelTextSize="8pt", verSpacing=-6)
+        # the legend and its entries are drawn from a cache: repainted only when they change, not at
+        # every frame that draws the lines under them
+        self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         # every line of the plot is one item, drawn incrementally (see gui.curves)
         self.lines = CurveSet()
         self.item.addItem(self.lines)
@@ -254,7 +261,6 @@ class MetricPlot(QWidget):
         self._view_key: tuple[float, ...] = ()
         self.labels: dict[str, str] = {}
         self._ema: dict[str, tuple[float, int, np.ndarray]] = {}
-        self._drawn: dict[str, tuple[float, ...]] = {}  # curve -> what its data was made of when last set
         self._totals: dict[str, tuple[str, int, float, np.ndarray, tuple[str, ...]]] = {}  # run prefix -> (base, final n, x, total)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 0)
@@ -303,11 +309,11 @@ class MetricPlot(QWidget):
 
     def _bounds(self, src: _Source) -> list[float]:
         """x lo, x hi, y lo, y hi of a source's points in the view's coordinates."""
-        scale = self.spec.scale
+        x, y, offset, scale = src.x, src.y, src.offset, self.spec.scale
         if any(self.lines.log):
-            bx, by = self._screen(src.x - src.offset, src.y * scale)
-            return [*self._x_bounds(bx, 0.0), *self._y_bounds(by, 1.0)]
-        return [*self._x_bounds(src.x, src.offset), *self._y_bounds(src.y, scale)]
+            (x, y), offset, scale = self._screen(x - offset, y * scale), 0.0, 1.0
+        (x_lo, x_hi), (y_lo, y_hi) = finite_range(x), finite_range(y)
+        return [x_lo - offset, x_hi - offset, y_lo * scale, y_hi * scale]
 
     def _screen(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Points in the view's coordinates: log10 on a logarithmic axis (no point where <= 0)."""
@@ -351,7 +357,6 @@ class MetricPlot(QWidget):
         self.raw.clear()
         self.labels.clear()
         self._ema.clear()
-        self._drawn.clear()
         self._totals.clear()
         self._peaks.clear()
 
@@ -364,10 +369,7 @@ class MetricPlot(QWidget):
             self.labels[key] = label
             self.legend.addItem(curve, label)
             sample, text = self.legend.items[-1]
-            self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
-            # legend entries are drawn from a cache: they are repainted only when they change,
-            # not at every frame that draws the lines under them
-            for entry in (sample, text, text.item):
+            for entry in (sample, text, text.item):  # drawn from a cache, as the legend itself
                 entry.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
             self._fit_legend()
             if len(self.curves) == THIN_ABOVE + 1:
@@ -412,7 +414,6 @@ class MetricPlot(QWidget):
             self._fit_legend()
         self.labels.pop(key, None)
         self.raw.pop(key, None)
-        self._drawn.pop(key, None)
         self._ema.pop(key, None)
         self._peaks.pop(key, None)
         self._sources.pop(key, None)
@@ -455,9 +456,9 @@ class MetricPlot(QWidget):
         # a curve whose points and view did not change is not touched
         signature = (n, float(x[0]) if n else 0.0, float(x[-1]) if n else 0.0, float(y[-1]) if n else 0.0,
                      smoothing, x_offset, pixels, *(x_range or ()))
-        if self._drawn.get(key) == signature:
+        src = self._sources.get(key)
+        if src is not None and src.signature == signature:
             return
-        self._drawn[key] = signature
         scale = self.spec.scale
         self.raw.put(key, x, y, x_offset, scale)
         if self.spec.skip_first:  # also while it is the only point: it must not seed the smoothing
@@ -469,31 +470,16 @@ class MetricPlot(QWidget):
             peaks.changed_from(stable)
         m = len(x)
         shape = (float(x[0]) if m else math.nan, x_offset, smoothing, pixels, x_range)
-        src = self._sources.get(key)
-        if src is not None and src.shape == shape and 0 < src.n <= m and (stable is None or stable >= src.n):
+        if src is not None and src.shape == shape and 0 < len(src.x) <= m and (stable is None or stable >= len(src.x)):
             # the curve grew at its end: only its new segments are drawn
-            first = src.n - 1
-            src.x, src.y, src.n = x, ys, m
+            first = len(src.x) - 1
+            src.x, src.y, src.signature = x, ys, signature
             if m - first >= 2:
                 xs = x[first:m] - x_offset if x_offset else x[first:m]
                 curve.append(*self._screen(xs, ys[first:m] * scale if scale != 1.0 else ys[first:m]))
             return
-        src = self._sources[key] = _Source(x, ys, x_offset, smoothing, shape)
+        src = self._sources[key] = _Source(x, ys, x_offset, smoothing, shape, signature)
         curve.set_source(functools.partial(self._display, key), self._bounds(src))
-
-    @staticmethod
-    def _x_bounds(x: np.ndarray, offset: float) -> tuple[float, float]:
-        finite = x[np.isfinite(x)]
-        if not len(finite):
-            return math.inf, -math.inf
-        return float(finite.min()) - offset, float(finite.max()) - offset
-
-    @staticmethod
-    def _y_bounds(y: np.ndarray, scale: float) -> tuple[float, float]:
-        finite = y[np.isfinite(y)]
-        if not len(finite):
-            return math.inf, -math.inf
-        return float(finite.min()) * scale, float(finite.max()) * scale
 
     def _display(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """What the curve draws for the current view: ~2 points per horizontal pixel (each block's
@@ -502,7 +488,7 @@ class MetricPlot(QWidget):
         if src is None:
             return np.empty(0), np.empty(0)
         x_range, pixels = self._view()
-        view = (src.n, pixels, x_range)
+        view = (len(src.x), pixels, x_range)
         if src.shown is not None and src.shown[0] == view:
             return src.shown[1]
         xd, yd = self._decimate(key, src.x, src.y, src.weight, x_range, src.offset, pixels)
@@ -600,7 +586,7 @@ class MetricPlot(QWidget):
         """Y from 0 to a little above the 99th percentile of the shown points."""
         if not self.robust or self.lines.log[1]:
             return
-        ys = [src.y for key, src in self._sources.items() if src.n and self.curves[key].isVisible()]
+        ys = [src.y for key, src in self._sources.items() if len(src.y) and self.curves[key].isVisible()]
         if not ys:
             return
         # an even sample of at most ~512 points per curve, and each curve's latest points: the
