@@ -1,7 +1,7 @@
 """The desktop app at scale: 32 replicas x 4 metrics at 10 Hz for one hour, fast-forwarded.
 
 Synthetic events go the way a live run's do: into the controller's event queue,
-folded into its :class:`~engine.telemetry.RunState` by the controller's drain
+folded into its :class:`~engine.observe.telemetry.RunState` by the controller's drain
 timer and drawn by the plots panel's timer, in the real main window (offscreen
 Qt, 1600x1000). 32 tasks of one replica each report ``loss``, ``examples_per_sec``
 and ``step_time`` (step events) and ``cpu_percent`` (device events) 10 times a
@@ -41,7 +41,7 @@ import psutil  # noqa: E402
 from _common import add_doc_flags, machine_line, median, percentile, verdict, want_doc, write_section  # noqa: E402
 
 import gui  # noqa: E402,F401 - guards the Qt binding before any Qt call
-from engine import config as config_mod  # noqa: E402
+from engine.contract import config as config_mod  # noqa: E402
 
 HZ = 10
 GOAL_FRAME_MS = 16.0
@@ -64,7 +64,7 @@ def values(replica: int, tick: np.ndarray) -> dict[str, np.ndarray]:
 
 
 class _ReplayRun:
-    """Stands in for :class:`engine.launcher.Run` while synthetic events are queued."""
+    """Stands in for :class:`engine.control.launcher.Run` while synthetic events are queued."""
 
     done = False
 
@@ -363,8 +363,8 @@ def _doc(f: dict[str, float]) -> str:
         "drew in an image the size of the view and adds each line's new segments to it; only the band they "
         "cover is repainted; the lines are drawn again in full only when the view moves (in coarse steps), "
         "a line is hidden or its points change. Memory: the process fixes glibc's mmap threshold so that "
-        "freed history arrays go back to the system (`engine/memory.py`), a replica's metrics share one "
-        "step and time axis (`engine/telemetry.py`), and smoothed curves are kept as float32 (screen only).",
+        "freed history arrays go back to the system (`engine/control/memory.py`), a replica's metrics share one "
+        "step and time axis (`engine/observe/telemetry.py`), and smoothed curves are kept as float32 (screen only).",
         "",
         "| figure | before | now | goal |",
         "| --- | ---: | ---: | --- |",

@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from engine import config as config_mod  # noqa: E402
+from engine.contract import config as config_mod  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -41,8 +41,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import add_doc_flags, free_port, machine_line, median, percentile, verdict, want_doc, write_section  # noqa: E402
 
 import gui  # noqa: E402,F401 - guards the Qt binding before any Qt call
-from engine import config as config_mod  # noqa: E402
-from engine.cli import resolve_preset  # noqa: E402
+from engine.contract import config as config_mod  # noqa: E402
+from engine.contract.presets import resolve_preset  # noqa: E402
 
 GOAL_MEDIAN_S = 0.050
 GOAL_FACTOR = 100.0

@@ -5,7 +5,7 @@ Three figures, each over ``--rounds`` rounds interleaved with its baseline:
 - *window shown*: a fresh ``python`` process creates the desktop app's main window
   (``gui.app.create_window``, offscreen Qt) and reports when the window has been
   shown and its first paint processed; measured from just before the process starts;
-- *launch to first step, beyond importing TensorFlow*: :meth:`engine.launcher.Run.start`
+- *launch to first step, beyond importing TensorFlow*: :meth:`engine.control.launcher.Run.start`
   to the first ``step`` event's ``t``, minus the time a fresh process takes to
   ``import tensorflow`` (measured side by side: the two alternate);
 - *stop to no process left*: :meth:`Run.stop` on a training run to the moment no
@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ROOT, add_doc_flags, machine_line, median, verdict, want_doc, write_section  # noqa: E402
 
-from engine import config as config_mod  # noqa: E402
-from engine.cli import resolve_preset  # noqa: E402
-from engine.launcher import Run  # noqa: E402
+from engine.contract import config as config_mod  # noqa: E402
+from engine.contract.presets import resolve_preset  # noqa: E402
+from engine.control.launcher import Run  # noqa: E402
 
 GOAL_WINDOW_S = 1.5
 GOAL_FIRST_STEP_S = 1.0

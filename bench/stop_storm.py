@@ -24,9 +24,9 @@ import psutil
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from engine import config as config_mod  # noqa: E402
-from engine.cli import resolve_preset  # noqa: E402
-from engine.launcher import Run  # noqa: E402
+from engine.contract import config as config_mod  # noqa: E402
+from engine.contract.presets import resolve_preset  # noqa: E402
+from engine.control.launcher import Run  # noqa: E402
 
 
 def alive(pids: list[int]) -> list[int]:

@@ -4,7 +4,7 @@ Four sides train the same model on the same data with the same global batch and
 devices (the preset's, by default one task with ``MirroredStrategy`` over 2 logical
 CPU devices), each in fresh processes:
 
-- *engine*: launched by :class:`engine.launcher.Run`: supervisor, per-replica step
+- *engine*: launched by :class:`engine.control.launcher.Run`: supervisor, per-replica step
   events at ``training.metrics_hz``, device sampling, events persisted and streamed,
   TensorBoard summaries of the same scalars;
 - *bare*: the same task code alone with ``--bare``: no events, no files, no supervisor;
@@ -38,10 +38,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ROOT, add_doc_flags, machine_line, median, verdict, want_doc, write_section  # noqa: E402
 
-from engine import config as config_mod  # noqa: E402
-from engine.cli import resolve_preset  # noqa: E402
-from engine.cluster import plan_tasks, resolve_ports  # noqa: E402
-from engine.launcher import Run  # noqa: E402
+from engine.contract import config as config_mod  # noqa: E402
+from engine.contract.plan import plan_tasks, resolve_ports  # noqa: E402
+from engine.contract.presets import resolve_preset  # noqa: E402
+from engine.control.launcher import Run  # noqa: E402
 
 SIDES = ("engine", "bare", "fit", "fit+TB")
 GOAL = 0.97

@@ -4,7 +4,7 @@
 
 Two logical CPU devices stand in for two GPUs, so it runs anywhere. The only ClusterDeck line
 in the training code is the callback; reopen the folder in the app (File > Open run) or read it
-with ``engine.events.read_file(RUN_DIR / "events.jsonl")``.
+with ``engine.contract.events.read_file(RUN_DIR / "events.jsonl")``.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
-from engine.memory import tune_allocator
+from engine.control.memory import tune_allocator
 from gui import theme
 from gui.controller import Controller
 from gui.main_window import APPLICATION, ORGANIZATION, MainWindow, app_icon, app_settings
@@ -27,7 +27,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 
 def application() -> QApplication:
     """The QApplication (created once, with the app's names, icon and the system's colour scheme)."""
-    tune_allocator()  # before the history's arrays grow: see engine.memory
+    tune_allocator()  # before the history's arrays grow: see engine.control.memory
     app = QApplication.instance()
     if not isinstance(app, QApplication):
         app = QApplication(sys.argv[:1])

@@ -38,9 +38,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.cluster import gpu_assignment
-from engine.config import ROLES, Host, Problem, Task
-from engine.telemetry import TaskState
+from engine.contract.config import ROLES, Host, Problem, Task
+from engine.contract.plan import gpu_assignment
+from engine.observe.telemetry import TaskState
 from gui import theme
 from gui.controller import Controller, Selection, problem_target
 

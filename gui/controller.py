@@ -2,7 +2,7 @@
 
 Widgets take the controller in their constructor, listen to its signals and
 change state only through its methods. It never shows a dialog: methods raise
-(:class:`~engine.config.ConfigError` for anything a user can fix) and the main
+(:class:`~engine.contract.config.ConfigError` for anything a user can fix) and the main
 window decides how to tell the user.
 """
 
@@ -18,11 +18,12 @@ from typing import Any
 from PySide6.QtCore import QObject, QTimer, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
-from engine import config as cfg
-from engine import events, script_check
-from engine.config import ConfigError, Problem, RunConfig
-from engine.launcher import Run, default_runs_root, launch_problems
-from engine.telemetry import TERMINAL, RunState
+from engine.contract import config as cfg
+from engine.contract import events
+from engine.contract.config import ConfigError, Problem, RunConfig
+from engine.control import script_check
+from engine.control.launcher import Run, default_runs_root, launch_problems
+from engine.observe.telemetry import TERMINAL, RunState
 from gui import document as doc_ops
 from gui.document import Document
 

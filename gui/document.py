@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine import config as cfg
-from engine.config import ROLES, Cluster, Host, RunConfig, Task
+from engine.contract import config as cfg
+from engine.contract.config import ROLES, Cluster, Host, RunConfig, Task
 
 HOST_SPACING_X = 300.0
 HOST_SPACING_Y = 250.0

@@ -18,7 +18,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.supervisor import is_noise
+from engine.contract.run_folder import RunFolder
+from engine.contract.task_logs import is_noise
 from gui.controller import Controller
 
 TAIL_INTERVAL_MS = 300
@@ -28,7 +29,7 @@ READ_CHUNK = 4 * 1024 * 1024
 
 def task_log_path(run_dir: Path, task: str) -> Path:
     """``worker:0`` → ``<run_dir>/tasks/worker-0/log.txt``."""
-    return run_dir / "tasks" / task.replace(":", "-") / "log.txt"
+    return RunFolder(run_dir).task_log(task)
 
 
 @dataclass

@@ -23,8 +23,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import cli, export
-from engine.config import ROLES, ConfigError
+from engine.contract.config import ROLES, ConfigError
+from engine.contract.presets import presets_dir
+from engine.control import export
 from gui import theme
 from gui.canvas import ClusterCanvas
 from gui.controller import Controller
@@ -461,7 +462,7 @@ class MainWindow(QMainWindow):
 
     def _fill_presets(self) -> None:
         self.presets_menu.clear()
-        for p in sorted(cli.presets_dir().glob("*.yaml")):
+        for p in sorted(presets_dir().glob("*.yaml")):
             a = self.presets_menu.addAction(p.stem)
             a.setToolTip(str(p))
             a.triggered.connect(lambda _=False, p=p: self.open_path(p))

@@ -35,7 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.telemetry import History, RunState
+from engine.observe.telemetry import History, RunState
 from gui import theme
 from gui.controller import Controller
 from gui.curves import Curve, CurveSet, finite_range

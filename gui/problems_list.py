@@ -5,7 +5,7 @@ from __future__ import annotations
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
-from engine.config import Problem
+from engine.contract.config import Problem
 from gui import theme
 from gui.controller import Controller, problem_target
 

@@ -14,7 +14,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ROLES
+from engine.contract.config import ROLES
 from gui import theme
 from gui.controller import Controller, Selection, problem_target
 

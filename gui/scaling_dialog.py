@@ -1,6 +1,6 @@
 """The "Scaling report" dialog: run the current config at 1, 2, 4, … workers, see and save the figure.
 
-The runs go through :class:`engine.scaling.ScalingSession`, which never blocks: a timer polls it
+The runs go through :class:`engine.control.scaling.ScalingSession`, which never blocks: a timer polls it
 (the launcher already runs every run's I/O on its own threads), so the window stays responsive.
 """
 
@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.config import ConfigError
-from engine.scaling import ScalingProgress, ScalingReport, ScalingSession, parse_workers, write_csv
+from engine.contract.config import ConfigError
+from engine.control.scaling import ScalingProgress, ScalingReport, ScalingSession, parse_workers, write_csv
 from gui.controller import Controller
 from gui.scaling_plot import ScalingPlot
 

@@ -2,7 +2,7 @@
 
 Left: measured examples/s with the ideal ``n * tp(1)`` line. Right: efficiency ``tp(n) / (n * tp(1))``
 with the 100 % ideal and Horovod's published 90 % as references. The subtitle says what was measured
-and on what (``engine.scaling.describe``).
+and on what (``engine.control.scaling.describe``).
 
 Run as ``python -m gui.scaling_plot REPORT.csv OUT.png`` (offscreen by default), which is how the
 command line draws it without Qt entering the engine.
@@ -19,7 +19,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication, QVBoxLayout, QWidget
 
-from engine.scaling import HOROVOD_EFFICIENCY, ScalingReport, describe
+from engine.control.scaling import HOROVOD_EFFICIENCY, ScalingReport, describe
 
 EXPORT_SIZE = (1200, 560)
 MEASURED = "#2f7fc1"
@@ -150,8 +150,8 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m gui.scaling_plot REPORT.csv OUT.png [WIDTHxHEIGHT]", file=sys.stderr)
         return 2
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from engine.config import ConfigError
-    from engine.scaling import read_csv
+    from engine.contract.config import ConfigError
+    from engine.control.scaling import read_csv
 
     size = EXPORT_SIZE
     if len(argv) == 3:

@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine import config as cfg
-from engine.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem
+from engine.contract import config as cfg
+from engine.contract.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem
 from gui import document as doc_ops
 from gui import theme
 from gui.controller import Controller

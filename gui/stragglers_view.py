@@ -1,4 +1,4 @@
-"""Straggler flags for the views: an :class:`engine.stragglers.StragglerDetector` fed from the shown run.
+"""Straggler flags for the views: an :class:`engine.observe.stragglers.StragglerDetector` fed from the shown run.
 
 Events reach the detector two ways: a live run's listener (on the run's dispatcher thread: it only
 enqueues) drained on the GUI thread whenever the controller folds new events, and an opened run
@@ -13,7 +13,7 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
-from engine.stragglers import StragglerChange, StragglerDetector
+from engine.observe.stragglers import StragglerChange, StragglerDetector
 from gui.controller import Controller, EventFileReader
 
 

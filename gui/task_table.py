@@ -8,8 +8,8 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelInd
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QHeaderView, QLabel, QTableView, QVBoxLayout, QWidget
 
-from engine.stragglers import StragglerChange
-from engine.telemetry import TaskState
+from engine.observe.stragglers import StragglerChange
+from engine.observe.telemetry import TaskState
 from gui import theme
 from gui.controller import Controller
 from gui.stragglers_view import StragglerWatch, describe_change

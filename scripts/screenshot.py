@@ -23,7 +23,7 @@ os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 from PySide6.QtCore import QSettings, QTimer  # noqa: E402, TID251 - a GUI script
 
 import gui  # noqa: E402,F401 - guards the Qt binding first
-from engine import config as cfg  # noqa: E402
+from engine.contract import config as cfg  # noqa: E402
 from gui.app import application  # noqa: E402
 from gui.controller import Controller  # noqa: E402
 from gui.main_window import MainWindow  # noqa: E402

@@ -33,7 +33,7 @@ def clusterdeck_processes() -> list[psutil.Process]:
     found = []
     for proc in psutil.process_iter(["cmdline", "pid"]):
         cmd = " ".join(proc.info.get("cmdline") or [])
-        if "engine.runtime.task" in cmd or "engine.supervisor" in cmd:
+        if "engine.runtime.task" in cmd or "engine.control.supervisor" in cmd:
             try:
                 if proc.environ().get("CLUSTERDECK_TEST_SESSION") != SESSION_MARK:
                     continue

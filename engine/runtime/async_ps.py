@@ -27,7 +27,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from engine.config import RunConfig
+from engine.contract.config import RunConfig
 from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
 from engine.runtime import models

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.config import RunConfig
+from engine.contract.config import RunConfig
+from engine.contract.run_folder import RunFolder
 from engine.runtime.emitter import Emitter
 
 
@@ -26,7 +27,7 @@ class TaskContext:
 
     @property
     def task_dir(self) -> Path:
-        return self.run_dir / "tasks" / self.task.replace(":", "-")
+        return RunFolder(self.run_dir).task_dir(self.task)
 
     @property
     def checkpoint_dir(self) -> Path:

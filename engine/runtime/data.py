@@ -3,7 +3,7 @@
 Nothing downloads. :func:`make_dataset` is what every strategy calls: one input
 pipeline's stream, batched per replica and sharded per input pipeline.
 The numpy-readable sources (digits, the Keras sets, ``.npz``, ``.csv``) are read by
-:mod:`engine.datasets`, which also checks them before launch; TFRecord files and
+:mod:`engine.contract.datasets`, which also checks them before launch; TFRecord files and
 image folders are read by TensorFlow here; ``script`` calls the user's
 ``make_dataset(input_context, config)``.
 """
@@ -15,11 +15,11 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from engine import datasets
-from engine.config import TOKEN_MODELS, ConfigError, Problem, RunConfig
+from engine.contract import datasets
+from engine.contract.config import TOKEN_MODELS, ConfigError, Problem, RunConfig
 from engine.runtime import user_script
 
-#: Sources read with numpy (engine.datasets.load_arrays).
+#: Sources read with numpy (engine.contract.datasets.load_arrays).
 NUMPY_SOURCES = ("digits", "mnist", "fashion_mnist", "cifar10", "npz", "csv")
 
 
@@ -61,7 +61,7 @@ def arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndar
 
     Token ids (int32) for token models, float32 inputs of ``data.shape`` otherwise; int32 labels.
     Sources read by TensorFlow (TFRecord, image folders, the user's script) give their first
-    examples, at most :data:`engine.datasets.EVAL_EXAMPLES` for ``eval``.
+    examples, at most :data:`engine.contract.datasets.EVAL_EXAMPLES` for ``eval``.
     """
     source = config.data.source
     if source == "synthetic":
@@ -91,7 +91,7 @@ def arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndar
 def examples(config: RunConfig) -> tf.data.Dataset:
     """The training examples, one ``(x, y)`` pair at a time, at most ``data.size`` of them.
 
-    Files are checked first (:mod:`engine.datasets`): a bad one fails the task with the same
+    Files are checked first (:mod:`engine.contract.datasets`): a bad one fails the task with the same
     message the launcher gives before a launch.
     """
     source = config.data.source

@@ -16,7 +16,8 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from engine.config import TRAINER_ROLES, RunConfig
+from engine.contract.config import TRAINER_ROLES, RunConfig
+from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import models
 from engine.runtime.context import StepReporter, TaskContext
@@ -119,7 +120,7 @@ def train(ctx: TaskContext, *, telemetry: bool = True) -> dict[str, Any]:
         return strategy.run(step_fn, args=next(it))
 
     total = config.total_steps()
-    summaries = Summaries(ctx.run_dir / "tensorboard" / ctx.task.replace(":", "-")) if telemetry else None
+    summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task)) if telemetry else None
     if summaries is not None and not summaries.enabled:
         ctx.emitter.info("the tensorboard package is not installed: no TensorBoard summaries for this run")
     reporter = StepReporter(ctx.emitter if telemetry else None, range(base, base + local), per_replica,

@@ -32,7 +32,7 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from engine.config import RunConfig
+from engine.contract.config import RunConfig
 
 BATCH = "batch"
 MODEL = "model"

@@ -25,7 +25,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from engine.config import RunConfig
+from engine.contract.config import RunConfig
 
 MODEL_NAME = "embedding"
 

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from engine import events
+from engine.contract import events
 
 
 class Emitter:

@@ -34,10 +34,11 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from engine import config as config_mod
-from engine import events
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.contract.run_folder import RunFolder, default_runs_root
+from engine.observe.telemetry import RunState
 from engine.runtime.emitter import Emitter
-from engine.telemetry import RunState
 
 
 class ClusterDeckCallback(keras.callbacks.Callback):
@@ -84,9 +85,7 @@ class ClusterDeckCallback(keras.callbacks.Callback):
     @property
     def run_dir(self) -> Path:
         if self._run_dir is None:
-            from engine.launcher import default_runs_root, new_run_dir
-
-            self._run_dir = new_run_dir(default_runs_root(), self.name)
+            self._run_dir = RunFolder.create(default_runs_root(), self.name).path
         return self._run_dir
 
     # -- hooks
@@ -142,7 +141,7 @@ class ClusterDeckCallback(keras.callbacks.Callback):
         run_dir.mkdir(parents=True, exist_ok=True)
         config = self._config or self._default_config(replicas)
         config_mod.save(config, run_dir / "config.yaml")
-        task_dir = run_dir / "tasks" / self.task.replace(":", "-")
+        task_dir = RunFolder(run_dir).task_dir(self.task)
         # the task's own file, and the run's stream (every event, as a launcher writes it)
         self.emitter = Emitter(self.task, task_dir / "events.jsonl")
         self._stream = events.EventWriter(run_dir / "events.jsonl")
@@ -245,12 +244,7 @@ class ClusterDeckCallback(keras.callbacks.Callback):
             self.state.apply(events.decode(events.encode(event)) or event)
 
     def _write_meta(self, state: str) -> None:
-        import json
-
-        meta = {"name": self.name, "state": state, "mode": "data", "created": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "summary": self.state.summary() if self.state is not None else {}, "source": "keras-fit",
-                "program": os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else ""}
-        path = self.run_dir / "run.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
-        os.replace(tmp, path)
+        RunFolder(self.run_dir).write_meta(
+            name=self.name, state=state, mode="data", source="keras-fit",
+            summary=self.state.summary() if self.state is not None else {},
+            program=os.path.abspath(sys.argv[0]) if sys.argv and sys.argv[0] else "")

@@ -24,7 +24,8 @@ import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
 
-from engine.config import RunConfig
+from engine.contract.config import RunConfig
+from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import dtensor_layers as layers
 from engine.runtime.context import StepReporter, TaskContext
@@ -154,7 +155,7 @@ def main(ctx: TaskContext) -> dict[str, Any]:
         return [float(np.mean(components[info.component_of(r)].numpy())) for r in info.owned]
 
     total = config.total_steps()
-    summaries = Summaries(ctx.run_dir / "tensorboard" / ctx.task.replace(":", "-"))
+    summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task))
     reporter = StepReporter(ctx.emitter, info.owned, per_replica, config.training.metrics_hz, local_names,
                             memory_info, summaries)
     batches = _batches(config)

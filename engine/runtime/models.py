@@ -1,6 +1,6 @@
 """Built-in Keras models, optimizers and the loss; the user's script model where the config names it.
 
-Which parallelism modes each model supports is :data:`engine.config.MODEL_MODES`.
+Which parallelism modes each model supports is :data:`engine.contract.config.MODEL_MODES`.
 """
 
 from __future__ import annotations
@@ -10,7 +10,8 @@ from typing import Any
 
 import keras
 
-from engine.config import RunConfig
+from engine.contract.config import RunConfig
+from engine.runtime import user_script
 
 #: The config of the model built last in this process: :func:`loss_fn` without a config uses its loss.
 _last_built: RunConfig | None = None
@@ -27,8 +28,6 @@ def build_model(config: RunConfig) -> keras.Model:
 def _build(config: RunConfig) -> keras.Model:
     m = config.model
     if m.name == "script":
-        from engine.runtime import user_script
-
         return user_script.build_model(config)
     if m.name == "cnn":
         return _cnn(config)
@@ -153,8 +152,6 @@ def loss_fn(config: RunConfig | None = None) -> Callable[[Any, Any], Any]:
     """
     config = config if config is not None else _last_built
     if config is not None and config.model.name == "script":
-        from engine.runtime import user_script
-
         custom = user_script.loss(config)
         if custom is not None:
             return custom

@@ -18,7 +18,8 @@ import time
 import traceback
 from pathlib import Path
 
-from engine import config as config_mod
+from engine.contract import config as config_mod
+from engine.contract.run_folder import RunFolder
 from engine.runtime.emitter import Emitter
 
 
@@ -76,7 +77,7 @@ def main(argv: list[str] | None = None) -> int:
         _watch_lifeline(args.lifeline_fd)
     run_dir = Path(args.run_dir)
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
-    events_path = None if args.bare else run_dir / "tasks" / task.replace(":", "-") / "events.jsonl"
+    events_path = None if args.bare else RunFolder(run_dir).task_events(task)
     emitter = Emitter(task, events_path, None if args.bare else args.event_fd)
     code = 0
     try:

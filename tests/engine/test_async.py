@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from engine import config as config_mod
-from engine.config import RunConfig
-from engine.launcher import Run
+from engine.contract import config as config_mod
+from engine.contract.config import RunConfig
+from engine.control.launcher import Run
 from tests.conftest import PRESETS, wait_gone
 
 pytestmark = pytest.mark.cluster

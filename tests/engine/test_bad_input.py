@@ -17,10 +17,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import config as config_mod
-from engine import events
-from engine.config import ConfigError
-from engine.launcher import Run
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.contract.config import ConfigError
+from engine.control.launcher import Run
 from tests.conftest import PRESETS
 
 # every field spelled out, so each can be broken
@@ -161,8 +161,8 @@ def test_launcher_reader_counts_and_skips_garbage(chunks: list[bytes]) -> None:
 
 
 def test_supervisor_relays_good_lines_and_counts_bad_ones() -> None:
-    from engine.cluster import TaskPlan
-    from engine.supervisor import Supervisor, TaskProcess
+    from engine.contract.plan import TaskPlan
+    from engine.control.supervisor import Supervisor, TaskProcess
 
     out = io.BytesIO()
     plan = TaskPlan(name="worker:0", role="worker", index=0, host="local", port=1, gpu_ids=(), devices=1, env={})

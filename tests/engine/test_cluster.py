@@ -8,7 +8,8 @@ import socket
 
 import pytest
 
-from engine.cluster import (
+from engine.contract.config import Cluster, Host, Parallelism, RunConfig, Task, Training, validate
+from engine.contract.plan import (
     TaskPlan,
     cluster_spec,
     connect_address,
@@ -20,7 +21,6 @@ from engine.cluster import (
     tf_config,
     tf_config_json,
 )
-from engine.config import Cluster, Host, Parallelism, RunConfig, Task, Training, validate
 
 
 def data_2workers(ports: tuple[int | None, int | None] = (None, None)) -> Cluster:

@@ -13,8 +13,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import config as cfgmod
-from engine.config import (
+from engine.contract import config as cfgmod
+from engine.contract.config import (
     Cluster,
     ConfigError,
     Data,

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import config as config_mod
-from engine import events
-from engine.config import Cluster, Host, RunConfig, Task, replace
-from engine.launcher import Run
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.contract.config import Cluster, Host, RunConfig, Task, replace
+from engine.control.launcher import Run
 from tests.conftest import PRESETS, ROOT, alive, wait_gone
 
 pytestmark = pytest.mark.cluster
@@ -252,7 +252,7 @@ def test_evaluator_side_car_evaluates_checkpoints_until_the_final_one(runs_root:
 
 
 def test_local_run_ports_are_not_reachable_from_outside(runs_root: Path) -> None:
-    from engine import netns
+    from engine.control import netns
 
     ok, why = netns.available()
     if not ok:

@@ -1,6 +1,6 @@
 """Data sources: the shipped digits, Keras' local cache, the user's .npz/.csv/TFRecord/image folder.
 
-Up-front checks (engine.datasets, no TensorFlow) name the file and the problem; each source
+Up-front checks (engine.contract.datasets, no TensorFlow) name the file and the problem; each source
 also trains for a few steps in real task processes.
 """
 
@@ -17,10 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import config as config_mod
-from engine import datasets
-from engine.config import Cluster, ConfigError, Data, Host, Model, Problem, RunConfig, Task, Training, replace
-from engine.launcher import Run
+from engine.contract import config as config_mod
+from engine.contract import datasets
+from engine.contract.config import Cluster, ConfigError, Data, Host, Model, Problem, RunConfig, Task, Training, replace
+from engine.control import preflight
+from engine.control.launcher import Run
 from tests.conftest import ROOT
 
 # --------------------------------------------------------------------------- helpers
@@ -512,8 +513,8 @@ def test_relative_paths_become_absolute_against_a_base(tmp_path: Path) -> None:
 
 def test_preflight_checks_files_and_starts_nothing_without_a_script(tmp_path: Path) -> None:
     cfg = make_config("npz", shape=(36,), path=tmp_path / "gone.npz")
-    only_problem(datasets.preflight(cfg), "data.path", "no such file")
-    assert datasets.preflight(make_config()) == []
+    only_problem(preflight.preflight(cfg), "data.path", "no such file")
+    assert preflight.preflight(make_config()) == []
 
 
 # --------------------------------------------------------------------------- sharding (in this process)

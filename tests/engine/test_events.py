@@ -10,8 +10,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import events
-from engine.events import MAX_LINE_BYTES, EventWriter, ReadStats, decode, encode, make, parse_lines, read_file
+from engine.contract import events
+from engine.contract.events import MAX_LINE_BYTES, EventWriter, ReadStats, decode, encode, make, parse_lines, read_file
 
 
 def step(step: int = 1, replica: int = 0, **fields: Any) -> dict[str, Any]:

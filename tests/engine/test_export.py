@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 import yaml
 
-from engine import config as config_mod
-from engine import export
-from engine.cluster import gpu_assignment
-from engine.config import ConfigError, RunConfig
+from engine.contract import config as config_mod
+from engine.contract.config import ConfigError, RunConfig
+from engine.contract.plan import gpu_assignment
+from engine.control import export
 from tests.conftest import ROOT
 
 BASH = shutil.which("bash")
@@ -468,7 +468,7 @@ def test_write_export_of_an_invalid_config_writes_nothing(tmp_path: Path) -> Non
 def test_the_export_imports_no_tensorflow_and_no_qt() -> None:
     from tests.engine.test_boundaries import HEAVY
 
-    code = f"import sys, engine.export\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    code = f"import sys, engine.control.export\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from engine import config as config_mod
-from engine.config import replace
-from engine.launcher import Run
+from engine.contract import config as config_mod
+from engine.contract.config import replace
+from engine.control.launcher import Run
 from tests.conftest import PRESETS, wait_gone
 
 pytestmark = pytest.mark.cluster

@@ -11,10 +11,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine import config as config_mod
-from engine import events
-from engine.config import Cluster, Host, Task, replace
-from engine.launcher import Run, blame
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.contract.config import Cluster, Host, Task, replace
+from engine.control.launcher import Run, blame
 from tests.conftest import PRESETS, wait_gone
 
 

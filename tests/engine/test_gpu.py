@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from engine.gpu import GpuSample, GpuSampler, task_gpu_figures
+from engine.control.gpu import GpuSample, GpuSampler, task_gpu_figures
 
 GIB = 1024**3
 
@@ -137,7 +137,7 @@ def test_sampler_whose_count_raises() -> None:
 
 
 def test_sampler_without_the_library(monkeypatch: pytest.MonkeyPatch) -> None:
-    import engine.gpu as gpu
+    import engine.control.gpu as gpu
 
     monkeypatch.setattr(gpu, "_load_nvml", lambda: None)
     sampler = GpuSampler()

@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine import config as config_mod
-from engine import events
-from engine.telemetry import RunState
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.observe.telemetry import RunState
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "keras_fit_callback.py"

@@ -11,7 +11,7 @@ import types
 
 import pytest
 
-from engine import memory
+from engine.control import memory
 from tests.conftest import ROOT
 
 GLIBC = sys.platform.startswith("linux") and hasattr(ctypes.CDLL(None), "gnu_get_libc_version")
@@ -73,7 +73,7 @@ def test_large_blocks_stay_mmapped_after_a_larger_one_was_freed() -> None:
     """glibc's dynamic threshold, then the fixed one: the effect the app relies on, in fresh processes."""
     probe = textwrap.dedent("""
         import ctypes, sys
-        from engine.memory import tune_allocator
+        from engine.control.memory import tune_allocator
 
         class MallInfo2(ctypes.Structure):
             _fields_ = [(f, ctypes.c_size_t) for f in ("arena", "ordblks", "smblks", "hblks", "hblkhd",

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
-from engine import config as config_mod
-from engine.config import Cluster, ConfigError, Host, RunConfig, Task, replace
-from engine.launcher import Run
+from engine.contract import config as config_mod
+from engine.contract.config import Cluster, ConfigError, Host, RunConfig, Task, replace
+from engine.control.launcher import Run
 from tests.conftest import PRESETS, alive
 
 pytestmark = pytest.mark.cluster

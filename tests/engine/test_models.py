@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from engine import config as config_mod
-from engine.config import (
+from engine.contract import config as config_mod
+from engine.contract.config import (
     IMAGE_MODELS,
     MODEL_MODES,
     MODELS,
@@ -24,7 +24,7 @@ from engine.config import (
     Training,
     replace,
 )
-from engine.launcher import Run
+from engine.control.launcher import Run
 
 
 def make_config(model: str, shape: tuple[int, ...], gpus: int = 0, **fields: Any) -> RunConfig:

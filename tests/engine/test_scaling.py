@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from engine import config as config_mod
-from engine import scaling
-from engine.config import Cluster, ConfigError, Host, RunConfig, Task, replace
-from engine.scaling import ScalingPoint, ScalingReport, ScalingSession
-from engine.telemetry import RunState
+from engine.contract import config as config_mod
+from engine.contract.config import Cluster, ConfigError, Host, RunConfig, Task, replace
+from engine.control import scaling
+from engine.control.scaling import ScalingPoint, ScalingReport, ScalingSession
+from engine.observe.telemetry import RunState
 from tests.conftest import PRESETS, ROOT
 
 
@@ -135,7 +135,7 @@ def test_a_file_that_is_no_report_is_refused(tmp_path: Path) -> None:
 
 
 class FakeRun:
-    """Stands in for engine.launcher.Run: finishes after ``polls`` polls with a window figure per worker."""
+    """Stands in for engine.control.launcher.Run: finishes after ``polls`` polls with a window figure per worker."""
 
     made: list[FakeRun] = []
 
@@ -234,7 +234,7 @@ def test_the_plot_renderer_subprocess_reports_a_bad_file(tmp_path: Path) -> None
     bad.write_text("nothing,here\n")
     with pytest.raises(RuntimeError, match="not a scaling report"):
         scaling.render_png(bad, tmp_path / "x.png")
-    out = subprocess.run([sys.executable, "-c", "import engine.scaling, sys; "
+    out = subprocess.run([sys.executable, "-c", "import engine.control.scaling, sys; "
                           "print(any(m.split('.')[0] in ('PySide6', 'pyqtgraph', 'tensorflow') for m in sys.modules))"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr
@@ -247,9 +247,9 @@ def test_the_command_writes_csv_and_png_and_prints_a_table(tmp_path: Path, monke
                                                            capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
 
-    import engine.launcher
+    import engine.control.launcher
 
-    monkeypatch.setattr(engine.launcher, "Run", FakeRun)
+    monkeypatch.setattr(engine.control.launcher, "Run", FakeRun)
     monkeypatch.setenv("COLUMNS", "200")
     parser = argparse.ArgumentParser()
     scaling.add_arguments(parser)

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import config as config_mod
-from engine.cluster import free_port
-from engine.config import Cluster, Host, Task, replace
-from engine.launcher import Run, ssh_command
+from engine.contract import config as config_mod
+from engine.contract.config import Cluster, Host, Task, replace
+from engine.contract.plan import free_port
+from engine.control.launcher import Run, ssh_command
 from tests.conftest import wait_gone
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -25,11 +25,11 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 def test_ssh_command_quotes_the_remote_command_and_uses_the_users_client() -> None:
     host = Host(name="gpu box", address="10.0.0.5", ssh_host="gpubox", ssh_user="ana", ssh_port=2200,
                 python="/opt/my env/bin/python")
-    cmd = ssh_command(host, [host.python, "-m", "engine.supervisor"])
+    cmd = ssh_command(host, [host.python, "-m", "engine.control.supervisor"])
     assert cmd[0] == "ssh" and "BatchMode=yes" in cmd
     assert cmd[cmd.index("-l") + 1] == "ana" and cmd[cmd.index("-p") + 1] == "2200"
     assert cmd[-2] == "gpubox"
-    assert cmd[-1] == "'/opt/my env/bin/python' -m engine.supervisor"
+    assert cmd[-1] == "'/opt/my env/bin/python' -m engine.control.supervisor"
     plain = Host(name="b", address="10.0.0.6")
     assert ssh_command(plain, ["python3"])[-2] == "10.0.0.6"
     assert not plain.is_local and not host.is_local

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from engine import config as config_mod
-from engine.config import replace
-from engine.launcher import Run
-from engine.stragglers import StragglerDetector
+from engine.contract import config as config_mod
+from engine.contract.config import replace
+from engine.control.launcher import Run
+from engine.observe.stragglers import StragglerDetector
 from tests.conftest import PRESETS
 
 pytestmark = pytest.mark.cluster

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.stragglers import StragglerChange, StragglerDetector
+from engine.observe.stragglers import StragglerChange, StragglerDetector
 from tests.conftest import ROOT
 
 HZ = 10.0  # step events per replica per second
@@ -266,7 +266,7 @@ def test_a_slow_replica_among_noisy_ones_is_flagged_once_and_no_other_is(seed: i
 def test_the_detector_imports_no_tensorflow_and_no_qt() -> None:
     from tests.engine.test_boundaries import HEAVY
 
-    code = f"import sys, engine.stragglers\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    code = f"import sys, engine.observe.stragglers\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

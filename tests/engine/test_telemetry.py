@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.events import make
-from engine.telemetry import History, RunState, Series
+from engine.contract.events import make
+from engine.observe.telemetry import History, RunState, Series
 
 T0 = 1_700_000_000.0
 

@@ -10,10 +10,11 @@ from typing import Any
 
 import pytest
 
-from engine import config as config_mod
-from engine import datasets, script_check
-from engine.config import Cluster, ConfigError, Data, Host, Model, Problem, RunConfig, Task, Training, replace
-from engine.launcher import Run
+from engine.contract import config as config_mod
+from engine.contract import datasets
+from engine.contract.config import Cluster, ConfigError, Data, Host, Model, Problem, RunConfig, Task, Training, replace
+from engine.control import preflight, script_check
+from engine.control.launcher import Run
 from tests.conftest import ROOT
 
 EXAMPLE = ROOT / "examples" / "user_script.py"
@@ -157,7 +158,7 @@ def test_a_script_runs_only_when_the_config_chooses_it(tmp_path: Path) -> None:
     unchosen = replace(script_config(), model=replace(script_config().model, script=str(path)),
                        data=replace(script_config().data, path=str(path)))
     assert config_mod.validate(unchosen) == []
-    assert datasets.preflight(unchosen) == []
+    assert preflight.preflight(unchosen) == []
     import keras  # noqa: F401 - the runtime's own imports, as in a task process
 
     from engine.runtime import data as data_mod
@@ -168,7 +169,7 @@ def test_a_script_runs_only_when_the_config_chooses_it(tmp_path: Path) -> None:
     data_mod.make_dataset(unchosen)
     assert not marker.exists()
     # chosen: the check imports it (and finds no build_model)
-    one_problem(datasets.preflight(script_config(path)), "model.script", "defines no build_model")
+    one_problem(preflight.preflight(script_config(path)), "model.script", "defines no build_model")
     assert marker.exists()
 
 
@@ -217,7 +218,7 @@ def test_example_script_trains_as_model_and_data_on_two_replicas(runs_root: Path
     preset = config_mod.load(ROOT / "presets" / "data-user-script.yaml")
     cfg = datasets.absolute_paths(preset, ROOT)
     cfg = replace(cfg, training=replace(cfg.training, steps=30, metrics_hz=1e6))
-    steps = _run(cfg, runs_root)  # Run.start checks the script first (engine.launcher.launch_problems)
+    steps = _run(cfg, runs_root)  # Run.start checks the script first (engine.control.launcher.launch_problems)
     by_replica = {r: [e["loss"] for e in steps if e["replica"] == r] for r in (0, 1)}
     assert len(by_replica[0]) == len(by_replica[1]) == 30
     mean = [(a + b) / 2 for a, b in zip(by_replica[0], by_replica[1], strict=True)]

@@ -12,8 +12,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from engine import config as config_mod
-from engine import events
+from engine.contract import config as config_mod
+from engine.contract import events
 from tests.conftest import ROOT, wait_gone
 from tests.gui.conftest import PRESETS
 

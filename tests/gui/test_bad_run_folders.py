@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine import config as config_mod
-from engine import events
-from engine.config import ConfigError
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.contract.config import ConfigError
 from gui.controller import read_run_folder
 from tests.gui.conftest import PRESETS
 

@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QFileDialog, QToolButton
 
-from engine import config as cfg
+from engine.contract import config as cfg
 
 
 def click_action(qtbot: Any, window: Any, action: Any) -> None:

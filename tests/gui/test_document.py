@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from engine import config as cfg
-from engine.config import Cluster, Host, Task
+from engine.contract import config as cfg
+from engine.contract.config import Cluster, Host, Task
 from gui import document as d
 
 

@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from engine import config as config_mod
-from engine import events
+from engine.contract import config as config_mod
+from engine.contract import events
 from tests.gui.conftest import PRESETS
 
 

@@ -13,8 +13,8 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QFileDialog
 
-from engine import config as cfg
-from engine import events
+from engine.contract import config as cfg
+from engine.contract import events
 
 NOISE = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",

@@ -10,9 +10,9 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QFileDialog, QInputDialog
 
-from engine import config as cfg
-from engine import events
-from engine.scaling import ScalingPoint, ScalingReport, read_csv
+from engine.contract import config as cfg
+from engine.contract import events
+from engine.control.scaling import ScalingPoint, ScalingReport, read_csv
 from gui.scaling_plot import render_png
 from gui.task_table import COLUMNS
 

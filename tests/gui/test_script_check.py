@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from PySide6.QtCore import Qt
 
-from engine import config as config_mod
+from engine.contract import config as config_mod
 from tests.gui.conftest import PRESETS
 
 

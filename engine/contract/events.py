@@ -27,10 +27,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
+from engine.contract.run_folder import MAX_LINE_BYTES, bounded_lines
+
 EVENT_VERSION = 1
 KINDS = ("step", "device", "status", "info", "progress", "run", "eval", "placement")
 STATES = ("starting", "running", "finished", "failed", "stopped", "restarting")
-MAX_LINE_BYTES = 64 * 1024
 
 
 def make(kind: str, task: str, **fields: Any) -> dict[str, Any]:
@@ -171,26 +172,9 @@ def read_file(path: str | Path, stats: ReadStats | None = None) -> list[dict[str
     stats = stats if stats is not None else ReadStats()
     try:
         with open(path, "rb") as fh:
-            return list(parse_lines(_bounded_lines(fh), stats))
+            return list(parse_lines(bounded_lines(fh), stats))
     except OSError:
         return []
-
-
-def _bounded_lines(fh: Any) -> Iterator[bytes]:
-    """Lines of a binary file, with any line over the limit cut to a marker the decoder rejects."""
-    while True:
-        line = fh.readline(MAX_LINE_BYTES + 1)
-        if not line:
-            return
-        if len(line) > MAX_LINE_BYTES and not line.endswith(b"\n"):
-            # skip the rest of the over-long line
-            while True:
-                rest = fh.readline(MAX_LINE_BYTES)
-                if not rest or rest.endswith(b"\n"):
-                    break
-            yield b"\x00over-long line"
-            continue
-        yield line
 
 
 class EventWriter:

@@ -51,7 +51,7 @@ def _grown(a: np.ndarray, n: int) -> np.ndarray:
     """A copy of ``a``'s first ``n`` items in an array half as large again (at least 256 items).
 
     Only the filled part is copied: the rest stays untouched, and as large arrays are ``mmap``
-    blocks of their own (:mod:`engine.memory`), that spare room costs address space, not memory.
+    blocks of their own (:mod:`engine.control.memory`), that spare room costs address space, not memory.
     Measured with ``bench/gui_scale.py`` (36,000 points per series): growing by an eighth with
     ``np.concatenate`` (which writes the spare room too) ended at 316 MB RSS; copying the filled
     part only, 307 MB; with shared axes, 273 MB by an eighth, 265 MB by half, 264 MB by doubling.

@@ -1,7 +1,7 @@
 """Scaling report: run one config at 1, 2, 4, … local workers and measure how throughput scales.
 
 Each worker count becomes its own data-parallel run (``MultiWorkerMirroredStrategy`` across local
-worker processes), launched one after the other through :class:`~engine.launcher.Run`. A run's
+worker processes), launched one after the other through :class:`~engine.control.launcher.Run`. A run's
 throughput is its steady state: the examples/s the trainers measured themselves after a warm-up
 (``window_examples_per_sec`` of their ``finished`` status), or, where a run reports none, the pace of
 its step events after the same warm-up. Scaling efficiency is ``tp(n) / (n * tp(1))``.
@@ -27,8 +27,6 @@ import csv
 import math
 import os
 import statistics
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Sequence
@@ -36,12 +34,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from engine import config as config_mod
-from engine.config import ConfigError, Host, Problem, RunConfig, Task
+from engine.contract import config as config_mod
+from engine.contract.config import ConfigError, Host, Problem, RunConfig, Task
 
 __all__ = [
     "CSV_COLUMNS", "HOROVOD_EFFICIENCY", "ScalingPoint", "ScalingProgress", "ScalingReport", "ScalingSession",
-    "add_arguments", "command", "describe", "parse_workers", "read_csv", "render_png", "run_scaling", "scaling_configs", "write_csv",
+    "describe", "parse_workers", "read_csv", "run_scaling", "scaling_configs", "write_csv",
 ]
 
 #: Horovod's published scaling efficiency (Inception V3 and ResNet-101 on up to 512 GPUs): a reference line.
@@ -215,7 +213,7 @@ def describe(report: ScalingReport) -> str:
     return " · ".join(parts)
 
 
-def _fmt(value: float | None, digits: int = 4) -> str:
+def format_number(value: float | None, digits: int = 4) -> str:
     if value is None or not math.isfinite(value):
         return ""
     return f"{value:.{digits}f}"
@@ -230,8 +228,8 @@ def write_csv(report: ScalingReport, path: str | os.PathLike[str]) -> Path:
         writer.writerow(CSV_COLUMNS)
         for p in report.points:
             writer.writerow([p.workers, p.replicas, p.global_batch_size, p.batch_per_replica, p.steps,
-                             _fmt(p.examples_per_sec, 2), _fmt(report.ideal(p), 2), _fmt(report.efficiency(p)),
-                             _fmt(p.step_time_ms, 3), p.source, p.state, _fmt(p.duration_s, 2), p.reason,
+                             format_number(p.examples_per_sec, 2), format_number(report.ideal(p), 2), format_number(report.efficiency(p)),
+                             format_number(p.step_time_ms, 3), p.source, p.state, format_number(p.duration_s, 2), p.reason,
                              p.run_dir, report.preset, report.scaling, report.cpu_count])
     return path
 
@@ -394,7 +392,7 @@ class ScalingSession:
         return self.done
 
     def _start(self, config: RunConfig) -> None:
-        from engine.launcher import Run  # the launcher pulls in psutil and the supervisor plumbing
+        from engine.control.launcher import Run  # the launcher pulls in psutil and the supervisor plumbing
 
         factory = self._run_factory or Run
         run = factory(config, runs_root=self.runs_root, **self._run_options)
@@ -485,102 +483,3 @@ def run_scaling(config: RunConfig, workers: Iterable[int] | str = DEFAULT_WORKER
     if on_progress is not None:
         on_progress(session.progress())
     return session.report()
-
-
-def render_png(csv_path: str | os.PathLike[str], png_path: str | os.PathLike[str], *, timeout: float = 120.0,
-               python: str | None = None) -> Path:
-    """Draw the report's PNG with ``python -m gui.scaling_plot`` in a subprocess (Qt stays out of the engine).
-
-    Raises RuntimeError with the renderer's message when it fails.
-    """
-    env = dict(os.environ)
-    env.setdefault("QT_QPA_PLATFORM", "offscreen")
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    cmd = [python or sys.executable, "-m", "gui.scaling_plot", str(csv_path), str(png_path)]
-    try:
-        out = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise RuntimeError(f"the plot renderer took more than {timeout:.0f} s") from None
-    if out.returncode != 0:
-        lines = [x for x in (out.stderr or out.stdout).strip().splitlines() if x.strip()]
-        raise RuntimeError(f"the plot renderer failed: {lines[-1] if lines else f'exit code {out.returncode}'}")
-    return Path(png_path)
-
-
-# --------------------------------------------------------------------------- command line
-
-
-def add_arguments(parser: Any) -> None:
-    """The options of ``clusterdeck scaling`` (an ``argparse`` subparser)."""
-    parser.add_argument("preset", nargs="?", default="data-2workers",
-                        help="a YAML preset (path or bundled name; default: data-2workers)")
-    parser.add_argument("--workers", default=",".join(map(str, DEFAULT_WORKERS)),
-                        help="worker counts, comma-separated (default: 1,2,4)")
-    parser.add_argument("--steps", type=int, default=200, help="training steps of each run (default: 200)")
-    parser.add_argument("--strong", action="store_true",
-                        help="strong scaling: keep the global batch (default: weak, keep the per-replica batch)")
-    parser.add_argument("--out", default=None, help="folder for run folders (default: ./runs or $CLUSTERDECK_RUNS)")
-    parser.add_argument("--report", default=None,
-                        help="folder for scaling.csv and scaling.png (default: <runs folder>/scaling-<preset>-<time>)")
-    parser.add_argument("--no-png", action="store_true", help="write the CSV only (no Qt needed)")
-
-
-def command(args: Any) -> int:
-    """``clusterdeck scaling``: run, show progress with ETA, write CSV and PNG, print a table. Exit code 0 when
-    every run finished, 1 when one failed or the report was interrupted, 2 for a config problem."""
-    import signal
-
-    from rich.console import Console
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
-    from rich.table import Table
-
-    from engine.cli import _load
-    from engine.launcher import default_runs_root
-
-    console = Console()
-    try:
-        cfg = _load(args.preset)
-        runs_root = Path(args.out) if args.out else default_runs_root()
-        session = ScalingSession(cfg, args.workers, args.steps, runs_root, strong=args.strong)
-    except ConfigError as exc:
-        print(f"clusterdeck: {exc}", file=sys.stderr)
-        return 2
-    report_dir = Path(args.report) if args.report else runs_root / f"scaling-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    previous = {s: signal.signal(s, lambda *_: session.cancel()) for s in (signal.SIGINT, signal.SIGTERM)}
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
-                        TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), console=console)
-    try:
-        with progress:
-            bar = progress.add_task(cfg.name, total=1000, eta="")
-
-            def show(p: ScalingProgress) -> None:
-                eta = "ETA -:--" if p.eta_s is None else f"ETA {int(p.eta_s) // 60}:{int(p.eta_s) % 60:02d}"
-                step = f"step {p.step}/{p.total_steps}" if p.total_steps else "starting"
-                what = f"run {p.index + 1}/{p.runs}: {p.workers} worker(s), {step}" if p.state == "running" else \
-                    f"{cfg.name}: {p.state}"
-                progress.update(bar, completed=int(1000 * p.fraction), eta=eta, description=what)
-
-            report = run_scaling(cfg, session=session, on_progress=show)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
-    table = Table(box=None, header_style="bold dim")
-    for col in ("workers", "examples/s", "ideal", "efficiency", "state"):
-        table.add_column(col, justify="right")
-    for p in report.points:
-        eff = report.efficiency(p)
-        table.add_row(str(p.workers), _fmt(p.examples_per_sec, 0) or "-", _fmt(report.ideal(p), 0) or "-",
-                      f"{eff:.0%}" if eff is not None else "-", p.state)
-    console.print(table)
-    console.print(f"[dim]{describe(report)}; Horovod's published efficiency: {HOROVOD_EFFICIENCY:.0%}[/]",
-                  soft_wrap=True)
-    csv_path = write_csv(report, report_dir / "scaling.csv")
-    console.print(f"CSV: {csv_path}", soft_wrap=True)
-    if not args.no_png and any(p.examples_per_sec for p in report.points):
-        try:
-            console.print(f"PNG: {render_png(csv_path, report_dir / 'scaling.png')}", soft_wrap=True)
-        except RuntimeError as exc:
-            print(f"clusterdeck: no PNG: {exc}", file=sys.stderr)
-    ok = session.state == "finished" and all(p.state == "finished" for p in report.points)
-    return 0 if ok else 1

@@ -2,7 +2,7 @@
 
 The single owner of a run's processes. It never imports TensorFlow and never
 blocks its caller for long: events arrive on reader threads, are persisted to
-``events.jsonl``, folded into a :class:`~engine.telemetry.RunState` and handed
+``events.jsonl``, folded into a :class:`~engine.observe.telemetry.RunState` and handed
 to listeners from one dispatcher thread.
 """
 
@@ -25,33 +25,18 @@ from typing import IO, Any
 
 import psutil
 
-from engine import config as config_mod
-from engine import datasets, events, netns
-from engine.cluster import TaskPlan, plan_tasks, primary_roles, resolve_ports
-from engine.config import ConfigError, Host, Problem, RunConfig
-from engine.telemetry import RunState
+from engine.contract import config as config_mod
+from engine.contract import datasets, events
+from engine.contract.config import ConfigError, Host, Problem, RunConfig
+from engine.contract.plan import TaskPlan, plan_tasks, primary_roles, resolve_ports
+from engine.contract.run_folder import OVERLONG, RunFolder, bounded_lines, default_runs_root
+from engine.control import netns, preflight
+from engine.observe.telemetry import RunState
 
 STOP_TIMEOUT = 3.0
 LOCAL_GROUP = "localhost"  # the supervisor of every host that is this machine
 MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
 Listener = Callable[[dict[str, Any]], None]
-
-
-def default_runs_root() -> Path:
-    return Path(os.environ.get("CLUSTERDECK_RUNS", "runs"))
-
-
-def new_run_dir(root: Path, name: str) -> Path:
-    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", name).strip("-")[:60] or "run"
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    for n in range(1000):
-        candidate = root / (f"{stamp}-{slug}" + (f"-{n}" if n else ""))
-        try:
-            candidate.mkdir(parents=True, exist_ok=False)
-            return candidate
-        except FileExistsError:
-            continue
-    raise RuntimeError(f"cannot create a run folder under {root}")
 
 
 def launch_problems(config: RunConfig, *, deep: bool = False) -> list[Problem]:
@@ -63,7 +48,7 @@ def launch_problems(config: RunConfig, *, deep: bool = False) -> list[Problem]:
     """
     problems = config_mod.validate(config)
     if deep and not problems:
-        problems = datasets.preflight(datasets.absolute_paths(config))
+        problems = preflight.preflight(datasets.absolute_paths(config))
     return problems
 
 
@@ -104,6 +89,7 @@ class Run:
         self.state = RunState(total_steps=config.total_steps(),
                               tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()])
         self.plans: list[TaskPlan] = []
+        self._folder: RunFolder | None = None
         self._listeners: list[Listener] = []
         self._supervisors: list[_Supervisor] = []
         self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
@@ -129,6 +115,13 @@ class Run:
             raise RuntimeError("the run has not started")
         return self._run_dir
 
+    @property
+    def folder(self) -> RunFolder:
+        """The run's folder (once started)."""
+        if self._folder is None:
+            raise RuntimeError("the run has not started")
+        return self._folder
+
     def add_listener(self, listener: Listener) -> None:
         """``listener(event)`` is called on the dispatcher thread for every event, in order."""
         with self._lock:
@@ -142,13 +135,15 @@ class Run:
         if problems:
             raise ConfigError(problems)
         if self._run_dir is None:
-            self._run_dir = new_run_dir(self.runs_root, self.config.name)
+            self._folder = RunFolder.create(self.runs_root, self.config.name)
+            self._run_dir = self._folder.path
         else:
             self._run_dir.mkdir(parents=True, exist_ok=True)
+            self._folder = RunFolder(self._run_dir)
         run_dir = self._run_dir
         self._resolve()
-        (run_dir / "checkpoints").mkdir(exist_ok=True)
-        self._writer = events.EventWriter(run_dir / "events.jsonl")
+        self.folder.checkpoints.mkdir(exist_ok=True)
+        self._writer = events.EventWriter(self.folder.events)
         self._write_meta("running")
         self._dispatcher = threading.Thread(target=self._dispatch, name="run-dispatch", daemon=True)
         self._dispatcher.start()
@@ -214,7 +209,7 @@ class Run:
         resolved = config_mod.replace(self._base_config, cluster=resolve_ports(self._base_config.cluster))
         self.config = resolved
         self.plans = plan_tasks(resolved)
-        config_mod.save(resolved, self.run_dir / "config.yaml")
+        self.folder.write_config(resolved)
 
     def _start_supervisors(self) -> None:
         # every local host is this machine: one supervisor (and one network namespace) for them all
@@ -251,7 +246,7 @@ class Run:
         self._queue.put(events.make("info", "launcher", message=message, **fields))
 
     def _start_supervisor(self, host: str, plans: list[TaskPlan]) -> None:
-        host_dir = self.run_dir / "hosts" / re.sub(r"[^A-Za-z0-9_.-]+", "-", host)
+        host_dir = self.folder.host_dir(host)
         host_dir.mkdir(parents=True, exist_ok=True)
         remote = None if host == LOCAL_GROUP else next(h for h in self.config.cluster.hosts if h.name == host)
         restartable = [p.name for p in plans if self.config.parallelism.mode == "async" and p.role == "worker"]
@@ -265,12 +260,12 @@ class Run:
         root = str(Path(__file__).resolve().parent.parent)
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         if remote is not None:
-            cmd = ssh_command(remote, [remote.python, "-m", "engine.supervisor"])
+            cmd = ssh_command(remote, [remote.python, "-m", "engine.control.supervisor"])
         else:
-            cmd = [self.python, "-m", "engine.supervisor"]
+            cmd = [self.python, "-m", "engine.control.supervisor"]
             if self.isolated:
                 cmd = netns.wrap(cmd)
-        with open(host_dir / "supervisor.log", "ab") as log:
+        with open(self.folder.supervisor_log(host), "ab") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                     stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
         sup = _Supervisor(host=host, proc=proc, tasks=[p.name for p in plans], generation=self.restarts_used)
@@ -284,15 +279,8 @@ class Run:
 
     def _read(self, sup: _Supervisor, stream: IO[bytes]) -> None:
         try:
-            while True:
-                line = stream.readline(events.MAX_LINE_BYTES + 1)
-                if not line:
-                    break
-                if len(line) > events.MAX_LINE_BYTES and not line.endswith(b"\n"):
-                    while True:  # drop the rest of an over-long line
-                        rest = stream.readline(events.MAX_LINE_BYTES)
-                        if not rest or rest.endswith(b"\n"):
-                            break
+            for line in bounded_lines(stream):
+                if line is OVERLONG:
                     self._bad.note_bad(b"over-long line")
                     continue
                 event = events.decode(line)
@@ -470,12 +458,8 @@ class Run:
     def _write_meta(self, state: str) -> None:
         if self._run_dir is None:
             return
-        meta = {"name": self.config.name, "state": state, "mode": self.config.parallelism.mode,
-                "created": time.strftime("%Y-%m-%dT%H:%M:%S"), "summary": self.state.summary()}
-        path = self._run_dir / "run.json"
-        tmp = path.with_suffix(".json.tmp")
-        tmp.write_text(json.dumps(meta, indent=2, default=str), encoding="utf-8")
-        os.replace(tmp, path)
+        self.folder.write_meta(name=self.config.name, state=state, mode=self.config.parallelism.mode,
+                               summary=self.state.summary())
 
 
 _TF_TASK = re.compile(r"/job:(chief|worker|ps|evaluator)/(?:replica:\d+/)?task:(\d+)")

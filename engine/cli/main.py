@@ -14,39 +14,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
+import subprocess
 import sys
 import threading
-from pathlib import Path
 from typing import Any
 
-from engine import config as config_mod
-from engine.config import ConfigError, RunConfig
-
-DEFAULT_PRESET = "data-2workers"
-
-
-def presets_dir() -> Path:
-    """The bundled presets: next to the packages in a checkout, or under share/ when installed."""
-    here = Path(__file__).resolve().parent.parent / "presets"
-    if here.is_dir():
-        return here
-    return Path(sys.prefix) / "share" / "clusterdeck" / "presets"
-
-
-def resolve_preset(name: str) -> Path:
-    """A path, or the name of a bundled preset (with or without ``.yaml``)."""
-    p = Path(name)
-    if p.exists():
-        return p
-    for candidate in (presets_dir() / name, presets_dir() / f"{name}.yaml"):
-        if candidate.exists():
-            return candidate
-    return p
-
-
-def _load(preset: str) -> RunConfig:
-    return config_mod.load(resolve_preset(preset))
+from engine.contract import config as config_mod
+from engine.contract.config import ConfigError
+from engine.contract.presets import DEFAULT_PRESET, load_preset, presets_dir, resolve_preset
 
 
 def _fmt_rate(value: float | None) -> str:
@@ -60,12 +37,12 @@ def _fmt_loss(value: float | None) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from engine.launcher import Run
-    from engine.memory import tune_allocator
+    from engine.control.launcher import Run
+    from engine.control.memory import tune_allocator
 
-    tune_allocator()  # this process keeps the run's history: see engine.memory
+    tune_allocator()  # this process keeps the run's history: see engine.control.memory
     try:
-        cfg = _load(args.preset)
+        cfg = load_preset(args.preset)
         if args.steps is not None:
             if args.steps < 1:
                 raise ConfigError([config_mod.Problem("--steps", f"expected an integer >= 1, got {args.steps}")])
@@ -90,7 +67,7 @@ def _install_stop_handlers(run: Any) -> None:
 def _run_json(run: Any) -> int:
     import dataclasses
 
-    from engine.stragglers import StragglerDetector
+    from engine.observe.stragglers import StragglerDetector
 
     lock = threading.Lock()
     detector = StragglerDetector()
@@ -129,7 +106,7 @@ def _run_pretty(run: Any) -> int:
     )
     from rich.table import Table
 
-    from engine.stragglers import StragglerDetector
+    from engine.observe.stragglers import StragglerDetector
 
     console = Console(stderr=False)
     notes: list[str] = []
@@ -210,7 +187,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     code = 0
     for preset in args.presets:
         try:
-            cfg = _load(preset)
+            cfg = load_preset(preset)
             print(f"{preset}: ok ({cfg.parallelism.mode}, {len(cfg.cluster.tasks())} tasks, "
                   f"{cfg.num_replicas()} replicas, {cfg.total_steps()} steps)")
         except ConfigError as exc:
@@ -220,10 +197,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_tf_config(args: argparse.Namespace) -> int:
-    from engine import export
+    from engine.control import export
 
     try:
-        out = export.tf_configs(_load(args.preset))
+        out = export.tf_configs(load_preset(args.preset))
     except ConfigError as exc:
         print(str(exc), file=sys.stderr)
         return 2
@@ -232,10 +209,10 @@ def cmd_tf_config(args: argparse.Namespace) -> int:
 
 
 def cmd_export(args: argparse.Namespace) -> int:
-    from engine import export
+    from engine.control import export
 
     try:
-        cfg = _load(args.preset)
+        cfg = load_preset(args.preset)
         paths = export.write_export(cfg, args.out, image=args.image, python=args.python,
                                     workdir=args.workdir, namespace=args.namespace)
     except ConfigError as exc:
@@ -250,9 +227,9 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_scaling(args: argparse.Namespace) -> int:
-    from engine import scaling
+    from engine.cli import scaling_report
 
-    return scaling.command(args)
+    return scaling_report.command(args)
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
@@ -266,17 +243,17 @@ def cmd_presets(args: argparse.Namespace) -> int:
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
-    try:
-        from gui.app import main as gui_main
-    except ImportError as exc:
-        print(f"clusterdeck: the desktop app cannot start here: {exc}", file=sys.stderr)
-        return 1
-    argv = []
+    """Hand over to the desktop app in its own interpreter: the engine never imports ``gui``."""
+    argv = [sys.executable, "-m", "gui"]
     if getattr(args, "preset", None):
         argv.append(str(resolve_preset(args.preset)))
     if getattr(args, "run", False):
         argv.append("--run")
-    return int(gui_main(argv) or 0)
+    if os.name == "posix":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execv(sys.executable, argv)  # does not return
+    return subprocess.call(argv)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -304,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--python", default="python3", help="python on the hosts (a host's own python setting wins)")
     p.add_argument("--workdir", default=None, help="ClusterDeck folder on the hosts (default: where the script starts)")
     p.set_defaults(func=cmd_export)
-    from engine.scaling import add_arguments as scaling_arguments
+    from engine.cli.scaling_report import add_arguments as scaling_arguments
 
     p = sub.add_parser("scaling", help="run a preset at 1, 2, 4, ... workers; CSV and PNG of throughput and "
                                        "scaling efficiency")

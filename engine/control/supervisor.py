@@ -1,4 +1,4 @@
-"""The per-host supervising process: ``python -m engine.supervisor``.
+"""The per-host supervising process: ``python -m engine.control.supervisor``.
 
 It reads one JSON line on stdin (the host's task plans), starts every task as
 its own process (own process group, event pipe, lifeline pipe), relays their
@@ -24,47 +24,14 @@ from typing import Any
 
 import psutil
 
-from engine import events
-from engine.cluster import TaskPlan
-from engine.gpu import GpuSampler, task_gpu_figures
+from engine.contract import events
+from engine.contract.plan import TaskPlan
+from engine.contract.run_folder import RunFolder
+from engine.contract.task_logs import log_tail
+from engine.control.gpu import GpuSampler, task_gpu_figures
 
 SAMPLE_INTERVAL = 0.5
 STOP_GRACE = 0.5  # TF tasks catch SIGTERM (its preemption notifier) and do not exit on it: SIGKILL soon after
-NOISE_PREFIXES = ("WARNING: All log messages before absl", "I0000 ", "W0000 ", "E0000 ")
-
-
-def is_noise(line: str) -> bool:
-    """TensorFlow start-up chatter (oneDNN, absl, cpu feature guard, cuda probing)."""
-    text = line.strip()
-    if not text:
-        return True
-    if text.startswith(NOISE_PREFIXES):
-        return True
-    markers = ("oneDNN custom operations", "cpu_feature_guard", "To enable the following instructions",
-               "rebuild TensorFlow with the appropriate compiler flags", "Unable to register cu",
-               "computation placer already registered", "could not find cuda drivers",
-               "cuda_executor", "TF-TRT Warning", "port.cc:", "cudart_stub", "cuInit",
-               "Created device /job:", "onednn", "AVX2 AVX512", "absl::InitializeLog")
-    return any(m in text for m in markers)
-
-
-def log_tail(path: Path, lines: int = 20) -> list[str]:
-    """The last meaningful lines of a task log, TensorFlow start-up noise left out."""
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(0, os.SEEK_END)
-            size = fh.tell()
-            fh.seek(max(0, size - 64 * 1024))
-            text = fh.read().decode("utf-8", "replace")
-    except OSError:
-        return []
-    kept = [x.rstrip()[:300] for x in text.splitlines() if not is_noise(x)][-lines:]
-    # keep the event well under the reader's line limit, whatever the characters
-    while kept and sum(len(x.encode("utf-8")) for x in kept) > 16 * 1024:
-        kept.pop(0)
-    return kept
-
-
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -131,7 +98,7 @@ class Supervisor:
     # -- starting
 
     def task_dir(self, name: str) -> Path:
-        return self.run_dir / "tasks" / name.replace(":", "-")
+        return RunFolder(self.run_dir).task_dir(name)
 
     def start_task(self, tp: TaskProcess) -> None:
         plan = tp.plan

@@ -8,7 +8,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from engine.config import TRAINER_ROLES, Cluster, Host, RunConfig, Task, replace
+from engine.contract.config import TRAINER_ROLES, Cluster, Host, RunConfig, Task, replace
 
 #: Roles that appear in the TF cluster spec (the evaluator is a side-car, outside it).
 CLUSTER_ROLES = ("chief", "worker", "ps")

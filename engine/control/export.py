@@ -1,6 +1,6 @@
 """Export a drawn cluster for running it elsewhere: ``TF_CONFIG`` files, bash launch scripts, a Kubeflow TFJob.
 
-Nothing here starts a process; everything is derived from one :class:`~engine.config.RunConfig`.
+Nothing here starts a process; everything is derived from one :class:`~engine.contract.config.RunConfig`.
 
 Ports. A live run picks free ports at launch; an export cannot see the target machines, so every
 ``auto`` port becomes a fixed, deterministic one: on each machine (hosts with the same address, and all
@@ -46,9 +46,10 @@ from typing import Any
 
 import yaml
 
-from engine import config as config_mod
-from engine.cluster import gpu_assignment, plan_tasks, primary_roles, tf_config
-from engine.config import ConfigError, Host, Problem, RunConfig, replace
+from engine.contract import config as config_mod
+from engine.contract.config import ConfigError, Host, Problem, RunConfig, replace
+from engine.contract.plan import gpu_assignment, plan_tasks, primary_roles, tf_config
+from engine.contract.run_folder import task_folder_name
 
 #: First port given to ``auto`` tasks on each machine (TF's customary gRPC port).
 DEFAULT_BASE_PORT = 2222
@@ -260,7 +261,7 @@ def launch_scripts(config: RunConfig, *, python: str = "python3", workdir: str |
             exports = "\n  ".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
             gpus = f" on GPU {','.join(map(str, plan.gpu_ids))}" if plan.gpu_ids else ""
             parts.append(_SCRIPT_TASK.format(
-                name=t.name, gpus=gpus, task_dir=t.name.replace(":", "-"), exports=exports,
+                name=t.name, gpus=gpus, task_dir=task_folder_name(t.name), exports=exports,
                 primary='primary+=("$!")\n' if t.role in primary else "",
             ))
         parts.append(_SCRIPT_TAIL)
@@ -318,7 +319,7 @@ def _restart_policy(config: RunConfig, role: str) -> str:
 
 #: Run inside each TFJob container: prints ``export`` lines for what a task needs beyond the
 #: operator's ``TF_CONFIG``: its name and, in ``model`` mode, the DTensor client variables
-#: (as :func:`engine.cluster.dtensor_env` gives them on a local launch).
+#: (as :func:`engine.contract.plan.dtensor_env` gives them on a local launch).
 _TASK_ENV_FROM_TF_CONFIG = """\
 import json, os, shlex
 c = json.loads(os.environ["TF_CONFIG"])

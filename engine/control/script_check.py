@@ -1,8 +1,8 @@
 """Check the user's script before a launch, in a subprocess (the script imports TensorFlow; we must not).
 
-The subprocess (``python -m engine.runtime.user_script --check``) imports the script, builds its
+The subprocess (``python -m engine.runtime.script_checker --check``) imports the script, builds its
 model and/or dataset and runs one batch through model and loss. Its problems come back as
-:class:`~engine.config.Problem` values naming the file; a failure inside the script carries the
+:class:`~engine.contract.config.Problem` values naming the file; a failure inside the script carries the
 script's own traceback. Nothing runs unless the config names a script.
 """
 
@@ -15,8 +15,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from engine import config as config_mod
-from engine.config import Problem, RunConfig
+from engine.contract import config as config_mod
+from engine.contract.config import Problem, RunConfig
+from engine.contract.task_logs import is_noise
 
 #: Seconds the check may take: importing TensorFlow alone takes 3 to 9 s on a busy machine.
 DEFAULT_TIMEOUT_S = 120.0
@@ -47,7 +48,7 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = ""  # a check needs no GPU, and must not hold one a run wants
-        cmd = [python or sys.executable, "-m", "engine.runtime.user_script", "--check", str(cfg_path),
+        cmd = [python or sys.executable, "-m", "engine.runtime.script_checker", "--check", str(cfg_path),
                "--out", str(out_path)]
         try:
             proc = subprocess.run(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, capture_output=True,
@@ -81,5 +82,4 @@ def _tail(text: str, lines: int = 25) -> str:
 
 
 def _noise(line: str) -> bool:
-    return line.startswith(("WARNING: All log messages before absl", "I0000 ", "W0000 ", "E0000 ",
-                            "To enable the following instructions"))
+    return is_noise(line)

@@ -7,7 +7,7 @@ namespace (``unshare -rn``) whose only interface is its own loopback: the tasks
 reach each other, and nothing outside the namespace reaches them. Events still
 flow through pipes, which namespaces do not affect.
 
-``python -m engine.netns PROGRAM ARGS...`` brings the loopback up and execs PROGRAM.
+``python -m engine.control.netns PROGRAM ARGS...`` brings the loopback up and execs PROGRAM.
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ def available() -> tuple[bool, str]:
     if tool is None:
         return False, "the 'unshare' command (util-linux) is not installed"
     try:
-        probe = subprocess.run([tool, "-rn", sys.executable, "-m", "engine.netns", sys.executable, "-c", "pass"],
+        probe = subprocess.run([tool, "-rn", sys.executable, "-m", "engine.control.netns", sys.executable, "-c", "pass"],
                                capture_output=True, text=True, timeout=20,
                                env=dict(os.environ, PYTHONPATH=_root_on_path()))
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -56,7 +56,7 @@ def available() -> tuple[bool, str]:
 def wrap(cmd: list[str]) -> list[str]:
     """``cmd`` run inside a fresh private network namespace with its loopback up."""
     tool = shutil.which("unshare") or "unshare"
-    return [tool, "-rn", sys.executable, "-m", "engine.netns", *cmd]
+    return [tool, "-rn", sys.executable, "-m", "engine.control.netns", *cmd]
 
 
 def _root_on_path() -> str:
@@ -67,7 +67,7 @@ def _root_on_path() -> str:
 
 def main() -> None:
     if len(sys.argv) < 2:
-        print("usage: python -m engine.netns PROGRAM [ARGS...]", file=sys.stderr)
+        print("usage: python -m engine.control.netns PROGRAM [ARGS...]", file=sys.stderr)
         sys.exit(2)
     loopback_up()
     os.execvp(sys.argv[1], sys.argv[1:])

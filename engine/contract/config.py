@@ -856,7 +856,7 @@ _SOURCE_READS = {
 
 
 def _validate_data_model(config: RunConfig, add: Any) -> None:
-    """Rules of data and model readable from the config alone; files are checked by ``engine.datasets``."""
+    """Rules of data and model readable from the config alone; files are checked by ``engine.contract.datasets``."""
     d, m = config.data, config.model
     mode = config.parallelism.mode
     if d.source not in DATA_SOURCES:

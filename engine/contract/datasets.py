@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from engine import script_check
-from engine.config import (
+from engine.contract.config import (
     FILE_SOURCES,
     KERAS_SOURCES,
     KNOWN_DATA,
@@ -451,15 +450,6 @@ def check(config: RunConfig, *, here: bool = False) -> list[Problem]:
     except DataFileError as exc:
         return [exc.problem]
     return []
-
-
-def preflight(config: RunConfig, *, scripts: bool = True, timeout: float | None = None) -> list[Problem]:
-    """The checks to run before a launch, after :func:`engine.config.validate` found nothing:
-    the data files (:func:`check`) and, where the config names one, the user's script (in a subprocess)."""
-    problems = check(config)
-    if scripts and script_check.uses_script(config):
-        problems += script_check.check(config, timeout=timeout)
-    return problems
 
 
 def require(config: RunConfig) -> None:

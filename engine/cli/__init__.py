@@ -1,0 +1,1 @@
+"""The headless front end: the ``clusterdeck`` command (``engine.cli.main:main``)."""

@@ -1,0 +1,140 @@
+"""The pre-launch check of a user's script: ``python -m engine.runtime.script_checker --check CONFIG --out RESULT``.
+
+Run in a subprocess by :mod:`engine.control.script_check` (the script imports TensorFlow; the launcher must
+not). It imports the script, builds its model and/or dataset and runs one batch through model and loss.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from engine.contract import config as config_mod
+from engine.contract.config import RunConfig
+from engine.runtime import data as data_mod
+from engine.runtime import models
+from engine.runtime.user_script import ScriptError, _function, load, script_path, user_traceback
+
+
+def check(config: RunConfig) -> list[dict[str, str]]:
+    """Import the script, build its model and/or dataset, run one batch through model and loss.
+
+    Returns problems as ``{"field", "message"}``; a failure inside the script carries its traceback.
+    """
+    model_script = config.model.name == "script"
+    data_script = config.data.source == "script"
+    wanted = ([("model.script", "build_model", "config")] if model_script else []) + \
+             ([("data.path", "make_dataset", "input_context, config")] if data_script else [])
+    # the script first (a syntax error needs no TensorFlow to be found), then its functions
+    for field, name, signature in wanted:
+        path = script_path(config, field)
+        try:
+            _function(config, field, name, signature)
+        except ScriptError as exc:
+            return [{"field": exc.field, "message": str(exc)}]
+        except BaseException as exc:  # noqa: BLE001 - whatever the script raises is the user's to read
+            return [{"field": field, "message": f"{str(path)!r}: importing the script failed:\n"
+                                                f"{user_traceback(exc, path)}"}]
+    if not wanted:
+        return []
+
+    import keras
+    import tensorflow as tf
+
+    def failed(field: str, what: str, exc: BaseException) -> list[dict[str, str]]:
+        if isinstance(exc, ScriptError):
+            return [{"field": exc.field, "message": str(exc)}]
+        path = script_path(config, field)
+        return [{"field": field, "message": f"{str(path)!r}: {what} raised {type(exc).__name__}:\n"
+                                            f"{user_traceback(exc, path)}"}]
+
+    replicas = max(1, config.num_replicas())
+    global_batch = config.training.global_batch_size
+    per_replica = global_batch // replicas if global_batch % replicas == 0 else global_batch
+    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                         num_replicas_in_sync=replicas)
+    keras.utils.set_random_seed(config.training.seed)
+    try:
+        model = models.build_model(config)
+    except BaseException as exc:  # noqa: BLE001
+        return failed("model.script", "build_model(config)", exc) if model_script else \
+            [{"field": "model.name", "message": f"the built-in model cannot be built: {exc}"}]
+    try:
+        ds = data_mod.make_dataset(config, context)
+        batch = next(iter(ds))
+    except BaseException as exc:  # noqa: BLE001
+        if data_script:
+            return failed("data.path", "make_dataset(input_context, config)", exc)
+        return [{"field": "data.source", "message": str(exc)}]
+    path = script_path(config, "data.path" if data_script else "model.script")
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        return [{"field": "data.path", "message": f"{str(path)!r}: make_dataset(input_context, config) yields "
+                                                  f"{type(batch).__name__}; expected (x, y) pairs"}]
+    x, y = batch[0], batch[1]
+    rows = int(tf.shape(tf.nest.flatten(x)[0])[0])
+    if data_script and rows != per_replica:
+        return [{"field": "data.path", "message": f"{str(path)!r}: make_dataset(input_context, config) gave a batch "
+                                                  f"of {rows} examples; expected the per-replica batch "
+                                                  f"input_context.get_per_replica_batch_size({global_batch}) = "
+                                                  f"{per_replica}"}]
+    try:
+        logits = model(x, training=False)
+    except BaseException as exc:  # noqa: BLE001
+        if model_script:
+            return failed("model.script", "calling the model on one batch", exc)
+        return [{"field": "data.shape", "message": f"the {config.model.name!r} model cannot read a batch of "
+                                                   f"{str(path)!r}: {str(exc).splitlines()[0][:300]}"}]
+    custom = model_script and getattr(load(script_path(config, "model.script")), "loss", None) is not None
+    if not custom:
+        shape = list(getattr(logits, "shape", []))
+        if len(shape) != 2 or shape[1] != config.data.classes:
+            field = "model.script" if model_script else "data.classes"
+            return [{"field": field, "message": f"{str(script_path(config, 'model.script'))!r}: " * model_script
+                     + f"the model's output has shape {shape}; expected [{rows}, {config.data.classes}] (logits "
+                       f"of data.classes {config.data.classes})" + ", or define loss(y_true, y_pred)" * model_script}]
+        labels = tf.reshape(tf.cast(y, tf.int64), [-1])
+        if int(tf.size(labels)):
+            low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
+            if low < 0 or high >= config.data.classes:
+                return [{"field": "data.classes", "message": f"{str(path)!r}: the first batch holds label "
+                                                             f"{high if high >= config.data.classes else low}; "
+                                                             f"expected labels from 0 to {config.data.classes - 1} "
+                                                             f"(data.classes {config.data.classes})"}]
+    try:
+        values = models.loss_fn(config)(y, logits)
+        mean = float(tf.reduce_mean(tf.cast(values, tf.float32)))
+    except BaseException as exc:  # noqa: BLE001
+        if custom:
+            return failed("model.script", "loss(y_true, y_pred)", exc)
+        return [{"field": "data.path", "message": f"{str(path)!r}: the loss cannot be computed on the first batch: "
+                                                  f"{str(exc).splitlines()[0][:300]}"}]
+    if mean != mean or mean in (float("inf"), float("-inf")):
+        return [{"field": "model.script" if custom else "data.path",
+                 "message": f"{str(path)!r}: the loss of the first batch is {mean}; expected a finite number"}]
+    return []
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="engine.runtime.script_checker",
+                                     description="check the user's script of a config (used before a launch)")
+    parser.add_argument("--check", required=True, help="the run's config (YAML)")
+    parser.add_argument("--out", required=True, help="write the problems here as JSON")
+    args = parser.parse_args(argv)
+
+    config = config_mod.load(args.check, check=False)
+    try:
+        problems = check(config)
+    except ScriptError as exc:
+        problems = [{"field": exc.field, "message": str(exc)}]
+    Path(args.out).write_text(json.dumps({"problems": problems}), encoding="utf-8")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # the user's script may have started threads (or TF may hang in its shutdown): the answer is written
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
