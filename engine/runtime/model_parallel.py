@@ -28,6 +28,7 @@ from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import dtensor_layers as layers
+from engine.runtime import sharded
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.summaries import Summaries
@@ -114,7 +115,7 @@ def main(ctx: TaskContext) -> dict[str, Any]:
                      device_ids=[int(i) for i in mesh.local_device_ids()],
                      coordinates=[dict(loc) for loc in mesh.local_device_locations()])
 
-    model = layers.build(config, mesh)
+    model = sharded.build_for_config(config, mesh)
     builder = layers.Builder(mesh, config.training.seed)
     optimizer = layers.Optimizer(config.training.optimizer, config.training.learning_rate, model.params, builder)
     # the sharded variables and their optimizer slots; every client saves its own shards
