@@ -64,7 +64,8 @@ MODEL_MODES: dict[str, tuple[str, ...]] = {
     "resnet": ("data",),
     "embedding": ("data", "model", "async"),
     "transformer": ("data", "model"),
-    "script": ("data",),
+    # parallelism 'model' calls the script's build_sharded_model(config, mesh) (engine.runtime.sharded)
+    "script": ("data", "model"),
 }
 #: Which parallelism modes read each data source: the data and model runtimes read files through
 #: ``engine.runtime.data.make_dataset``; the async runtime makes its own synthetic data; a user's
@@ -893,7 +894,8 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
     if any(h < 1 for h in m.hidden):
         add("model.hidden", f"expected a list of integers >= 1, got {list(m.hidden)}")
     if m.name == "script" and not m.script.strip():
-        add("model.script", "model 'script' is built by a Python file defining build_model(config); "
+        builder = "build_sharded_model(config, mesh)" if mode == "model" else "build_model(config)"
+        add("model.script", f"model 'script' is built by a Python file defining {builder}; "
                             "expected its path, got ''")
     if m.name in TOKEN_MODELS:
         if len(d.shape) != 1:
@@ -910,7 +912,8 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
     if config.parallelism.mode == "model":
         axis = config.parallelism.mesh_model
         if axis > 0:
-            for i, width in enumerate(m.hidden):
+            # a script's own layers are checked when its build_sharded_model runs (engine.runtime.sharded)
+            for i, width in enumerate(m.hidden if m.name != "script" else ()):
                 if width % axis:
                     add(f"model.hidden[{i}]", f"{width} is not divisible by the mesh 'model' axis size {axis}")
             if m.name == "embedding" and m.vocab_size % axis:
