@@ -44,7 +44,7 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
         out_path = Path(tmp) / "result.json"
         config_mod.save(config, cfg_path)
         env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = ""  # a check needs no GPU, and must not hold one a run wants
