@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import ipaddress
 import math
 import os
+import re
 import reprlib
+import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -448,7 +451,9 @@ def _parse_cluster(r: _Reader) -> Cluster:
     if not isinstance(raw_hosts, list):
         r.fail("hosts", f"expected a list of hosts, got {_show(raw_hosts)}")
         raw_hosts = []
-    for i, raw_host in enumerate(raw_hosts[:1024]):
+    if len(raw_hosts) > MAX_HOSTS:
+        r.fail("hosts", f"expected at most {MAX_HOSTS} hosts, got {len(raw_hosts)}")
+    for i, raw_host in enumerate(raw_hosts[:MAX_HOSTS]):
         h = _Reader(raw_host, f"{r.where('hosts')}[{i}]", r.problems)
         name = h.str("name", f"host{i}", nonempty=True)
         address = h.str("address", "localhost", nonempty=True)
@@ -464,7 +469,9 @@ def _parse_cluster(r: _Reader) -> Cluster:
         if not isinstance(raw_tasks, list):
             h.fail("tasks", f"expected a list of tasks, got {_show(raw_tasks)}")
             raw_tasks = []
-        for j, raw_task in enumerate(raw_tasks[:1024]):
+        if len(raw_tasks) > MAX_TASKS_PER_HOST:
+            h.fail("tasks", f"expected at most {MAX_TASKS_PER_HOST} tasks on one host, got {len(raw_tasks)}")
+        for j, raw_task in enumerate(raw_tasks[:MAX_TASKS_PER_HOST]):
             tr = _Reader(raw_task, f"{h.where('tasks')}[{j}]", r.problems)
             role_guess = raw_task.get("role") if isinstance(raw_task, Mapping) else None
             role_key = role_guess if isinstance(role_guess, str) else "worker"
@@ -649,9 +656,92 @@ def dumps(config: RunConfig) -> str:
     return yaml.safe_dump(to_dict(config), sort_keys=False, default_flow_style=None)
 
 
+#: Values a config's YAML may hold once its aliases are expanded: a real config holds a few hundred.
+MAX_YAML_VALUES = 100_000
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+
+
+class _YamlRefused(Exception):
+    """YAML that parses but is refused before it is built (an alias bomb, a duplicate key)."""
+
+    def __init__(self, problem: Problem) -> None:
+        super().__init__(str(problem))
+        self.problem = problem
+
+
+class ConfigLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` (plain values only) whose documents are checked before they are built."""
+
+
+def _key_path(path: str, key: Any) -> str:
+    if isinstance(key, builtins.int) and not isinstance(key, bool):
+        return f"{path}[{key}]"
+    return f"{path}.{key}" if path else builtins.str(key)
+
+
+def _check_nodes(root: yaml.Node) -> None:
+    """Refuse duplicate keys, self-referencing aliases and more than :data:`MAX_YAML_VALUES` values.
+
+    Aliases share one node, so the walk counts each node's expanded size once (memoised by id): an
+    8 KB alias bomb that would build a million tasks is refused here in microseconds, before any of it is built.
+    """
+    sizes: dict[int, int] = {}
+    open_nodes: set[int] = set()
+
+    def walk(node: yaml.Node, path: str) -> int:
+        key = id(node)
+        if key in sizes:
+            return sizes[key]
+        if key in open_nodes:
+            line = node.start_mark.line + 1 if node.start_mark is not None else 0
+            raise _YamlRefused(Problem(path, f"an alias at line {line} refers to a value that contains it; "
+                                             "expected plain values (no recursive &anchor/*alias)"))
+        open_nodes.add(key)
+        total = 1
+        if isinstance(node, yaml.SequenceNode):
+            for i, child in enumerate(node.value):
+                total += walk(child, _key_path(path, i))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[tuple[builtins.str, builtins.str], int] = {}
+            for key_node, value_node in node.value:
+                name: Any = "<key>"
+                if isinstance(key_node, yaml.ScalarNode) and key_node.tag != _MERGE_TAG:
+                    name = key_node.value
+                    line = key_node.start_mark.line + 1
+                    ident = (key_node.tag, key_node.value)
+                    if ident in first:
+                        raise _YamlRefused(Problem(_key_path(path, name), f"duplicate key {name!r} at line {line} "
+                                                   f"(first at line {first[ident]}); expected each key once"))
+                    first[ident] = line
+                total += walk(key_node, path) + walk(value_node, _key_path(path, name))
+        open_nodes.discard(key)
+        sizes[key] = total
+        if total > MAX_YAML_VALUES:
+            raise _YamlRefused(Problem(path, f"holds more than {MAX_YAML_VALUES:,} values once its aliases "
+                                             f"(*name) are expanded; expected a ClusterDeck config"))
+        return total
+
+    walk(root, "")
+
+
+def parse_yaml(text: str) -> Any:
+    """``yaml.safe_load(text)``, refusing duplicate keys, recursive aliases and alias bombs first."""
+    loader = ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _check_nodes(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def loads(text: str, *, source: str = "", check: bool = True) -> RunConfig:
     try:
-        raw = yaml.safe_load(text)
+        raw = parse_yaml(text)
+    except _YamlRefused as exc:
+        raise ConfigError([exc.problem], source) from None
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
@@ -672,15 +762,59 @@ def loads(text: str, *, source: str = "", check: bool = True) -> RunConfig:
 
 MAX_CONFIG_BYTES = 4 * 1024 * 1024
 
+_FILE_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
+               (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def _not_regular(mode: int) -> str:
+    kind = next((what for test, what in _FILE_KINDS if test(mode)), "not a plain file")
+    return f"not a regular file ({kind}); expected a YAML file"
+
+
+def read_capped(path: Path, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes, else a :class:`ConfigError` naming ``path``.
+
+    The file type is checked before the file is opened (a FIFO would block, ``/dev/zero`` never ends),
+    and again on the open descriptor (opened non-blocking, so a FIFO swapped in meanwhile cannot block);
+    at most ``limit + 1`` bytes are read, so a file that grows while it is read is refused too.
+    """
+    mode = os.stat(path).st_mode
+    if stat.S_ISDIR(mode):
+        raise IsADirectoryError(path)
+    if not stat.S_ISREG(mode):
+        raise ConfigError([Problem("", _not_regular(mode))], str(path))
+    too_big = ConfigError([Problem("", f"the file is larger than {limit // 1024 // 1024} MiB; "
+                                       "expected a small YAML config")], str(path))
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_BINARY", 0)
+    fd = os.open(path, flags)
+    try:
+        info = os.fstat(fd)
+        if stat.S_ISDIR(info.st_mode):
+            raise IsADirectoryError(path)
+        if not stat.S_ISREG(info.st_mode):
+            raise ConfigError([Problem("", _not_regular(info.st_mode))], str(path))
+        if info.st_size > limit:
+            raise too_big
+        chunks: list[bytes] = []
+        left = limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    if left <= 0:
+        raise too_big
+    return b"".join(chunks)
+
 
 def load(path: str | os.PathLike[str], *, check: bool = True) -> RunConfig:
     """Read a YAML config file; any problem (unreadable, malformed, invalid) is a :class:`ConfigError`."""
     p = Path(path)
     try:
-        if p.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError([Problem("", f"the file is larger than {MAX_CONFIG_BYTES // 1024 // 1024} MiB; "
-                                           "expected a small YAML config")], str(p))
-        text = p.read_bytes().decode("utf-8")
+        text = read_capped(p).decode("utf-8")
     except ConfigError:
         raise
     except FileNotFoundError:
@@ -721,6 +855,91 @@ def validate(config: RunConfig) -> list[Problem]:
     return problems
 
 
+#: Tasks one host may hold, and tasks in all: far beyond a real cluster drawn here, and they keep a bad
+#: preset (or an alias bomb) from starting thousands of processes.
+MAX_TASKS_PER_HOST = 256
+MAX_TASKS = 1024
+MAX_HOSTS = 256
+_HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
+_USER_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,127}")
+HOST_NAME_RULE = "letters, digits, '.', '-', '_', not starting with '-'"
+
+
+def is_host_name(value: str) -> bool:
+    """A DNS name, an ``~/.ssh/config`` alias or an IP address: nothing ssh or a shell reads as an option."""
+    if _HOST_NAME.fullmatch(value):
+        return True
+    try:
+        ipaddress.ip_address(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _has_control(value: str) -> bool:
+    return any(ord(c) < 32 or ord(c) == 127 for c in value)
+
+
+def _validate_host_names(h: Host, where: str, add: Any) -> None:
+    """Names that reach ssh's command line or TF_CONFIG: host names, not options or shell text."""
+    address = h.address.strip()
+    if not address or not is_host_name(address):
+        add(f"{where}.address", f"expected a host name or IP address, got {_show(h.address)}; a host name holds "
+                                f"{HOST_NAME_RULE}")
+    ssh_host = h.ssh_host.strip()
+    if ssh_host:
+        user, at, name = ssh_host.rpartition("@")
+        if not is_host_name(name) or (at and not _USER_NAME.fullmatch(user)):
+            add(f"{where}.ssh_host", f"expected a host name ({HOST_NAME_RULE}; optionally user@ before it), "
+                                     f"got {_show(h.ssh_host)}")
+    if h.ssh_user and not _USER_NAME.fullmatch(h.ssh_user):
+        add(f"{where}.ssh_user", f"expected a user name (letters, digits, '.', '_', '-', '@', not starting with '-'), "
+                                 f"got {_show(h.ssh_user)}")
+    if _has_control(h.python) or not h.python.strip():
+        add(f"{where}.python", f"expected a Python command without control characters, got {_show(h.python)}")
+
+
+def _validate_slurm(h: Host, where: str, owners: tuple[str, ...], add: Any) -> None:
+    """A Slurm group: its kind and block agree, GPUs asked per node, every node gets a task."""
+    if h.kind not in HOST_KINDS:
+        add(f"{where}.kind", f"expected one of {_choices(HOST_KINDS)}, got {_show(h.kind)}")
+        return
+    if h.kind != "slurm":
+        add(f"{where}.slurm", f"only a host of kind 'slurm' has a slurm block; expected kind: slurm, got {h.kind!r}")
+        return
+    s = h.slurm
+    if s is None:
+        add(f"{where}.slurm", "a host of kind 'slurm' needs a slurm block (partition, nodes, ...); got none")
+        return
+    if h.gpus:
+        add(f"{where}.gpus", f"a Slurm group asks for GPUs per node with slurm.gpus_per_node; expected 0 here, "
+                             f"got {h.gpus}")
+    if s.nodes < 1:
+        add(f"{where}.slurm.nodes", f"expected an integer >= 1, got {s.nodes}")
+    elif len(h.tasks) < s.nodes:
+        add(f"{where}.slurm.nodes", f"{s.nodes} nodes for {len(h.tasks)} task(s) would leave a node idle; expected "
+                                    f"at most {max(1, len(h.tasks))} (tasks fill the nodes in drawn order, "
+                                    f"{'one' if not h.tasks else -(-len(h.tasks) // s.nodes)} per node)")
+    if s.gpus_per_node < 0:
+        add(f"{where}.slurm.gpus_per_node", f"expected an integer >= 0, got {s.gpus_per_node}")
+    if s.cpus_per_task < 1:
+        add(f"{where}.slurm.cpus_per_task", f"expected an integer >= 1, got {s.cpus_per_task}")
+    if s.mem_per_task and not SLURM_MEMORY.match(s.mem_per_task):
+        add(f"{where}.slurm.mem_per_task", f"expected a memory size such as 4G, got {_show(s.mem_per_task)}")
+    if s.time_limit and not SLURM_TIME.match(s.time_limit):
+        add(f"{where}.slurm.time_limit", f"expected a Slurm time limit such as 30 or 2:00:00, got "
+                                         f"{_show(s.time_limit)}")
+    if s.gpus_per_node > 0:
+        for n, group in enumerate(h.node_tasks()):
+            sharers = sum(1 for t in group if t.role in owners)
+            if sharers > 1 and s.gpus_per_node % sharers:
+                add(f"{where}.slurm.gpus_per_node", f"{s.gpus_per_node} GPUs per node cannot be split evenly over "
+                                                    f"the {sharers} GPU tasks of node {n} "
+                                                    f"({', '.join(t.name for t in group)}); expected a multiple of "
+                                                    f"{sharers}")
+                break
+
+
 def _validate_cluster(config: RunConfig, add: Any) -> None:
     cluster = config.cluster
     if not cluster.hosts:
@@ -736,8 +955,9 @@ def _validate_cluster(config: RunConfig, add: Any) -> None:
             add(f"{where}.name", f"expected a unique host name, got {h.name!r} (also cluster.hosts[{names[h.name]}])")
         else:
             names[h.name] = i
-        if not h.address.strip() or any(c.isspace() for c in h.address.strip()):
-            add(f"{where}.address", f"expected a host name or IP address, got {_show(h.address)}")
+        _validate_host_names(h, where, add)
+        if len(h.tasks) > MAX_TASKS_PER_HOST:
+            add(f"{where}.tasks", f"expected at most {MAX_TASKS_PER_HOST} tasks on one host, got {len(h.tasks)}")
         if h.gpus < 0:
             add(f"{where}.gpus", f"expected an integer >= 0, got {h.gpus}")
         trainers = sum(1 for t in h.tasks if t.role in TRAINER_ROLES)
@@ -770,6 +990,11 @@ def _validate_cluster(config: RunConfig, add: Any) -> None:
                         f"(all {role} indices: {indices})")
                     break
                 seen.add(t.index)
+    if len(cluster.hosts) > MAX_HOSTS:
+        add("cluster.hosts", f"expected at most {MAX_HOSTS} hosts, got {len(cluster.hosts)}")
+    total = sum(len(h.tasks) for h in cluster.hosts)
+    if total > MAX_TASKS:
+        add("cluster", f"expected at most {MAX_TASKS} tasks in all, got {total}")
     for role in ("chief", "evaluator"):
         n = len(cluster.tasks_of(role))
         if n > 1:
