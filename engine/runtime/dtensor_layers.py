@@ -1,5 +1,7 @@
 """Sharded models written directly on ``tf.experimental.dtensor``.
 
+The public face of these blocks, for users' scripts, is :mod:`engine.runtime.sharded`.
+
 Keras 3 ignores DTensor layouts on the TF backend, so the built-in models of
 parallelism 'model' are raw :class:`dtensor.DVariable` parameters and plain
 TensorFlow ops. Every parameter gets an explicit layout, and activations are
@@ -54,6 +56,15 @@ class Param:
 
 @dataclass
 class ShardedModel:
+    """A model the model-parallel runtime trains.
+
+    ``forward`` maps a global batch of inputs, laid out ``(batch, unsharded)`` (rows split over the
+    mesh's ``batch`` axis), to logits ``[batch, data.classes]`` laid out ``(batch, unsharded)``.
+    ``params`` are every trainable parameter (the runtime differentiates, optimises and
+    checkpoints exactly these); ``input_dtype`` is what ``forward`` reads (float32 features,
+    int32 token ids).
+    """
+
     name: str
     params: list[Param]
     forward: Callable[[tf.Tensor], tf.Tensor]  # batch-sharded inputs -> logits laid out (batch, unsharded)
@@ -66,7 +77,13 @@ class ShardedModel:
 
 
 class Builder:
-    """Creates parameters on a mesh from host-side values that depend only on the seed and the name."""
+    """Creates parameters on a mesh from host-side values that depend only on the seed and the name.
+
+    Every block takes a builder as its first argument and registers its parameters in
+    ``params``; :meth:`model` wraps them with a forward function into a :class:`ShardedModel`.
+    Because a parameter's first value depends only on ``seed`` and its name, the same model
+    starts from the same weights on a 1 x 1 mesh and on a 2 x 2 one.
+    """
 
     def __init__(self, mesh: dtensor.Mesh, seed: int) -> None:
         self.mesh = mesh
@@ -75,6 +92,30 @@ class Builder:
 
     def layout(self, spec: Sequence[str]) -> dtensor.Layout:
         return dtensor.Layout(list(spec), self.mesh)
+
+    def check_spec(self, name: str, shape: Sequence[int], spec: Sequence[str]) -> None:
+        """Raise a ValueError naming ``name`` unless ``spec`` fits ``shape`` on this mesh."""
+        if len(spec) != len(shape):
+            raise ValueError(f"{name}: a layout of {len(spec)} entries {list(spec)} for a parameter of shape "
+                             f"{list(shape)}; expected one entry per dimension ({len(shape)})")
+        axes = list(self.mesh.dim_names)
+        for i, (size, axis) in enumerate(zip(shape, spec, strict=True)):
+            if axis == U:
+                continue
+            if axis not in axes:
+                raise ValueError(f"{name}: dimension {i} is laid out on {axis!r}; expected one of "
+                                 f"{', '.join(map(repr, [*axes, U]))}")
+            if int(size) % self.mesh.dim_size(axis):
+                raise ValueError(f"{name}: dimension {i} ({int(size)}) is not divisible by the mesh {axis!r} axis "
+                                 f"size {self.mesh.dim_size(axis)}; expected a multiple of it, or leave that "
+                                 f"dimension unsharded")
+        if len([a for a in spec if a != U]) != len({a for a in spec if a != U}):
+            raise ValueError(f"{name}: layout {list(spec)} uses a mesh axis twice; expected each axis at most once")
+
+    def model(self, name: str, forward: Callable[[tf.Tensor], tf.Tensor],
+              input_dtype: tf.DType = tf.float32) -> ShardedModel:
+        """The parameters built so far and ``forward`` as a :class:`ShardedModel` called ``name``."""
+        return ShardedModel(name, list(self.params), forward, tf.as_dtype(input_dtype))
 
     def place(self, value: np.ndarray | tf.Tensor, spec: Sequence[str]) -> tf.Tensor:
         """A host value as a DTensor with ``spec``: replicated onto the mesh, then sliced locally."""
@@ -86,6 +127,12 @@ class Builder:
         return dtensor.DVariable(self.place(value, spec), name=name.replace("/", "_"))
 
     def param(self, name: str, value: np.ndarray, spec: Sequence[str]) -> Any:
+        """A trainable float32 parameter ``name`` with first value ``value``, laid out as ``spec``."""
+        value = np.asarray(value)
+        self.check_spec(name, value.shape, spec)
+        if any(p.name == name for p in self.params):
+            raise ValueError(f"{name}: a parameter of that name exists already; expected a unique name "
+                             f"(it names the parameter's first value and its checkpoint entry)")
         var = self.variable(value.astype(np.float32), spec, name)
         self.params.append(Param(name, var, tuple(spec)))
         return var
@@ -116,29 +163,56 @@ def activation_spec(rank: int, last: str) -> tuple[str, ...]:
 # --------------------------------------------------------------------------- building blocks
 
 
-class Dense:
-    """A dense layer whose sharding follows its input.
+#: How :class:`Dense` may lay out its kernel over the mesh's ``model`` axis.
+SHARDS = ("columns", "rows", "none")
+#: Activations :class:`Dense` accepts by name.
+ACTIVATIONS: dict[str, Callable[[tf.Tensor], tf.Tensor]] = {
+    "relu": tf.nn.relu,
+    "gelu": lambda t: tf.nn.gelu(t, approximate=False),
+    "tanh": tf.tanh,
+    "sigmoid": tf.sigmoid,
+    "softplus": tf.nn.softplus,
+    "silu": tf.nn.silu,
+}
 
-    Input sharded on ``model`` -> row-parallel (the contraction is all-reduced,
-    the output is whole). Whole input and a hidden layer -> column-parallel
-    (the output stays sharded). Whole input and an output layer -> replicated,
-    since output widths (classes, embedding width) need not divide the axis.
+
+def _activation(name: str, activation: str | Callable[[tf.Tensor], tf.Tensor] | None
+                ) -> Callable[[tf.Tensor], tf.Tensor] | None:
+    if activation is None or callable(activation):
+        return activation
+    if isinstance(activation, str) and activation in ACTIVATIONS:
+        return ACTIVATIONS[activation]
+    raise ValueError(f"{name}: activation {activation!r}; expected None, a function or one of "
+                     f"{', '.join(map(repr, ACTIVATIONS))}")
+
+
+class Dense:
+    """``y = activation(x @ kernel + bias)`` with its kernel laid out over the ``model`` axis as ``shard`` says.
+
+    - ``shard="columns"`` (column-parallel): kernel ``(unsharded, model)``, bias ``(model,)``; each
+      device computes its slice of the ``width`` outputs from the whole input, and the output stays
+      sharded on ``model`` (no communication). ``width`` must divide by the ``model`` axis size.
+    - ``shard="rows"`` (row-parallel): kernel ``(model, unsharded)``, bias whole; each device
+      contracts its slice of the ``fan_in`` inputs, the partial sums are all-reduced over ``model``
+      and the output is whole. Made to follow a ``"columns"`` layer (its input is already split
+      that way); ``fan_in`` must divide by the ``model`` axis size.
+    - ``shard="none"``: kernel and bias replicated on every device; the output is whole.
+
+    The batch dimension of input and output is always split over ``batch``. ``activation`` is a
+    function, a name in :data:`ACTIVATIONS` or None.
     """
 
-    def __init__(self, b: Builder, name: str, fan_in: int, width: int, *, input_sharded: bool, hidden: bool,
-                 activation: Callable[[tf.Tensor], tf.Tensor] | None = None) -> None:
+    def __init__(self, b: Builder, name: str, fan_in: int, width: int, shard: str = "none",
+                 activation: str | Callable[[tf.Tensor], tf.Tensor] | None = None) -> None:
+        if shard not in SHARDS:
+            raise ValueError(f"{name}: shard={shard!r}; expected one of {', '.join(map(repr, SHARDS))}")
         self.mesh = b.mesh
-        self.activation = activation
-        if input_sharded:
-            self.kind = "row"
-            kernel_spec, bias_spec = (MODEL, U), (U,)
-        elif hidden:
-            self.kind = "column"
-            kernel_spec, bias_spec = (U, MODEL), (MODEL,)
-        else:
-            self.kind = "replicated"
-            kernel_spec, bias_spec = (U, U), (U,)
-        self.output_sharded = self.kind == "column"
+        self.name = name
+        self.shard = shard
+        self.activation = _activation(name, activation)
+        kernel_spec, bias_spec = {"columns": ((U, MODEL), (MODEL,)), "rows": ((MODEL, U), (U,)),
+                                  "none": ((U, U), (U,))}[shard]
+        self.output_sharded = shard == "columns"
         self.kernel = b.glorot(f"{name}/kernel", (fan_in, width), fan_in, width, kernel_spec)
         self.bias = b.constant(f"{name}/bias", (width,), bias_spec)
 
@@ -150,21 +224,32 @@ class Dense:
         return self.activation(y) if self.activation is not None else y
 
 
-def dense_stack(b: Builder, prefix: str, fan_in: int, widths: Sequence[int], activation: Callable[[tf.Tensor], tf.Tensor],
-                out_name: str, out_width: int) -> tuple[list[Dense], Dense]:
-    """Hidden layers ``{prefix}_{i}`` alternating column/row parallel, then the output layer ``out_name``."""
+def dense_stack(b: Builder, prefix: str, fan_in: int, widths: Sequence[int],
+                activation: str | Callable[[tf.Tensor], tf.Tensor] | None, out_name: str,
+                out_width: int) -> tuple[list[Dense], Dense]:
+    """Hidden layers ``{prefix}_{i}`` alternating columns/rows parallel, then the output layer ``out_name``.
+
+    The first hidden layer is column-parallel, the next row-parallel, and so on (one all-reduce
+    per pair, Megatron style); the output layer is row-parallel after a column-parallel layer,
+    else replicated, since output widths (classes) need not divide the ``model`` axis.
+    """
     layers: list[Dense] = []
     sharded = False
     for i, width in enumerate(widths):
-        layer = Dense(b, f"{prefix}_{i}", fan_in, width, input_sharded=sharded, hidden=True, activation=activation)
+        layer = Dense(b, f"{prefix}_{i}", fan_in, width, "rows" if sharded else "columns", activation)
         layers.append(layer)
         sharded, fan_in = layer.output_sharded, width
-    out = Dense(b, out_name, fan_in, out_width, input_sharded=sharded, hidden=False)
+    out = Dense(b, out_name, fan_in, out_width, "rows" if sharded else "none")
     return layers, out
 
 
 class VocabEmbedding:
-    """A table ``[vocab, dim]`` sharded on the vocabulary."""
+    """A table ``[vocab, dim]`` sharded on the vocabulary (rows split over ``model``).
+
+    Reads int token ids ``[batch, length]`` and returns ``[batch, length, dim]``, whole on ``model``:
+    each device looks up only the ids in its slice of the vocabulary and the slices are summed
+    over ``model``. ``vocab`` must divide by the ``model`` axis size.
+    """
 
     def __init__(self, b: Builder, name: str, vocab: int, dim: int) -> None:
         self.mesh = b.mesh
@@ -180,6 +265,8 @@ class VocabEmbedding:
 
 
 class LayerNorm:
+    """Normalises the last dimension (``dim``) of a whole (unsharded on ``model``) activation; replicated."""
+
     def __init__(self, b: Builder, name: str, dim: int, epsilon: float = 1e-3) -> None:
         self.gamma = b.constant(f"{name}/gamma", (dim,), (U,), 1.0)
         self.beta = b.constant(f"{name}/beta", (dim,), (U,), 0.0)
@@ -191,9 +278,18 @@ class LayerNorm:
 
 
 class Attention:
-    """Multi-head self-attention with its heads sharded over ``model``."""
+    """Multi-head self-attention with its heads sharded over ``model``.
+
+    Reads ``[batch, length, dim]`` (whole on ``model``) and returns the same shape, whole: the
+    query/key/value projections are column-parallel over the heads, each device attends with its
+    own heads, and the output projection is row-parallel (all-reduced over ``model``). ``dim`` must
+    divide by ``heads``, and ``heads`` by the ``model`` axis size.
+    """
 
     def __init__(self, b: Builder, name: str, dim: int, heads: int) -> None:
+        if heads < 1 or dim % heads:
+            raise ValueError(f"{name}: dim {dim} is not divisible by the {heads} attention heads; expected a "
+                             f"multiple of heads")
         self.mesh = b.mesh
         self.head_dim = dim // heads
         shape, d = (dim, heads, self.head_dim), self.head_dim
@@ -265,7 +361,7 @@ def _transformer(config: RunConfig, b: Builder) -> ShardedModel:
     gelu: Callable[[tf.Tensor], tf.Tensor] = lambda t: tf.nn.gelu(t, approximate=False)  # noqa: E731
     hidden, mlp_out = dense_stack(b, "mlp", m.embed_dim, m.hidden or (4 * m.embed_dim,), gelu, "mlp_out",
                                   m.embed_dim)
-    logits = Dense(b, "logits", m.embed_dim, config.data.classes, input_sharded=False, hidden=False)
+    logits = Dense(b, "logits", m.embed_dim, config.data.classes, "none")
 
     def transformer(ids: tf.Tensor) -> tf.Tensor:
         x = embed(constrain(ids, mesh, BATCH, U)) + positions

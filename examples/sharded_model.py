@@ -1,0 +1,38 @@
+"""A user's own model for parallelism 'model': a 784-256-10 MLP split over the mesh (see
+presets/model-user-script.yaml).
+
+ClusterDeck imports this file in runs whose config names it:
+
+    parallelism: {mode: model, mesh: {batch: 2, model: 2}}
+    model: {name: script, script: examples/sharded_model.py}
+
+and calls ``build_sharded_model(config, mesh)``. On a batch x model mesh the global batch is split
+over 'batch' and the layers over 'model':
+
+- fc1 is column-parallel: its kernel [784, 256] is split into column blocks [784, 128], one per
+  'model' index; each device computes its 128 of the 256 hidden units from the whole input.
+- fc2 is row-parallel: its kernel [256, 10] is split into row blocks [128, 10], matching the hidden
+  units each device already holds; the partial logits are summed over 'model' (one all-reduce).
+
+The loss (softmax cross-entropy on the logits), gradients, optimizer and checkpoints are ClusterDeck's.
+"""
+
+from __future__ import annotations
+
+import math
+
+from engine.runtime import sharded
+
+
+def build_sharded_model(config, mesh):
+    """The MLP on ``mesh``; ``forward`` maps a batch of ``data.shape`` examples to ``data.classes`` logits."""
+    features = math.prod(config.data.shape)
+    hidden = config.model.hidden[0] if config.model.hidden else 256
+    b = sharded.Builder(mesh, seed=config.training.seed)
+    fc1 = sharded.Dense(b, "fc1", features, hidden, shard="columns", activation="relu")
+    fc2 = sharded.Dense(b, "fc2", hidden, config.data.classes, shard="rows")
+
+    def forward(x):
+        return fc2(fc1(x))
+
+    return b.model("sharded_mlp", forward)
