@@ -15,11 +15,15 @@ over 'batch' and the layers over 'model':
   units each device already holds; the partial logits are summed over 'model' (one all-reduce).
 
 The loss (softmax cross-entropy on the logits), gradients, optimizer and checkpoints are ClusterDeck's.
+The same file trains in parallelism 'data' too: there ClusterDeck calls ``build_model(config)``,
+the same MLP in Keras.
 """
 
 from __future__ import annotations
 
 import math
+
+import keras
 
 from engine.runtime import sharded
 
@@ -36,3 +40,14 @@ def build_sharded_model(config, mesh):
         return fc2(fc1(x))
 
     return b.model("sharded_mlp", forward)
+
+
+def build_model(config):
+    """The same MLP as a keras.Model, for the modes that replicate the model instead of splitting it."""
+    hidden = config.model.hidden[0] if config.model.hidden else 256
+    return keras.Sequential([
+        keras.Input(shape=tuple(config.data.shape)),
+        keras.layers.Flatten(),
+        keras.layers.Dense(hidden, activation="relu", name="fc1"),
+        keras.layers.Dense(config.data.classes, name="fc2"),
+    ], name="mlp")
