@@ -14,22 +14,41 @@ Kinds (field ``kind``), all with ``v`` (schema version), ``task`` and ``t``
   ``pid``, ``exit_code``.
 - ``info``: ``message`` and any extra fields (e.g. ``emulated_gpus``).
 - ``progress``: ``step``, ``total``, async queue figures ``scheduled``/``completed``.
-- ``run``: run-level state from the launcher (``state``, ``reason``).
+- ``run``: run-level state from the launcher (``state``, ``reason``; a failed run also names
+  ``failed_task``, and ``reason`` then says why without repeating that name; ``pending`` may carry a
+  scheduler's ``job_id`` and ``reason``).
+
+Commands (launcher to supervisor, on the supervisor's stdin) are versioned JSON lines too, made by
+:func:`make_command` and read strictly by :func:`decode_command`: ``{"v": 1, "command": "stop",
+"state": "stopped"|"finished", "reason": ..., "grace_s": ...}``, ``{"v": 1, "command": "restart",
+"task": ..., "reason": ...}``, ``{"v": 1, "command": "signal", "task": ..., "signal": "SIGKILL"}``.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import math
+import os
+import threading
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
 from engine.contract.run_folder import MAX_LINE_BYTES, bounded_lines
 
 EVENT_VERSION = 1
+COMMAND_VERSION = 1
+#: Every command and the fields it takes: name -> {field: type}; all listed fields but ``reason`` and
+#: ``grace_s`` are required.
+COMMANDS: dict[str, dict[str, type | tuple[type, ...]]] = {
+    "stop": {"state": str, "reason": str, "grace_s": (int, float)},
+    "restart": {"task": str, "reason": str},
+    "signal": {"task": str, "signal": str},
+}
+_OPTIONAL_COMMAND_FIELDS = ("reason", "grace_s", "state")
 KINDS = ("step", "device", "status", "info", "progress", "run", "eval", "placement")
 STATES = ("starting", "running", "finished", "failed", "stopped", "restarting")
 
@@ -177,22 +196,108 @@ def read_file(path: str | Path, stats: ReadStats | None = None) -> list[dict[str
         return []
 
 
-class EventWriter:
-    """Appends events to a JSON-lines file, flushed per event so a crash loses none."""
+def make_command(command: str, **fields: Any) -> str:
+    """One command line for a supervisor's stdin (see the module docstring)."""
+    if command not in COMMANDS:
+        raise ValueError(f"unknown command {command!r}; expected one of {', '.join(COMMANDS)}")
+    return json.dumps({"v": COMMAND_VERSION, "command": command, **fields}, separators=(",", ":")) + "\n"
 
-    def __init__(self, path: str | Path) -> None:
+
+def decode_command(line: str | bytes) -> dict[str, Any] | None:
+    """The command on ``line``, or None: wrong version, unknown command, a missing or mistyped field,
+    an unknown field, or not JSON at all."""
+    if isinstance(line, bytes):
+        if len(line) > MAX_LINE_BYTES:
+            return None
+        try:
+            line = line.decode("utf-8")
+        except UnicodeDecodeError:
+            return None
+    try:
+        cmd = json.loads(line, parse_constant=_null)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(cmd, dict):
+        return None
+    version = cmd.get("v")
+    if not isinstance(version, int) or isinstance(version, bool) or version != COMMAND_VERSION:
+        return None
+    fields = COMMANDS.get(cmd.get("command"))  # type: ignore[arg-type]
+    if fields is None:
+        return None
+    for key, value in cmd.items():
+        if key in ("v", "command"):
+            continue
+        wanted = fields.get(key)
+        if wanted is None or not isinstance(value, wanted) or isinstance(value, bool):
+            return None
+    missing = [k for k in fields if k not in cmd and k not in _OPTIONAL_COMMAND_FIELDS]
+    return None if missing else cmd
+
+
+class EventWriter:
+    """Appends events to a JSON-lines file, one whole line per ``write`` call, so a crash loses none.
+
+    A line is written with a single ``write`` on an append-only descriptor; when it fails (a full
+    disk, a file made immutable) the file is cut back to where the line began, so what is there stays
+    valid JSON lines. The ``OSError`` then reaches the caller, unless ``keep_going``: then it is kept in
+    :attr:`error` and the file is no longer written (a task keeps sending its events on its pipe).
+    """
+
+    def __init__(self, path: str | Path, *, keep_going: bool = False) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
-        self._fh: TextIO | None = open(path, "a", encoding="utf-8", buffering=1)
+        self.path = Path(path)
+        self.keep_going = keep_going
+        self.error: OSError | None = None
+        self._lock = threading.Lock()
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
 
     def write(self, event: dict[str, Any]) -> None:
-        if self._fh is not None:
-            self._fh.write(encode(event))
+        self.write_line(encode(event))
 
     def write_line(self, line: str) -> None:
-        if self._fh is not None:
-            self._fh.write(line if line.endswith("\n") else line + "\n")
+        data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
+        with self._lock:
+            fd = self._fd
+            if fd is None:
+                return
+            start = -1
+            try:
+                start = os.lseek(fd, 0, os.SEEK_END)
+                written = os.write(fd, data)
+                if written != len(data):
+                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+            except OSError as exc:
+                if start >= 0:
+                    try:
+                        os.ftruncate(fd, start)  # no half line
+                    except OSError:
+                        pass
+                if not self.keep_going:
+                    raise
+                self.error = exc
+                self._close()
+
+    def alive(self) -> bool:
+        """False once the file was removed or replaced under the writer (its folder deleted)."""
+        with self._lock:
+            if self._fd is None:
+                return False
+            try:
+                mine = os.fstat(self._fd)
+                there = os.stat(self.path)
+            except OSError:
+                return False
+            return (mine.st_dev, mine.st_ino) == (there.st_dev, there.st_ino) and mine.st_nlink > 0
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+            self._fd = None
 
     def close(self) -> None:
-        if self._fh is not None:
-            self._fh.close()
-            self._fh = None
+        with self._lock:
+            self._close()

@@ -14,8 +14,13 @@ Layout (README, "A run folder holds")::
 
 Every writer (launcher, supervisor, task runtime, Keras callback, export, app, test fixtures) goes
 through :class:`RunFolder`; ``run.json`` and ``config.yaml`` are replaced atomically, so a reader
-never sees half a file. :func:`bounded_lines` is the one reader that splits a byte stream into
-lines of bounded length (event pipes, ``ssh`` and ``srun`` streams, event files, logs).
+never sees half a file. :func:`bounded_lines` (blocking streams) and :class:`LineSplitter` (chunks
+read from non-blocking pipes) are the one way to split bytes into lines of bounded length (event
+pipes, supervisor commands, ``ssh`` and ``srun`` streams, event files, logs).
+
+``run.json`` records who runs the run (``launcher``: pid, host and a start token): a reader on the
+same machine can tell a running run from one whose launcher died (:meth:`RunFolder.effective_state`
+reads such a run as ``interrupted``, never ``running``).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -51,8 +57,16 @@ def host_folder_name(host: str) -> str:
 
 
 def default_runs_root() -> Path:
-    """Where new run folders go: ``$CLUSTERDECK_RUNS``, else ``./runs``."""
-    return Path(os.environ.get(RUNS_ENV, "runs"))
+    """Where new run folders go: ``$CLUSTERDECK_RUNS``, else ``runs`` in the per-user data folder
+    (``~/.local/share/clusterdeck/runs`` on Linux, ``~/Library/Application Support/clusterdeck/runs``
+    on macOS, ``%LOCALAPPDATA%\\clusterdeck\\runs`` on Windows). ``clusterdeck run --out`` and the app's
+    own setting override it."""
+    env = os.environ.get(RUNS_ENV, "").strip()
+    if env:
+        return Path(env).expanduser()
+    import platformdirs
+
+    return platformdirs.user_data_path("clusterdeck", appauthor=False) / "runs"
 
 
 def bounded_lines(stream: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[bytes]:
@@ -70,6 +84,90 @@ def bounded_lines(stream: IO[bytes], limit: int = MAX_LINE_BYTES) -> Iterator[by
             yield OVERLONG
             continue
         yield line
+
+
+class LineSplitter:
+    """Splits bytes fed in chunks into lines of at most ``limit`` bytes, as :func:`bounded_lines` does:
+    the rest of a longer line is dropped and the line reads as :data:`OVERLONG`.
+
+    For non-blocking pipes read with ``os.read`` (the supervisor's task event pipes and its stdin).
+    Lines keep their ``\\n``; :meth:`finish` gives what is left after the stream ended.
+    """
+
+    __slots__ = ("limit", "_buffer", "_skipping")
+
+    def __init__(self, limit: int = MAX_LINE_BYTES) -> None:
+        self.limit = limit
+        self._buffer = bytearray()
+        self._skipping = False  # inside an over-long line: drop bytes up to its end
+
+    def feed(self, chunk: bytes) -> list[bytes]:
+        out: list[bytes] = []
+        start = 0
+        while start < len(chunk):
+            nl = chunk.find(b"\n", start)
+            end = len(chunk) if nl < 0 else nl + 1
+            piece = chunk[start:end]
+            start = end
+            if self._skipping:
+                if nl >= 0:
+                    self._skipping = False
+                continue
+            if len(self._buffer) + len(piece) > self.limit + (1 if nl >= 0 else 0):
+                self._buffer.clear()
+                out.append(OVERLONG)
+                self._skipping = nl < 0
+                continue
+            self._buffer += piece
+            if nl >= 0:
+                out.append(bytes(self._buffer))
+                self._buffer.clear()
+        return out
+
+    def finish(self) -> list[bytes]:
+        """The last line of an ended stream (one without a final newline), if any."""
+        rest = bytes(self._buffer)
+        self._buffer.clear()
+        self._skipping = False
+        return [rest] if rest else []
+
+
+def process_token(pid: int) -> str:
+    """A token naming one process for its whole life (boot id and start time on Linux), ``""`` where
+    unknown. A pid is reused; a pid with its token is not."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read().decode("utf-8", "replace")
+        start = stat[stat.rindex(")") + 2:].split()[19]  # field 22: start time in clock ticks since boot
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as fh:
+            boot = fh.read().strip()
+    except (OSError, ValueError, IndexError):
+        return ""
+    return f"{boot}:{start}"
+
+
+def process_alive(pid: int, token: str = "") -> bool:
+    """Whether process ``pid`` (with ``token``, when one was recorded) still runs on this machine."""
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # someone else's process: it exists
+    if token:
+        return process_token(pid) == token
+    return True
+
+
+def launcher_identity() -> dict[str, Any]:
+    """What ``run.json`` records of the process running a run: pid, host and start token."""
+    return {"pid": os.getpid(), "host": socket.gethostname(), "token": process_token(os.getpid())}
+
+
+#: States of a run whose launcher is still expected to be there to end it.
+LIVE_STATES = ("pending", "starting", "running", "restarting", "stopping")
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -160,12 +258,11 @@ class RunFolder:
     # -- config.yaml
 
     def write_config(self, config: RunConfig) -> None:
-        self.path.mkdir(parents=True, exist_ok=True)
+        """Replace ``config.yaml`` (atomic). The folder must exist: a vanished run folder is never recreated."""
         write_atomic(self.config_yaml, config_mod.dumps(config))
 
     def write_config_text(self, text: str) -> None:
         """A config as YAML text (a remote supervisor writes the one its launcher sent)."""
-        self.path.mkdir(parents=True, exist_ok=True)
         write_atomic(self.config_yaml, text)
 
     def read_config(self, *, check: bool = False) -> RunConfig:
@@ -182,12 +279,33 @@ class RunFolder:
         return meta if isinstance(meta, dict) else {}
 
     def write_meta(self, **fields: Any) -> dict[str, Any]:
-        """Update ``run.json`` with ``fields`` (atomic). ``created`` is set once and kept; ``updated`` is now."""
+        """Update ``run.json`` with ``fields`` (atomic). ``created`` is set once and kept; ``updated`` is now.
+
+        The folder must exist (raises ``FileNotFoundError`` otherwise): a vanished run folder is never
+        recreated. Any ``OSError`` (a full disk, a read-only folder) reaches the caller.
+        """
         with self._meta_lock:
             meta = self.read_meta()
+            created = meta.get("created")
             meta.update(fields)
-            meta.setdefault("created", time.strftime("%Y-%m-%dT%H:%M:%S"))
+            meta["created"] = created or time.strftime("%Y-%m-%dT%H:%M:%S")
             meta["updated"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-            self.path.mkdir(parents=True, exist_ok=True)
             write_atomic(self.run_json, json.dumps(meta, indent=2, default=str))
             return meta
+
+    def effective_state(self, meta: dict[str, Any] | None = None) -> str:
+        """The run's state as ``run.json`` tells it, with one correction: a run still marked live
+        (``running``, ``starting``…) whose launcher is no longer alive on this machine reads
+        ``interrupted``. A launcher on another host cannot be checked: its state is kept.
+        ``""`` when there is no readable ``run.json``."""
+        meta = self.read_meta() if meta is None else meta
+        state = str(meta.get("state", "") or "")
+        if state not in LIVE_STATES:
+            return state
+        launcher = meta.get("launcher")
+        if not isinstance(launcher, dict):
+            return state
+        pid, host, token = launcher.get("pid"), launcher.get("host"), launcher.get("token")
+        if not isinstance(pid, int) or host != socket.gethostname():
+            return state
+        return state if process_alive(pid, str(token or "")) else "interrupted"

@@ -1,23 +1,28 @@
-"""Launch and stop a run: one supervisor per host, one folder per run, one stream of events.
+"""Launch and stop a run: one supervisor per host group, one folder per run, one stream of events.
 
-The single owner of a run's processes. It never imports TensorFlow and never
-blocks its caller for long: events arrive on reader threads, are persisted to
-``events.jsonl``, folded into a :class:`~engine.observe.telemetry.RunState` and handed
-to listeners from one dispatcher thread.
+:class:`Run` is the single owner of a run's processes, and only their plumbing: it starts each
+supervisor through its :mod:`transport <engine.control.transports>`, reads their events on reader
+threads, and from one dispatcher thread persists each event (``events.jsonl``, through the
+:class:`~engine.contract.run_folder.RunFolder`), folds it into a
+:class:`~engine.observe.telemetry.RunState`, hands it to listeners and feeds it to the run's
+:class:`~engine.control.lifecycle.Lifecycle`, which decides when the run finishes, fails, restarts or
+stops. It never imports TensorFlow and never blocks its caller for long.
+
+``run.json`` is kept current while the run runs (state, the launcher's pid, host and start token,
+supervisors' and tasks' pids, step, summary). A run folder that cannot be written, or vanishes, fails
+the run within a second or two; the dispatcher survives any error and always ends the run.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import queue
-import re
-import shlex
 import signal
 import subprocess
 import sys
 import threading
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,14 +33,22 @@ import psutil
 from engine.contract import config as config_mod
 from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
-from engine.contract.plan import TaskPlan, plan_tasks, primary_roles, resolve_ports
-from engine.contract.run_folder import OVERLONG, RunFolder, bounded_lines, default_runs_root
-from engine.control import netns, preflight
+from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
+from engine.contract.run_folder import OVERLONG, RunFolder, bounded_lines, default_runs_root, launcher_identity
+from engine.control import lifecycle as lc
+from engine.control import netns, preflight, transports
+from engine.control.supervisor import RUN_DIR_ENV, TASK_STOP_GRACE, kill_run_processes
 from engine.observe.telemetry import RunState
 
-STOP_TIMEOUT = 3.0
+__all__ = ["LOCAL_GROUP", "Run", "default_runs_root", "launch_problems"]
+
+#: How long the launcher waits for supervisors to stop their tasks (they give each task
+#: :data:`~engine.control.supervisor.TASK_STOP_GRACE` after SIGTERM) before killing what is left.
+STOP_TIMEOUT = TASK_STOP_GRACE + 1.5
 LOCAL_GROUP = "localhost"  # the supervisor of every host that is this machine
 MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
+TICK_S = 0.5  # progress deadlines and the run folder are checked this often
+META_INTERVAL_S = 1.0  # run.json is rewritten at most this often while the run runs
 Listener = Callable[[dict[str, Any]], None]
 
 
@@ -54,26 +67,50 @@ def launch_problems(config: RunConfig, *, deep: bool = False) -> list[Problem]:
 
 @dataclass
 class _Supervisor:
-    host: str
+    launch: transports.SupervisorLaunch
+    transport: transports.Transport
     proc: subprocess.Popen[bytes]
     tasks: list[str]
     reader: threading.Thread | None = None
     generation: int = 0
     stdin_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    @property
+    def group(self) -> str:
+        return self.launch.group
+
     def send(self, line: str) -> bool:
         with self.stdin_lock:
             try:
                 assert self.proc.stdin is not None
-                self.proc.stdin.write(line.encode("utf-8") + b"\n")
+                self.proc.stdin.write(line.encode("utf-8") if line.endswith("\n") else line.encode("utf-8") + b"\n")
                 self.proc.stdin.flush()
                 return True
             except (BrokenPipeError, OSError, ValueError):
                 return False
 
+    def close_stdin(self) -> None:
+        with self.stdin_lock:
+            if self.proc.stdin is not None:
+                try:
+                    self.proc.stdin.close()
+                except OSError:
+                    pass
+
+
+@dataclass(frozen=True)
+class _SupervisorGone:
+    """Queued by a reader once its supervisor's stream ended and the process exited."""
+
+    sup: _Supervisor
+    exit_code: int
+
 
 class Run:
-    """One launch of a config. ``start()``, then ``wait()`` or ``stop()``; listeners see every event."""
+    """One launch of a config. ``start()``, then ``wait()`` or ``stop()``; listeners see every event.
+
+    Satisfies :class:`~engine.control.lifecycle.RunHandle`.
+    """
 
     def __init__(self, config: RunConfig, *, runs_root: str | Path | None = None, run_dir: str | Path | None = None,
                  python: str | None = None, task_env: dict[str, str] | None = None,
@@ -89,23 +126,28 @@ class Run:
         self.state = RunState(total_steps=config.total_steps(),
                               tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()])
         self.plans: list[TaskPlan] = []
+        self.started = False
         self._folder: RunFolder | None = None
         self._listeners: list[Listener] = []
         self._supervisors: list[_Supervisor] = []
-        self._queue: queue.Queue[dict[str, Any] | None] = queue.Queue()
+        self._transports: dict[str, transports.Transport] = {}
+        self._prepared: list[transports.Transport] = []
+        self._queue: queue.Queue[dict[str, Any] | _SupervisorGone | None] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
-        self._lock = threading.RLock()
+        self._lock = threading.RLock()  # the lifecycle, the state fold, listeners
+        self._restart_lock = threading.Lock()  # the set of supervisors while it is replaced
         self._done = threading.Event()
-        self._stop_requested = ""
-        self._failure: tuple[str, str] | None = None
+        self._stop_asked = threading.Event()  # the user (or an end) asked to stop: prepare() gives up
+        self._stop_done = threading.Event()
         self._stopping = False
+        self._restarting = threading.Event()
         self._writer: events.EventWriter | None = None
         self._bad = events.ReadStats()
         self._base_config = config  # ports still 'auto': re-resolved on a whole-run restart
-        self._restarting = threading.Event()
-        self._restart_lock = threading.Lock()
-        self.restarts_used = 0
-        self.started = False
+        self._lifecycle = lc.Lifecycle([], mode=config.parallelism.mode)
+        self._launcher = launcher_identity()
+        self._meta_at = 0.0
+        self._meta_events = -1
 
     # -- public API
 
@@ -122,62 +164,78 @@ class Run:
             raise RuntimeError("the run has not started")
         return self._folder
 
+    @property
+    def restarts_used(self) -> int:
+        return self._lifecycle.restarts_used
+
     def add_listener(self, listener: Listener) -> None:
         """``listener(event)`` is called on the dispatcher thread for every event, in order."""
         with self._lock:
             self._listeners.append(listener)
 
     def start(self) -> Path:
-        """Validate, pick ports, write the run folder and start every host's supervisor."""
+        """Validate, pick ports, write the run folder and start every host's supervisor.
+
+        Where a transport prepares in the background (a scheduler's queue), this returns at once and
+        the supervisors start once it is done.
+        """
         self.config = datasets.absolute_paths(self.config)  # tasks run in the run folder
         self._base_config = self.config
         problems = launch_problems(self.config, deep=not self.checked)
         if problems:
             raise ConfigError(problems)
-        if self._run_dir is None:
-            self._folder = RunFolder.create(self.runs_root, self.config.name)
-            self._run_dir = self._folder.path
-        else:
-            self._run_dir.mkdir(parents=True, exist_ok=True)
-            self._folder = RunFolder(self._run_dir)
-        run_dir = self._run_dir
-        self._resolve()
-        self.folder.checkpoints.mkdir(exist_ok=True)
-        self._writer = events.EventWriter(self.folder.events)
-        self._write_meta("running")
+        where = self._run_dir if self._run_dir is not None else self.runs_root
+        try:
+            if self._run_dir is None:
+                self._folder = RunFolder.create(self.runs_root, self.config.name)
+                self._run_dir = self._folder.path
+            else:
+                self._run_dir.mkdir(parents=True, exist_ok=True)
+                self._folder = RunFolder(self._run_dir)
+            where = self.folder.path
+            self._resolve()
+            self.folder.checkpoints.mkdir(exist_ok=True)
+            self._writer = events.EventWriter(self.folder.events)
+            self._write_meta("starting", strict=True)
+        except OSError as exc:
+            raise ConfigError([Problem("run folder", f"cannot write the run folder {str(where)!r}: "
+                                                     f"{exc.strerror or exc}; expected a writable folder")]) from None
+        training = self.config.training
+        self._lifecycle = lc.Lifecycle(
+            [lc.TaskInfo(t.name, t.role, h.name) for h, t in self.config.cluster.tasks()],
+            mode=self.config.parallelism.mode, restarts_allowed=training.restarts,
+            progress_timeout_s=float(getattr(training, "progress_timeout_s", 0.0) or 0.0), now=time.monotonic())
         self._dispatcher = threading.Thread(target=self._dispatch, name="run-dispatch", daemon=True)
         self._dispatcher.start()
         self.started = True
         self._emit_run("starting")
         self._decide_isolation()
-        try:
-            self._start_supervisors()
-        except Exception:
-            self.stop(reason="start-up failed")
-            raise
-        self._emit_run("running")
-        watcher = threading.Thread(target=self._watch, name="run-watch", daemon=True)
-        watcher.start()
-        return run_dir
-
-    def stop(self, reason: str = "stopped by the user", wait: bool = True) -> None:
-        """End every process of the run: supervisors stop their tasks, stragglers are killed."""
-        with self._lock:
-            if not self._stop_requested and self._failure is None:
-                self._stop_requested = reason
-            if self._stopping:
-                already = True
-            else:
-                self._stopping = True
-                already = False
-        if already:
-            if wait:
-                self.wait(STOP_TIMEOUT + 2)
-            return
-        if wait:
-            self._stop_all()
+        self._transports = {}
+        for host in self._groups(self.config):
+            kind = transports.kind_of(self._remote(host), isolated=self.isolated)
+            if kind not in self._transports:
+                self._transports[kind] = transports.make(kind)
+        threading.Thread(target=self._watch, name="run-watch", daemon=True).start()
+        if any(t.background for t in self._transports.values()):
+            threading.Thread(target=self._launch_in_background, name="run-launch", daemon=True).start()
         else:
-            threading.Thread(target=self._stop_all, name="run-stop", daemon=True).start()
+            try:
+                self._launch()
+            except Exception as exc:
+                self._act(self._feed(lc.LauncherFailed(f"the run could not start: {exc}")))
+                self._stop_done.wait(STOP_TIMEOUT + 3)
+                raise
+        return self.run_dir
+
+    def stop(self, reason: str = lc.USER_STOP, wait: bool = True) -> None:
+        """End every process of the run: supervisors ask their tasks to end (SIGTERM, then SIGKILL
+        after :data:`~engine.control.supervisor.TASK_STOP_GRACE`), stragglers are killed."""
+        self._stop_asked.set()
+        if not self.started:
+            return
+        self._act(self._feed(lc.StopRequested(reason)))
+        if wait and not self._done.is_set():
+            self._stop_done.wait(STOP_TIMEOUT + 3)
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the run ends (or ``timeout``); returns the run state."""
@@ -190,16 +248,21 @@ class Run:
 
     def pids(self) -> list[int]:
         """Every process of the run we know of: supervisors and tasks."""
-        out = [s.proc.pid for s in self._supervisors]
+        with self._restart_lock:
+            out = [s.proc.pid for s in self._supervisors]
         with self._lock:
             out += [t.pid for t in self.state.tasks.values() if t.pid]
         return out
 
-    def send(self, task: str, command: str) -> bool:
-        """A command to the supervisor of ``task`` (``restart TASK``, ``signal TASK SIGKILL``)."""
-        for s in self._supervisors:
+    def send(self, task: str, command: str, **fields: Any) -> bool:
+        """A command to the supervisor of ``task``: ``send("worker:1", "signal", signal="SIGKILL")``,
+        ``send("worker:1", "restart", reason=...)`` (see :func:`engine.contract.events.make_command`)."""
+        line = events.make_command(command, task=task, **fields)
+        with self._restart_lock:
+            sups = list(self._supervisors)
+        for s in sups:
             if task in s.tasks:
-                return s.send(command)
+                return s.send(line)
         return False
 
     # -- starting
@@ -211,14 +274,46 @@ class Run:
         self.plans = plan_tasks(resolved)
         self.folder.write_config(resolved)
 
-    def _start_supervisors(self) -> None:
-        # every local host is this machine: one supervisor (and one network namespace) for them all
+    def _groups(self, config: RunConfig) -> dict[str, list[TaskPlan]]:
+        """Plans by supervisor: every local host is this machine, one supervisor (and one network
+        namespace) for them all; one per other host."""
+        local = {h.name for h in config.cluster.hosts if h.is_local}
         by_host: dict[str, list[TaskPlan]] = {}
-        local = {h.name for h in self.config.cluster.hosts if h.is_local}
-        for plan in self.plans:
-            key = LOCAL_GROUP if plan.host in local else plan.host
-            by_host.setdefault(key, []).append(plan)
-        for host, plans in by_host.items():
+        for plan in plan_tasks(config) if config is not self.config else self.plans:
+            by_host.setdefault(LOCAL_GROUP if plan.host in local else plan.host, []).append(plan)
+        return by_host
+
+    def _remote(self, group: str) -> Host | None:
+        return None if group == LOCAL_GROUP else next(h for h in self.config.cluster.hosts if h.name == group)
+
+    def _launch(self) -> None:
+        """Prepare every transport, then start the supervisors."""
+        ctx = transports.PrepareContext(config=self.config, folder=self.folder, stop=self._stop_asked,
+                                        emit=self._queue.put)
+        for transport in self._transports.values():
+            self._prepared.append(transport)
+            ctx.config = transport.prepare(ctx)
+        if ctx.config is not self.config:
+            self._base_config = ctx.config
+            self._resolve()
+        with self._restart_lock:
+            if self._stopping:
+                return
+            self._start_supervisors()
+        with self._lock:
+            self._lifecycle.started()
+        self._emit_run("running")
+
+    def _launch_in_background(self) -> None:
+        try:
+            self._launch()
+        except transports.TransportStopped:
+            pass
+        except Exception as exc:  # noqa: BLE001 - a failed launch fails the run, visibly
+            self._act(self._feed(lc.LauncherFailed(f"the run could not start: {exc}")))
+
+    def _start_supervisors(self) -> None:
+        for host, plans in self._groups(self.config).items():
             self._start_supervisor(host, plans)
 
     def _decide_isolation(self) -> None:
@@ -245,32 +340,26 @@ class Run:
     def _emit_info(self, message: str, **fields: Any) -> None:
         self._queue.put(events.make("info", "launcher", message=message, **fields))
 
+    def _emit_run(self, state: str, **fields: Any) -> None:
+        self._queue.put(events.make("run", "launcher", state=state, **fields))
+
     def _start_supervisor(self, host: str, plans: list[TaskPlan]) -> None:
-        host_dir = self.folder.host_dir(host)
-        host_dir.mkdir(parents=True, exist_ok=True)
-        remote = None if host == LOCAL_GROUP else next(h for h in self.config.cluster.hosts if h.name == host)
+        remote = self._remote(host)
         restartable = [p.name for p in plans if self.config.parallelism.mode == "async" and p.role == "worker"]
-        spec = {"run_dir": str(self.run_dir.resolve()), "host": host,
-                "python": remote.python if remote is not None else self.python,
+        python = remote.python if remote is not None else self.python
+        spec = {"run_dir": str(self.run_dir.resolve()), "host": host, "python": python,
                 "tasks": [p.to_dict() for p in plans], "env": self.task_env,
                 "restart_on_failure": restartable, "max_task_restarts": MAX_WORKER_RESTARTS,
                 # a remote host has no copy of the run folder: it writes the config its tasks read
                 "config_yaml": config_mod.dumps(self.config)}
-        env = dict(os.environ)
-        root = str(Path(__file__).resolve().parent.parent)
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        if remote is not None:
-            cmd = ssh_command(remote, [remote.python, "-m", "engine.control.supervisor"])
-        else:
-            cmd = [self.python, "-m", "engine.control.supervisor"]
-            if self.isolated:
-                cmd = netns.wrap(cmd)
-        with open(self.folder.supervisor_log(host), "ab") as log:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=log, env=env, start_new_session=True)
-        sup = _Supervisor(host=host, proc=proc, tasks=[p.name for p in plans], generation=self.restarts_used)
+        transport = self._transports[transports.kind_of(remote, isolated=self.isolated)]
+        launch = transports.SupervisorLaunch(group=host, host=remote, command=transports.supervisor_command(python),
+                                             env=transports.local_env(), log=self.folder.supervisor_log(host))
+        proc = transport.start(launch)
+        sup = _Supervisor(launch=launch, transport=transport, proc=proc, tasks=[p.name for p in plans],
+                          generation=self._lifecycle.generation)
         self._supervisors.append(sup)
-        sup.send(json.dumps(spec))
+        sup.send(events.encode(spec))
         assert proc.stdout is not None
         sup.reader = threading.Thread(target=self._read, args=(sup, proc.stdout), name=f"read-{host}", daemon=True)
         sup.reader.start()
@@ -291,8 +380,10 @@ class Run:
                 if sup.generation:
                     event["generation"] = sup.generation  # which restart of the run it belongs to
                 self._queue.put(event)
+        except (OSError, ValueError):
+            pass  # the stream broke: the supervisor is gone
         finally:
-            sup.proc.wait()
+            self._queue.put(_SupervisorGone(sup, sup.proc.wait()))
 
     def _watch(self) -> None:
         """Ends the run once every supervisor has exited and its stream is drained (restarts aside)."""
@@ -303,27 +394,55 @@ class Run:
                 if sup.reader is not None:
                     sup.reader.join()
             with self._restart_lock:
-                if not self._restarting.is_set() and current == self._supervisors:
+                launched = bool(self._supervisors) or self._stopping
+                if launched and not self._restarting.is_set() and current == self._supervisors:
                     break
             time.sleep(0.05)
         self._queue.put(None)
 
-    def _emit_run(self, state: str, **fields: Any) -> None:
-        self._queue.put(events.make("run", "launcher", state=state, **fields))
-
     def _dispatch(self) -> None:
-        while True:
-            event = self._queue.get()
-            if event is None:
-                self._finish()
-                return
-            self._deliver(event)
-            self._apply_policy(event)
+        """The dispatcher thread: never dies without ending the run."""
+        try:
+            while True:
+                item: dict[str, Any] | _SupervisorGone | _Tick | None
+                try:
+                    item = self._queue.get(timeout=TICK_S)
+                except queue.Empty:
+                    item = _TICK
+                if item is None:
+                    break
+                try:
+                    self._handle(item)
+                except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
+                    traceback.print_exc(file=sys.stderr)
+                    self._act(self._feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
+        finally:
+            self._finish()
+
+    def _handle(self, item: dict[str, Any] | _SupervisorGone | _Tick) -> None:
+        if isinstance(item, _Tick):
+            self._check_folder()
+            self._act(self._feed(lc.Tick()))
+            self._maybe_write_meta()
+        elif isinstance(item, _SupervisorGone):
+            sup = item.sup
+            message = ""
+            if not self._stopping and item.exit_code != 0:
+                tail = transports.log_tail(sup.launch.log)
+                message = sup.transport.failure(sup.launch, item.exit_code, tail)
+            self._act(self._feed(lc.SupervisorExited(sup.group, item.exit_code, message, tuple(sup.tasks),
+                                                     sup.generation)))
+        else:
+            self._deliver(item)
+            policy_input = lc.from_event(item)
+            if policy_input is not None:
+                self._act(self._feed(policy_input))
+            if item.get("kind") in ("run", "status"):
+                self._maybe_write_meta(force=True)
 
     def _deliver(self, event: dict[str, Any]) -> None:
         with self._lock:
-            if self._writer is not None:
-                self._writer.write(event)
+            self._write_event(event)
             self.state.apply(event)
             listeners = list(self._listeners)
         for listener in listeners:
@@ -332,195 +451,206 @@ class Run:
             except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
                 print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
 
-    def _apply_policy(self, event: dict[str, Any]) -> None:
-        if event.get("kind") != "status" or self._stopping:
+    def _write_event(self, event: dict[str, Any]) -> None:
+        if self._writer is None:
             return
-        if event.get("generation", 0) != self.restarts_used:
-            return  # from the tasks of an earlier start, stopped by a restart
-        state = event.get("state")
-        name = str(event.get("task", ""))
-        if state == "failed":
-            if event.get("will_restart"):
-                return  # its supervisor brings it back (async workers)
-            if self._restarting.is_set():
-                return  # a whole-run restart is already under way
-            if self.restarts_used < self.config.training.restarts:
-                self.restarts_used += 1
+        try:
+            self._writer.write(event)
+        except OSError as exc:
+            self._writer.close()
+            self._writer = None
+            self._folder_failed(f"the run folder cannot be written ({exc.strerror or exc}: "
+                                f"{self.folder.events})")
+
+    def _folder_failed(self, reason: str) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        self._act(self._feed(lc.LauncherFailed(reason)))
+
+    def _check_folder(self) -> None:
+        """A deleted or moved run folder fails the run (it is never silently recreated)."""
+        if self._writer is None or self._folder is None:
+            return
+        if not self._writer.alive() or not self.folder.path.is_dir():
+            self._folder_failed(f"the run folder vanished ({self.folder.path} was deleted or moved); "
+                                "nothing more of this run can be saved")
+
+    # -- the lifecycle
+
+    def _feed(self, item: lc.Input) -> list[lc.Action]:
+        with self._lock:
+            return self._lifecycle.feed(item, time.monotonic())
+
+    def _act(self, actions: list[lc.Action]) -> None:
+        for action in actions:
+            if isinstance(action, lc.StopRun):
+                with self._restart_lock:
+                    if self._stopping:
+                        continue
+                    self._stopping = True
+                self._stop_asked.set()
+                threading.Thread(target=self._stop_all, args=(action.outcome,), name="run-stop", daemon=True).start()
+            elif isinstance(action, lc.RestartRun):
                 self._restarting.set()
-                reason = f"{name} failed: {event.get('reason', '')}"
-                threading.Thread(target=self._restart_all, args=(reason,), name="run-restart", daemon=True).start()
-                return
-            with self._lock:
-                if self._failure is None:
-                    self._failure = blame(name, str(event.get("reason", "failed")))
-            self.stop(reason=f"{name} failed", wait=False)
-        elif state == "finished":
-            roles = primary_roles(self.config.parallelism.mode)
-            with self._lock:
-                primaries = [t for t in self.state.tasks.values() if t.role in roles]
-                all_done = bool(primaries) and all(t.state == "finished" for t in primaries)
-            if all_done:
-                with self._lock:
-                    self._stop_requested = self._stop_requested or "finished"
-                self.stop(reason="finished", wait=False)
+                threading.Thread(target=self._restart_all, args=(action,), name="run-restart", daemon=True).start()
+            elif isinstance(action, lc.RestartTask):
+                self._emit_info(f"{action.task}: {action.reason}; its supervisor restarts it", task_hung=action.task)
+                self.send(action.task, "restart", reason=action.reason)
 
-    def _finish(self) -> None:
-        with self._lock:
-            if self._failure is not None:
-                task, reason = self._failure
-                final = {"state": "failed", "reason": f"{task}: {reason}", "failed_task": task}
-            elif self._stop_requested and self._stop_requested != "finished":
-                final = {"state": "stopped", "reason": self._stop_requested}
-            else:
-                roles = primary_roles(self.config.parallelism.mode)
-                primaries = [t for t in self.state.tasks.values() if t.role in roles]
-                if primaries and all(t.state == "finished" for t in primaries):
-                    final = {"state": "finished", "reason": ""}
-                else:
-                    bad = [t for t in primaries if t.state != "finished"]
-                    task = bad[0].name if bad else ""
-                    final = {"state": "failed", "failed_task": task,
-                             "reason": f"{task}: ended without finishing" if task else "no task finished"}
-        if self._bad.bad:
-            self._deliver(events.make("info", "launcher", message=f"{self._bad.bad} malformed event line(s) "
-                                      "skipped", bad_lines=self._bad.bad))
-        self._deliver(events.make("run", "launcher", **final))
-        with self._lock:
-            self._write_meta(final["state"])
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
-        self._done.set()
-
-    def _restart_all(self, reason: str) -> None:
+    def _restart_all(self, action: lc.RestartRun) -> None:
         """Stop every task and start them all again; they resume from the last checkpoint."""
-        self._emit_run("restarting", reason=reason, restart=self.restarts_used,
-                       restarts_allowed=self.config.training.restarts)
+        self._emit_run("restarting", reason=action.reason, restart=action.restart,
+                       restarts_allowed=action.restarts_allowed)
         try:
             with self._restart_lock:
                 old = list(self._supervisors)
-                self._stop_supervisors(old)
-                for sup in old:
-                    if sup.reader is not None:
-                        sup.reader.join(timeout=5)
+            self._stop_supervisors(old, lc.TaskPhase.STOPPED, f"restarting the run: {action.reason}")
+            for sup in old:
+                if sup.reader is not None:
+                    sup.reader.join(timeout=5)
+            with self._restart_lock:
                 if self._stopping:
                     return
+                with self._lock:
+                    self._lifecycle.restart_started(time.monotonic())
                 self._supervisors = []
                 self._resolve()
                 self._start_supervisors()
-            self._emit_run("running", restart=self.restarts_used)
+            self._emit_run("running", restart=action.restart)
+            with self._lock:
+                actions = self._lifecycle.restart_done()
+            self._act(actions)
         except Exception as exc:  # noqa: BLE001 - a failed restart fails the run, visibly
             with self._lock:
-                self._failure = self._failure or ("launcher", f"restart failed: {exc}")
-            self.stop(reason="restart failed", wait=False)
+                self._lifecycle.phase = lc.RunPhase.RUNNING
+            self._act(self._feed(lc.LauncherFailed(f"the restart failed: {exc}")))
         finally:
             self._restarting.clear()
 
+    def _finish(self) -> None:
+        try:
+            with self._lock:
+                outcome = self._lifecycle.final()
+            if self._bad.bad:
+                self._deliver(events.make("info", "launcher", message=f"{self._bad.bad} malformed event line(s) "
+                                          "skipped", bad_lines=self._bad.bad))
+            self._deliver(events.make("run", "launcher", **outcome.event_fields()))
+            self._kill_leftovers()
+            for transport in self._prepared:
+                try:
+                    transport.release()
+                except Exception as exc:  # noqa: BLE001 - a release must not keep the run from ending
+                    print(f"clusterdeck: releasing the {transport.kind} transport failed: {exc!r}", file=sys.stderr)
+            self._prepared = []
+            with self._lock:
+                self._write_meta(str(outcome.state), ended=time.strftime("%Y-%m-%dT%H:%M:%S"))
+                if self._writer is not None:
+                    self._writer.close()
+                    self._writer = None
+        except Exception:  # noqa: BLE001 - done must be set whatever happens
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            self._stop_done.set()
+            self._done.set()
+
     # -- stopping
 
-    def _stop_supervisors(self, sups: list[_Supervisor]) -> None:
-        deadline = time.monotonic() + STOP_TIMEOUT - 0.4
+    def _stop_supervisors(self, sups: list[_Supervisor], task_state: lc.TaskPhase, reason: str) -> None:
+        command = events.make_command("stop", state=str(task_state), reason=reason, grace_s=TASK_STOP_GRACE)
+        deadline = time.monotonic() + STOP_TIMEOUT
         for sup in sups:
-            sup.send("stop")
+            sup.send(command)
         for sup in sups:
             try:
                 sup.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
-        self._kill_leftovers(sups)
-
-    def _stop_all(self) -> None:
-        with self._restart_lock:
-            self._stop_supervisors(list(self._supervisors))
-
-    def _kill_leftovers(self, sups: list[_Supervisor]) -> None:
         for sup in sups:
-            if sup.proc.poll() is None:
-                _kill_group(sup.proc.pid)
-        with self._lock:
-            pids = [t.pid for t in self.state.tasks.values() if t.pid]
-        for pid in pids:
-            if _is_task_process(pid):
-                _kill_group(pid, only_if_leader=True)
+            sup.transport.kill(sup.proc)
+            sup.close_stdin()
         for sup in sups:
             try:
                 sup.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
-            if sup.proc.stdin is not None:
-                try:
-                    sup.proc.stdin.close()
-                except OSError:
-                    pass
+
+    def _stop_all(self, outcome: lc.Outcome) -> None:
+        try:
+            with self._restart_lock:
+                sups = list(self._supervisors)
+            self._stop_supervisors(sups, outcome.task_state, outcome.task_reason)
+            self._kill_leftovers()
+        finally:
+            self._stop_done.set()
+
+    def _kill_leftovers(self) -> None:
+        """Whatever of the run still runs on this machine: task processes whose supervisor was killed
+        and the children of users' scripts (every task process carries the run folder in its environment)."""
+        if self._run_dir is None:
+            return
+        with self._lock:
+            pids = [t.pid for t in self.state.tasks.values() if t.pid]
+        for pid in pids:
+            if _is_task_process(pid):
+                _kill_group(pid)
+        kill_run_processes(str(self.run_dir.resolve()))
 
     # -- run folder
 
-    def _write_meta(self, state: str) -> None:
+    def _maybe_write_meta(self, force: bool = False) -> None:
+        if self._done.is_set():
+            return
+        now = time.monotonic()
+        if not force and (now - self._meta_at < META_INTERVAL_S or self.state.events == self._meta_events):
+            return
+        with self._lock:
+            self._write_meta(str(self._lifecycle.phase))
+
+    def _write_meta(self, state: str, *, strict: bool = False, **extra: Any) -> None:
+        """``run.json``: what runs where, and how far it got (a failure to write fails the run;
+        ``strict``: raises it)."""
         if self._run_dir is None:
             return
-        self.folder.write_meta(name=self.config.name, state=state, mode=self.config.parallelism.mode,
-                               summary=self.state.summary())
+        self._meta_at, self._meta_events = time.monotonic(), self.state.events
+        sups = list(self._supervisors)  # a snapshot (a restart may be replacing them)
+        supervisors = {s.group: {"pid": s.proc.pid, "transport": s.transport.kind,
+                                 "host": s.launch.host.name if s.launch.host is not None else LOCAL_GROUP}
+                       for s in sups}
+        tasks = {n: {"pid": t.pid, "state": t.state, "host": t.host} for n, t in self.state.tasks.items()}
+        try:
+            self.folder.write_meta(name=self.config.name, state=state, mode=self.config.parallelism.mode,
+                                   launcher=self._launcher, supervisors=supervisors, tasks=tasks,
+                                   step=self.state.step, summary=self.state.summary(), **extra)
+        except OSError as exc:
+            if strict:
+                raise
+            if state in ("finished", "failed", "stopped"):
+                return  # the end was decided already; the folder's trouble is in the reason or beyond help
+            self._folder_failed(f"the run folder cannot be written ({exc.strerror or exc}: {self.folder.run_json})")
 
 
-_TF_TASK = re.compile(r"/job:(chief|worker|ps|evaluator)/(?:replica:\d+/)?task:(\d+)")
+class _Tick:
+    """A dispatcher turn without an event."""
 
 
-def blame(reporter: str, reason: str) -> tuple[str, str]:
-    """(task to blame, reason). When a task fails because TensorFlow found another one unhealthy
-    (heartbeats stopped, a collective aborted by a peer), the run failed because of that other task."""
-    lowered = reason.lower()
-    if "unhealthy" in lowered or "heartbeat" in lowered or "aborted by" in lowered:
-        named = [f"{job}:{index}" for job, index in _TF_TASK.findall(reason)]
-        others = [t for t in named if t != reporter]
-        if others:
-            culprit = others[-1]
-            return culprit, f"stopped responding (TensorFlow's heartbeat; reported by {reporter}: {reason})"
-    return reporter, reason
-
-
-def ssh_command(host: Host, remote_cmd: list[str]) -> list[str]:
-    """The user's own OpenSSH client (their ~/.ssh/config, agent and keys) running ``remote_cmd`` on ``host``.
-
-    ``CLUSTERDECK_SSH_CONFIG`` names another ssh config file (``ssh -F``).
-    """
-    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
-    extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
-    if extra_config:
-        cmd += ["-F", extra_config]
-    if host.ssh_user:
-        cmd += ["-l", host.ssh_user]
-    if host.ssh_port != 22:
-        cmd += ["-p", str(host.ssh_port)]
-    # the remote shell parses the command line: quote every word
-    cmd += [host.ssh_target, shlex.join(remote_cmd)]
-    return cmd
+_TICK = _Tick()
 
 
 def _is_task_process(pid: int) -> bool:
     """True when ``pid`` still is a ClusterDeck task (a recycled pid must never be killed)."""
     try:
-        return "engine.runtime.task" in " ".join(psutil.Process(pid).cmdline())
+        proc = psutil.Process(pid)
+        return "engine.runtime.task" in " ".join(proc.cmdline()) and RUN_DIR_ENV in proc.environ()
     except psutil.Error:
         return False
 
 
-def _kill_group(pid: int, only_if_leader: bool = False) -> None:
+def _kill_group(pid: int) -> None:
     try:
-        if only_if_leader and os.getpgid(pid) != pid:
+        if os.getpgid(pid) == pid:
+            os.killpg(pid, signal.SIGKILL)
+        else:
             os.kill(pid, signal.SIGKILL)
-            return
-        os.killpg(pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
         pass
-
-
-def run_blocking(config: RunConfig, **kwargs: Any) -> Run:
-    """Start a run and wait for its end (stopping it on Ctrl+C)."""
-    run = Run(config, **kwargs)
-    run.start()
-    try:
-        run.wait()
-    except KeyboardInterrupt:
-        run.stop()
-        run.wait()
-    return run

@@ -3,10 +3,20 @@
 It reads one JSON line on stdin (the host's task plans), starts every task as
 its own process (own process group, event pipe, lifeline pipe), relays their
 events as JSON lines on stdout, samples their CPU, memory and GPU use, and
-stops them all when told (``stop`` on stdin) or when its launcher is gone
-(stdin closed, stdout broken). The same program runs on remote hosts over SSH.
+stops them all when told or when its launcher is gone (stdin closed, stdout
+broken). The same program runs wherever a transport starts it (locally, in a
+network namespace, over SSH, under ``srun``).
 
-Commands on stdin, one per line: ``stop``, ``restart TASK``, ``signal TASK NAME``.
+Commands on stdin are versioned JSON lines (:func:`engine.contract.events.make_command`):
+``stop`` (with the state and reason the stopped tasks report, and their grace),
+``restart`` (a task, as if it were lost) and ``signal``. A line that is not a valid
+command is counted and ignored.
+
+Stopping a task: SIGTERM to its process group, then SIGKILL to the group after the grace
+(:data:`TASK_STOP_GRACE` unless the command says otherwise): a task may use the grace to
+flush its last steps and write a final checkpoint. When a task's process ends, its whole
+process group is killed at once (children of a user's script go with it), and at the end
+every process still carrying the run's folder in ``CLUSTERDECK_RUN_DIR`` is killed.
 """
 
 from __future__ import annotations
@@ -26,12 +36,18 @@ import psutil
 
 from engine.contract import events
 from engine.contract.plan import TaskPlan
-from engine.contract.run_folder import RunFolder
+from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
 from engine.control.gpu import GpuSampler, task_gpu_figures
 
 SAMPLE_INTERVAL = 0.5
-STOP_GRACE = 0.5  # TF tasks catch SIGTERM (its preemption notifier) and do not exit on it: SIGKILL soon after
+#: Seconds a task gets between SIGTERM (to its process group) and SIGKILL when it is stopped.
+TASK_STOP_GRACE = 3.0  # a task gives itself 2.5 s after SIGTERM (engine.runtime.stop): it ends first
+#: Every task process (and what it starts) carries its run folder here: what is left is found by it.
+RUN_DIR_ENV = "CLUSTERDECK_RUN_DIR"
+USER_STOP = "stopped by the user"
+
+
 def describe_exit(code: int) -> str:
     if code < 0:
         try:
@@ -47,7 +63,7 @@ class TaskProcess:
     proc: subprocess.Popen[bytes] | None = None
     event_fd: int | None = None
     lifeline_fd: int | None = None
-    buffer: bytearray = field(default_factory=bytearray)
+    lines: LineSplitter = field(default_factory=LineSplitter)
     ps: psutil.Process | None = None
     terminal_state: str = ""  # the task's own last terminal status, if it sent one
     reason: str = ""
@@ -56,15 +72,16 @@ class TaskProcess:
     done: bool = False
     stopping: bool = False
     restarts: int = 0
+    restart_requested: bool = False
 
 
 class Supervisor:
     def __init__(self, spec: dict[str, Any], out: Any = None) -> None:
         self.run_dir = Path(spec["run_dir"])
+        self.folder = RunFolder(self.run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        config_file = self.run_dir / "config.yaml"
-        if spec.get("config_yaml") and not config_file.exists():
-            config_file.write_text(spec["config_yaml"], encoding="utf-8")
+        if spec.get("config_yaml") and not self.folder.config_yaml.exists():
+            self.folder.write_config_text(spec["config_yaml"])  # a remote host has no copy of the run folder
         self.host = spec.get("host", "local")
         self.python = spec.get("python") or sys.executable
         self.extra_env: dict[str, str] = dict(spec.get("env", {}))
@@ -78,8 +95,12 @@ class Supervisor:
         self.restartable: set[str] = set(spec.get("restart_on_failure", ()))
         self.max_restarts = int(spec.get("max_task_restarts", 10))
         self.stopping = False
+        self.stop_state = "stopped"  # what tasks stopped by a stop command report: "stopped" or "finished"
+        self.stop_reason = USER_STOP
+        self.stop_grace = TASK_STOP_GRACE
         self.launcher_gone = False
-        self.stdin_buffer = bytearray()
+        self.stdin_lines = LineSplitter()
+        self.bad_commands = 0
 
     # -- output
 
@@ -98,7 +119,7 @@ class Supervisor:
     # -- starting
 
     def task_dir(self, name: str) -> Path:
-        return RunFolder(self.run_dir).task_dir(name)
+        return self.folder.task_dir(name)
 
     def start_task(self, tp: TaskProcess) -> None:
         plan = tp.plan
@@ -112,7 +133,8 @@ class Supervisor:
         env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         env["PYTHONUNBUFFERED"] = "1"
-        root = str(Path(__file__).resolve().parent.parent)
+        env[RUN_DIR_ENV] = str(self.run_dir)
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         cmd = [self.python, "-m", "engine.runtime.task", "--run-dir", str(self.run_dir),
                "--event-fd", str(ev_w), "--lifeline-fd", str(life_r)]
@@ -126,8 +148,9 @@ class Supervisor:
         os.close(life_r)
         os.set_blocking(ev_r, False)
         tp.event_fd, tp.lifeline_fd = ev_r, life_w
-        tp.buffer.clear()
+        tp.lines = LineSplitter()
         tp.done = False
+        tp.restart_requested = False
         tp.stopping = False
         tp.terminal_state = ""
         tp.reason = ""
@@ -156,26 +179,14 @@ class Supervisor:
             if not chunk:
                 self.close_events(tp)
                 return
-            tp.buffer.extend(chunk)
-            self.flush_lines(tp)
-            if len(tp.buffer) > events.MAX_LINE_BYTES:
-                self.stats.note_bad(bytes(tp.buffer[:200]))
-                tp.buffer.clear()
-
-    def flush_lines(self, tp: TaskProcess, final: bool = False) -> None:
-        while True:
-            nl = tp.buffer.find(b"\n")
-            if nl < 0:
-                if final and tp.buffer.strip():
-                    self.relay(tp, bytes(tp.buffer))
-                    tp.buffer.clear()
-                return
-            line = bytes(tp.buffer[: nl + 1])
-            del tp.buffer[: nl + 1]
-            self.relay(tp, line)
+            for line in tp.lines.feed(chunk):
+                self.relay(tp, line)
 
     def relay(self, tp: TaskProcess, line: bytes) -> None:
         if not line.strip():
+            return
+        if line is OVERLONG:
+            self.stats.note_bad(b"over-long line")
             return
         event = events.decode(line)
         if event is None:
@@ -196,7 +207,8 @@ class Supervisor:
 
     def close_events(self, tp: TaskProcess) -> None:
         if tp.event_fd is not None:
-            self.flush_lines(tp, final=True)
+            for line in tp.lines.finish():
+                self.relay(tp, line)
             try:
                 self.sel.unregister(tp.event_fd)
             except (KeyError, ValueError):
@@ -210,9 +222,12 @@ class Supervisor:
         for tp in self.tasks.values():
             if tp.done or tp.proc is None:
                 continue
-            code = tp.proc.poll()
-            if code is None:
-                continue
+            if tp.proc.returncode is None:
+                if not _has_exited(tp.proc):
+                    continue
+                # its group first (still reserved by the unreaped leader): no child of it survives it
+                _signal_group(tp.proc.pid, signal.SIGKILL, group_only=True)
+            code = tp.proc.wait()
             if tp.event_fd is not None:
                 self.read_events(tp)
                 self.close_events(tp)
@@ -224,10 +239,15 @@ class Supervisor:
             if tp.terminal_state == "finished":
                 pass  # the task said so itself (a stop racing its exit changes nothing)
             elif tp.stopping or self.stopping:
-                self.send(events.make("status", name, state="stopped", exit_code=code, reason="stopped by the user"
-                                      if not self.launcher_gone else "the launcher is gone"))
+                if self.launcher_gone:
+                    self.send(events.make("status", name, state="stopped", exit_code=code,
+                                          reason="the launcher is gone"))
+                else:
+                    why = {"reason": self.stop_reason} if self.stop_reason else {}
+                    self.send(events.make("status", name, state=self.stop_state, exit_code=code, **why))
             else:
-                will_restart = name in self.restartable and tp.restarts < self.max_restarts
+                allowed = name in self.restartable or tp.restart_requested
+                will_restart = allowed and tp.restarts < self.max_restarts and not self.stopping
                 if tp.terminal_state == "failed":
                     reason = tp.reason
                 else:
@@ -270,16 +290,14 @@ class Supervisor:
 
     # -- stopping
 
-    def stop_task(self, tp: TaskProcess, grace: float = STOP_GRACE) -> None:
-        self.stop_tasks([tp], grace)
-
-    def stop_tasks(self, tps: list[TaskProcess], grace: float = STOP_GRACE) -> None:
-        live = [tp for tp in tps if tp.proc is not None and tp.proc.poll() is None]
+    def stop_tasks(self, tps: list[TaskProcess], grace: float = TASK_STOP_GRACE) -> None:
+        """SIGTERM to each task's process group, SIGKILL to the groups of those still there after ``grace``."""
+        live = [tp for tp in tps if tp.proc is not None and not _has_exited(tp.proc)]
         for tp in live:
             tp.stopping = True
             _signal_group(tp.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(tp.proc.poll() is None for tp in live):  # type: ignore[union-attr]
+        while time.monotonic() < deadline and not all(_has_exited(tp.proc) for tp in live):  # type: ignore[arg-type]
             time.sleep(0.02)
         for tp in live:
             _signal_group(tp.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
@@ -291,28 +309,43 @@ class Supervisor:
         for tp in tps:
             tp.stopping = True
 
-    def command(self, line: str) -> None:
-        words = line.strip().split()
-        if not words:
+    def command(self, line: bytes) -> None:
+        """One command line from the launcher; anything else is counted and ignored."""
+        if not line.strip():
             return
-        if words[0] == "stop":
+        cmd = None if line is OVERLONG else events.decode_command(line)
+        if cmd is None or ("task" in cmd and cmd["task"] not in self.tasks) or (
+                cmd["command"] == "signal" and not isinstance(getattr(signal, cmd["signal"], None), signal.Signals)):
+            self.bad_commands += 1
+            if self.bad_commands <= 3:
+                self.send(events.make("info", f"supervisor@{self.host}", message="a malformed command was ignored: "
+                                      + line[:120].decode("utf-8", "replace").strip()))
+            return
+        if cmd["command"] == "stop":
             self.stopping = True
-        elif words[0] == "restart" and len(words) == 2 and words[1] in self.tasks:
-            tp = self.tasks[words[1]]
-            if tp.proc is not None and tp.proc.poll() is None:
-                self.stop_task(tp, grace=0.5)
-                self.reap()
-            tp.restarts += 1
-            self.start_task(tp)
-        elif words[0] == "signal" and len(words) == 3 and words[1] in self.tasks:
-            tp = self.tasks[words[1]]
-            sig = getattr(signal, words[2], None)
-            if isinstance(sig, signal.Signals) and tp.proc is not None and tp.proc.poll() is None:
-                os.kill(tp.proc.pid, sig)
+            state = cmd.get("state", "stopped")
+            self.stop_state = state if state in ("stopped", "finished") else "stopped"
+            self.stop_reason = str(cmd.get("reason", USER_STOP if self.stop_state == "stopped" else ""))
+            self.stop_grace = max(0.0, min(60.0, float(cmd.get("grace_s", TASK_STOP_GRACE))))
+        elif cmd["command"] == "restart":
+            # as if it were lost: reported failed (with the reason), then restarted by reap()
+            tp = self.tasks[cmd["task"]]
+            tp.restart_requested = True
+            tp.terminal_state = "failed"
+            tp.reason = str(cmd.get("reason", "restart requested"))
+            if tp.proc is not None and not _has_exited(tp.proc):
+                _signal_group(tp.proc.pid, signal.SIGKILL)
+            elif tp.done:
+                tp.restarts += 1
+                self.start_task(tp)
+        elif cmd["command"] == "signal":
+            tp = self.tasks[cmd["task"]]
+            if tp.proc is not None and not _has_exited(tp.proc):
+                os.kill(tp.proc.pid, getattr(signal, cmd["signal"]))
 
     def read_stdin(self, fd: int) -> None:
         try:
-            chunk = os.read(fd, 4096)
+            chunk = os.read(fd, 65536)
         except BlockingIOError:
             return
         except OSError:
@@ -325,13 +358,8 @@ class Supervisor:
             except (KeyError, ValueError):
                 pass
             return
-        self.stdin_buffer.extend(chunk)
-        while b"\n" in self.stdin_buffer:
-            line, _, rest = bytes(self.stdin_buffer).partition(b"\n")
-            self.stdin_buffer = bytearray(rest)
-            self.command(line.decode("utf-8", "replace"))
-        if len(self.stdin_buffer) > 4096:
-            self.stdin_buffer.clear()
+        for line in self.stdin_lines.feed(chunk):
+            self.command(line)
 
     def run(self, stdin_fd: int) -> int:
         os.set_blocking(stdin_fd, False)
@@ -356,7 +384,7 @@ class Supervisor:
                 if all(tp.done for tp in self.tasks.values()):
                     break
         finally:
-            self.stop_tasks(list(self.tasks.values()))
+            self.stop_tasks(list(self.tasks.values()), self.stop_grace)
             for tp in self.tasks.values():
                 if tp.event_fd is not None:
                     self.read_events(tp)
@@ -366,22 +394,57 @@ class Supervisor:
                 if tp.lifeline_fd is not None:
                     os.close(tp.lifeline_fd)
                     tp.lifeline_fd = None
+            kill_run_processes(str(self.run_dir))
             if self.stats.bad:
                 self.send(events.make("info", f"supervisor@{self.host}", message=f"{self.stats.bad} malformed "
                                       "event line(s) from tasks were skipped", bad_lines=self.stats.bad))
+            if self.bad_commands:
+                self.send(events.make("info", f"supervisor@{self.host}", message=f"{self.bad_commands} malformed "
+                                      "command line(s) were ignored", bad_commands=self.bad_commands))
             if self.gpus is not None:
                 self.gpus.close()
         return 0
 
 
-def _signal_group(pid: int, sig: int) -> None:
+def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``proc`` ended, without reaping it (its pid, and so its process group id, stays reserved)."""
+    if proc.returncode is not None:
+        return True
+    try:
+        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return proc.poll() is not None
+    return info is not None and info.si_pid == proc.pid
+
+
+def _signal_group(pid: int, sig: int, group_only: bool = False) -> None:
     try:
         os.killpg(pid, sig)
     except (ProcessLookupError, PermissionError):
+        if group_only:
+            return
         try:
             os.kill(pid, sig)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def kill_run_processes(run_dir: str) -> list[int]:
+    """Kill every process of this user on this machine whose environment names ``run_dir`` in
+    :data:`RUN_DIR_ENV` (tasks and whatever they started, even in a session of its own). Returns their pids."""
+    killed = []
+    me = os.getpid()
+    for proc in psutil.process_iter(["pid"]):
+        if proc.pid == me:
+            continue
+        try:
+            if proc.environ().get(RUN_DIR_ENV) != run_dir:
+                continue
+            proc.kill()
+            killed.append(proc.pid)
+        except psutil.Error:
+            continue
+    return killed
 
 
 def main() -> int:
@@ -400,7 +463,8 @@ def main() -> int:
         return sup.run(stdin_fd)
     except SystemExit:
         sup.stopping = True
-        sup.stop_tasks(list(sup.tasks.values()))
+        sup.stop_tasks(list(sup.tasks.values()), sup.stop_grace)
+        kill_run_processes(str(sup.run_dir))
         return 143
 
 

@@ -1,0 +1,552 @@
+"""The run lifecycle: a pure policy deciding when a run finishes, fails (and whom to blame), restarts
+or stops. No threads, no processes, no clock of its own.
+
+:class:`Lifecycle` is fed what happens to a run, as small frozen records (:class:`TaskStatus`,
+:class:`StepProgress`, :class:`CpuSample`, :class:`SupervisorExited`, :class:`StopRequested`,
+:class:`TransportFailed`, :class:`LauncherFailed`, :class:`Tick`), each with the current time, and
+answers with actions for the process plumbing (:class:`~engine.control.launcher.Run`) to carry out:
+:class:`StopRun`, :class:`RestartRun`, :class:`RestartTask`. Once every supervisor is gone,
+:meth:`Lifecycle.final` tells the run's end (:class:`Outcome`).
+
+Rules, written once here:
+
+- A run *finishes* when every primary task (:func:`~engine.contract.plan.primary_roles`) finished.
+- A task failing for good (its supervisor will not restart it) restarts the whole run while
+  ``training.restarts`` allows, else *fails* the run; :func:`blame` names the culprit.
+- A supervisor that ends while its tasks still run (killed, or ``ssh`` could not connect) fails the
+  run with its own message (blamed on ``supervisor@<host>``); so does the transport (a scheduler's
+  job killed). A run folder that cannot be written or vanished fails the run at once, blamed on the
+  ``launcher`` (never restarted: it would fail again).
+- Progress: with ``training.progress_timeout_s`` > 0, a synchronous run in which no task reports a
+  step for that long (the first step gets :data:`FIRST_STEP_FACTOR` times longer) fails, naming the
+  task that hangs; an async worker that gets no step for that long is restarted by its supervisor
+  like a lost worker; a hung async chief fails the run.
+- The user's stop wins over anything decided later; the first decided end is kept.
+
+When the run ends by a stop, the tasks still running are reported as the outcome says
+(:attr:`Outcome.task_state`, :attr:`Outcome.task_reason`): ``finished`` in a finished run,
+"stopped because worker:1 failed" in a failed one, "stopped by the user" only when the user stopped it.
+
+It also defines :class:`RunHandle`, what front ends (CLI, app, scaling report) hold of a run.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+from engine.contract.config import TRAINER_ROLES
+from engine.contract.plan import primary_roles
+
+if TYPE_CHECKING:
+    from engine.observe.telemetry import RunState
+
+#: A task's first step may take this many times ``progress_timeout_s`` (imports, tracing, restores).
+FIRST_STEP_FACTOR = 3.0
+#: A task "spins" (a likely culprit of a hang) when its recent CPU use is at least this (percent).
+BUSY_CPU = 50.0
+
+
+class RunPhase(StrEnum):
+    """Where a run stands (also the ``state`` of its ``run`` events)."""
+
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class EndState(StrEnum):
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+
+class TaskPhase(StrEnum):
+    """A task's state as its status events tell it."""
+
+    PENDING = "pending"
+    STARTING = "starting"
+    RUNNING = "running"
+    RESTARTING = "restarting"
+    FINISHED = "finished"
+    FAILED = "failed"
+    STOPPED = "stopped"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskPhase.FINISHED, TaskPhase.FAILED, TaskPhase.STOPPED)
+
+
+USER_STOP = "stopped by the user"
+LAUNCHER = "launcher"  # named as the failed part when the launcher itself cannot go on (its run folder)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a run ended (or will end, once its processes are gone)."""
+
+    state: EndState
+    reason: str = ""  # why, without repeating failed_task
+    failed_task: str = ""
+
+    @property
+    def task_state(self) -> TaskPhase:
+        """What the tasks still running at the end are reported as."""
+        return TaskPhase.FINISHED if self.state is EndState.FINISHED else TaskPhase.STOPPED
+
+    @property
+    def task_reason(self) -> str:
+        if self.state is EndState.FINISHED:
+            return ""
+        if self.state is EndState.FAILED:
+            return f"stopped because {self.failed_task or 'the run'} failed"
+        return self.reason or USER_STOP
+
+    def event_fields(self) -> dict[str, Any]:
+        """The fields of the run's final ``run`` event."""
+        out: dict[str, Any] = {"state": str(self.state), "reason": self.reason}
+        if self.state is EndState.FAILED:
+            out["failed_task"] = self.failed_task
+        return out
+
+
+# -- what the policy is fed
+
+
+@dataclass(frozen=True)
+class TaskStatus:
+    task: str
+    state: TaskPhase
+    reason: str = ""
+    will_restart: bool = False
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class StepProgress:
+    """A step event: ``task`` reported ``step``; in async runs ``worker`` ran it."""
+
+    task: str
+    step: int
+    worker: int | None = None
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class CpuSample:
+    task: str
+    cpu_percent: float
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class SupervisorExited:
+    """A supervisor's stream ended and its process exited with ``exit_code``; ``message`` says why
+    in its transport's words (the tail of its log, ssh's complaint)."""
+
+    host: str
+    exit_code: int
+    message: str = ""
+    tasks: tuple[str, ...] = ()
+    generation: int = 0
+
+
+@dataclass(frozen=True)
+class StopRequested:
+    reason: str = USER_STOP
+
+
+@dataclass(frozen=True)
+class TransportFailed:
+    """The transport of ``host`` failed on its own (a scheduler killed the job, its time limit)."""
+
+    host: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LauncherFailed:
+    """The launcher cannot go on: its run folder cannot be written or vanished, a restart could not
+    start, an internal error. Never restarted (it would fail again); blamed on :data:`LAUNCHER`."""
+
+    reason: str
+
+
+@dataclass(frozen=True)
+class Tick:
+    """Time passes (progress deadlines are checked)."""
+
+
+Input = TaskStatus | StepProgress | CpuSample | SupervisorExited | StopRequested | TransportFailed | LauncherFailed | Tick
+
+
+# -- what it answers
+
+
+@dataclass(frozen=True)
+class StopRun:
+    """Stop every supervisor; the tasks still running read ``outcome.task_state``/``task_reason``."""
+
+    outcome: Outcome
+
+
+@dataclass(frozen=True)
+class RestartRun:
+    """Stop every task and start them all again (a new generation), from the last checkpoint."""
+
+    reason: str
+    restart: int
+    restarts_allowed: int
+
+
+@dataclass(frozen=True)
+class RestartTask:
+    """Have ``task``'s supervisor restart it, as if it were lost (async workers)."""
+
+    task: str
+    reason: str
+
+
+Action = StopRun | RestartRun | RestartTask
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    name: str
+    role: str
+    host: str = ""
+
+
+@dataclass
+class _Task:
+    info: TaskInfo
+    phase: TaskPhase = TaskPhase.PENDING
+    started_at: float | None = None  # when its current life began (for the first-step deadline)
+    progress_at: float | None = None  # when it last reported (async workers: was credited with) a step
+    last_step: int = -1
+    cpu: deque[float] = field(default_factory=lambda: deque(maxlen=4))
+
+    @property
+    def recent_cpu(self) -> float:
+        return sum(self.cpu) / len(self.cpu) if self.cpu else 0.0
+
+
+_TF_TASK = re.compile(r"/job:(chief|worker|ps|evaluator)/(?:replica:\d+/)?task:(\d+)")
+
+
+def blame(reporter: str, reason: str) -> tuple[str, str]:
+    """(task to blame, reason). When a task fails because TensorFlow found another one unhealthy
+    (heartbeats stopped, a collective aborted by a peer), the run failed because of that other task."""
+    lowered = reason.lower()
+    if "unhealthy" in lowered or "heartbeat" in lowered or "aborted by" in lowered:
+        named = [f"{job}:{index}" for job, index in _TF_TASK.findall(reason)]
+        others = [t for t in named if t != reporter]
+        if others:
+            culprit = others[-1]
+            return culprit, f"stopped responding (TensorFlow's heartbeat; reported by {reporter}: {reason})"
+    return reporter, reason
+
+
+def without_name(task: str, reason: str) -> str:
+    """``reason`` without a leading ``"<task>: "`` (a reason never repeats the name it is shown with)."""
+    prefix = f"{task}: "
+    while task and reason.startswith(prefix):
+        reason = reason[len(prefix):]
+    return reason
+
+
+def supervisor_name(host: str) -> str:
+    """How a failed supervisor is named where a task would be (``failed_task``)."""
+    return f"supervisor@{host}"
+
+
+class Lifecycle:
+    """The policy of one run. Feed it with :meth:`feed` (one thread at a time); act on what it returns."""
+
+    def __init__(self, tasks: Iterable[TaskInfo], *, mode: str, restarts_allowed: int = 0,
+                 progress_timeout_s: float = 0.0, now: float = 0.0) -> None:
+        self.mode = mode
+        self.restarts_allowed = restarts_allowed
+        self.progress_timeout_s = progress_timeout_s
+        self.primaries = primary_roles(mode)
+        self.tasks: dict[str, _Task] = {t.name: _Task(t) for t in tasks}
+        self.phase = RunPhase.STARTING
+        self.generation = 0  # bumped by every whole-run restart
+        self.outcome: Outcome | None = None
+        self.pending_failure: tuple[str, str] | None = None  # decided while a restart was under way
+        self.run_progress_at: float | None = None  # the last step of any task (synchronous runs)
+        self.generation_started_at = now
+
+    # -- queries
+
+    @property
+    def restarts_used(self) -> int:
+        return self.generation
+
+    @property
+    def ending(self) -> bool:
+        """True once an end was decided (the run is being stopped)."""
+        return self.outcome is not None
+
+    def all_primaries_finished(self) -> bool:
+        primaries = [t for t in self.tasks.values() if t.info.role in self.primaries]
+        return bool(primaries) and all(t.phase is TaskPhase.FINISHED for t in primaries)
+
+    def final(self) -> Outcome:
+        """The run's end, once every supervisor is gone."""
+        if self.outcome is not None:
+            return self.outcome
+        if self.all_primaries_finished():
+            return Outcome(EndState.FINISHED)
+        primaries = [t for t in self.tasks.values() if t.info.role in self.primaries]
+        bad = [t for t in primaries if t.phase is not TaskPhase.FINISHED]
+        if not bad:
+            return Outcome(EndState.FAILED, "no task finished")
+        return Outcome(EndState.FAILED, "ended without finishing", bad[0].info.name)
+
+    # -- feeding
+
+    def feed(self, item: Input, now: float) -> list[Action]:
+        if isinstance(item, TaskStatus):
+            return self._status(item, now)
+        if isinstance(item, StepProgress):
+            self._progress(item, now)
+            return []
+        if isinstance(item, CpuSample):
+            task = self.tasks.get(item.task)
+            if task is not None and item.generation == self.generation:
+                task.cpu.append(item.cpu_percent)
+            return []
+        if isinstance(item, SupervisorExited):
+            return self._supervisor_exited(item)
+        if isinstance(item, StopRequested):
+            return self._end(Outcome(EndState.STOPPED, item.reason or USER_STOP))
+        if isinstance(item, TransportFailed):
+            return self._failed(supervisor_name(item.host), item.reason)
+        if isinstance(item, LauncherFailed):
+            return self._end(Outcome(EndState.FAILED, item.reason, LAUNCHER))
+        if isinstance(item, Tick):
+            return self._check_progress(now)
+        raise TypeError(f"not a lifecycle input: {item!r}")
+
+    def restart_started(self, now: float) -> None:
+        """The plumbing began a whole-run restart: a new generation, fresh progress clocks."""
+        self.phase = RunPhase.RESTARTING
+        for task in self.tasks.values():
+            task.phase = TaskPhase.PENDING
+            task.started_at = task.progress_at = None
+            task.last_step = -1
+            task.cpu.clear()
+        self.run_progress_at = None
+        self.generation_started_at = now
+
+    def restart_done(self) -> list[Action]:
+        """The new generation's supervisors are up; a failure met meanwhile fails the run now."""
+        if self.outcome is None:
+            self.phase = RunPhase.RUNNING
+        if self.pending_failure is not None:
+            task, reason = self.pending_failure
+            self.pending_failure = None
+            return self._end(Outcome(EndState.FAILED, reason, task))
+        return []
+
+    def started(self) -> None:
+        if self.outcome is None:
+            self.phase = RunPhase.RUNNING
+
+    # -- rules
+
+    def _status(self, item: TaskStatus, now: float) -> list[Action]:
+        if item.generation != self.generation:
+            return []  # from the tasks of an earlier start, stopped by a restart
+        task = self.tasks.get(item.task)
+        if task is None:
+            task = self.tasks[item.task] = _Task(TaskInfo(item.task, item.task.split(":")[0]))
+        task.phase = item.state
+        if item.state is TaskPhase.STARTING:
+            task.started_at, task.progress_at, task.last_step = now, None, -1
+            task.cpu.clear()
+        if self.outcome is not None:
+            return []
+        if item.state is TaskPhase.FAILED:
+            if item.will_restart:
+                return []  # its supervisor brings it back (async workers)
+            culprit, why = blame(item.task, without_name(item.task, item.reason or "failed"))
+            return self._failed(culprit, why)
+        if item.state is TaskPhase.FINISHED and self.all_primaries_finished():
+            return self._end(Outcome(EndState.FINISHED))
+        return []
+
+    def _supervisor_exited(self, item: SupervisorExited) -> list[Action]:
+        if item.generation != self.generation or self.outcome is not None:
+            return []
+        unfinished = [t for name in item.tasks if (t := self.tasks.get(name)) is not None and not t.phase.terminal]
+        if not unfinished and item.exit_code == 0:
+            return []  # it ended because its tasks did
+        if not unfinished and self.all_primaries_finished():
+            return []
+        message = item.message or ("ended before its tasks did" if item.exit_code == 0
+                                   else f"exited with code {item.exit_code}")
+        return self._failed(supervisor_name(item.host), message)
+
+    def _failed(self, culprit: str, reason: str) -> list[Action]:
+        if self.outcome is not None:
+            return []
+        if self.phase is RunPhase.RESTARTING:
+            self.pending_failure = self.pending_failure or (culprit, reason)
+            return []
+        if self.generation < self.restarts_allowed:
+            self.generation += 1
+            return [RestartRun(f"{culprit}: {reason}", self.generation, self.restarts_allowed)]
+        return self._end(Outcome(EndState.FAILED, reason, culprit))
+
+    def _end(self, outcome: Outcome) -> list[Action]:
+        if self.outcome is not None:
+            return []  # the first decided end is kept
+        self.outcome = outcome
+        self.phase = RunPhase.STOPPING
+        return [StopRun(outcome)]
+
+    # -- progress
+
+    def _progress(self, item: StepProgress, now: float) -> None:
+        if item.generation != self.generation:
+            return
+        self.run_progress_at = now
+        task = self.tasks.get(item.task)
+        if task is not None:
+            task.progress_at = now
+            task.last_step = max(task.last_step, item.step)
+        if self.mode == "async" and item.worker is not None:
+            worker = self.tasks.get(f"worker:{item.worker}")
+            if worker is not None:
+                worker.progress_at = now
+                worker.last_step = max(worker.last_step, item.step)
+
+    def _deadline(self, since: float | None, stepped: bool) -> float | None:
+        if since is None:
+            return None
+        return since + self.progress_timeout_s * (1.0 if stepped else FIRST_STEP_FACTOR)
+
+    def _overdue(self, task: _Task, now: float) -> bool:
+        if task.phase.terminal or task.phase is TaskPhase.PENDING:
+            return False
+        stepped = task.progress_at is not None
+        deadline = self._deadline(task.progress_at if stepped else task.started_at, stepped)
+        return deadline is not None and now > deadline
+
+    def _check_progress(self, now: float) -> list[Action]:
+        if self.progress_timeout_s <= 0 or self.outcome is not None or self.phase is not RunPhase.RUNNING:
+            return []
+        trainers = [t for t in self.tasks.values() if t.info.role in TRAINER_ROLES and not t.phase.terminal]
+        if not trainers:
+            return []
+        if self.mode == "async":
+            chief = [t for t in trainers if t.info.role == "chief"]
+            if chief and self._overdue(chief[0], now):
+                return self._failed(chief[0].info.name, self._hang_reason(chief[0], now))
+            for worker in trainers:
+                if worker.info.role == "worker" and self._overdue(worker, now):
+                    reason = self._hang_reason(worker, now)
+                    worker.started_at, worker.progress_at = now, None  # its restart gets a fresh clock
+                    return [RestartTask(worker.info.name, reason)]
+            return []
+        # synchronous: every trainer moves together; the run is hung when none reported a step
+        if self.run_progress_at is not None:
+            deadline = self._deadline(self.run_progress_at, True)
+        else:
+            starts = [t.started_at for t in trainers if t.started_at is not None]
+            if len(starts) < len(trainers):
+                return []  # some task is not even started yet: its supervisor is still coming up
+            deadline = self._deadline(max(starts), False)
+        if deadline is None or now <= deadline:
+            return []
+        culprit = hang_culprit(trainers)
+        return self._failed(culprit.info.name, self._hang_reason(culprit, now, run_wide=True))
+
+    def _hang_reason(self, task: _Task, now: float, run_wide: bool = False) -> str:
+        limit = self.progress_timeout_s
+        if (self.run_progress_at if run_wide else task.progress_at) is None:
+            why = f"hung: no first step within {limit * FIRST_STEP_FACTOR:g} s of starting"
+        else:
+            why = f"hung: no progress for {limit:g} s (training.progress_timeout_s)"
+            if task.last_step >= 0:
+                why += f", last step {task.last_step}"
+        if task.cpu:
+            why += f"; it used {task.recent_cpu:.0f}% CPU meanwhile"
+        return why
+
+
+def hang_culprit(tasks: Sequence[_Task]) -> _Task:
+    """The task most likely to hang a synchronous run, which waits for its slowest task: one busy
+    in a loop (the others wait idle in collectives) if exactly one stands out, else the one furthest
+    behind, else the first."""
+    busy = [t for t in tasks if t.recent_cpu >= BUSY_CPU]
+    if len(busy) == 1:
+        return busy[0]
+    pool = busy or list(tasks)
+    lowest = min(t.last_step for t in pool)
+    return next(t for t in pool if t.last_step == lowest)
+
+
+def from_event(event: dict[str, Any]) -> Input | None:
+    """The policy's view of a decoded event, if it has one."""
+    kind = event.get("kind")
+    generation = int(event.get("generation", 0) or 0)
+    task = str(event.get("task", ""))
+    if kind == "status":
+        try:
+            state = TaskPhase(str(event.get("state", "")))
+        except ValueError:
+            return None
+        return TaskStatus(task, state, str(event.get("reason", "") or ""), bool(event.get("will_restart")),
+                          generation)
+    if kind == "step":
+        worker = event.get("worker")
+        return StepProgress(task, int(event.get("step", 0)), worker if isinstance(worker, int) else None,
+                            generation)
+    if kind == "device":
+        cpu = event.get("cpu_percent")
+        if isinstance(cpu, (int, float)) and not isinstance(cpu, bool):
+            return CpuSample(task, float(cpu), generation)
+    return None
+
+
+Listener = Callable[[dict[str, Any]], None]
+
+
+@runtime_checkable
+class RunHandle(Protocol):
+    """What a front end holds of a launched run (:class:`engine.control.launcher.Run` is one).
+
+    ``start()`` returns the run folder; ``stop()`` ends it (``wait=False`` returns at once);
+    ``wait(timeout)`` returns the run's state; ``done`` is True once the final ``run`` event was
+    delivered; listeners get every event, in order, on the run's own thread; ``state`` is the folded
+    :class:`~engine.observe.telemetry.RunState`.
+    """
+
+    state: RunState
+
+    def start(self) -> Path: ...
+
+    def stop(self, reason: str = ..., wait: bool = ...) -> None: ...
+
+    def wait(self, timeout: float | None = None) -> str: ...
+
+    @property
+    def done(self) -> bool: ...
+
+    def add_listener(self, listener: Listener) -> None: ...
+
+    @property
+    def run_dir(self) -> Path: ...

@@ -1,0 +1,283 @@
+"""Transports: how the launcher starts a supervisor somewhere and gets its byte streams back.
+
+A run has one supervisor (``python -m engine.control.supervisor``) per host group. A *transport*
+only starts that program where the group lives and hands back a :class:`subprocess.Popen` whose
+``stdin`` takes the launcher's JSON lines (the spec, then commands) and whose ``stdout`` carries the
+supervisor's events; everything above it (the spec, commands, events, the lifecycle, stopping, the
+run folder) is shared by every transport. Kinds:
+
+- :class:`LocalTransport`: a plain subprocess on this machine.
+- :class:`NetnsTransport`: the same inside a private network namespace (``unshare -rn``, see
+  :mod:`engine.control.netns`), so TensorFlow's unauthenticated ports are unreachable from outside.
+- :class:`SshTransport`: the user's own ``ssh`` client runs the supervisor on a remote host.
+- ``slurm`` (``engine.control.slurm.SlurmTransport``): ``srun`` inside a Slurm allocation; found
+  through :data:`KINDS` and imported only when a config has such a host.
+
+Writing a transport (implement :class:`Transport`; subclassing :class:`BaseTransport` gives the
+optional hooks as no-ops)::
+
+    class MyTransport(BaseTransport):
+        kind = "mine"
+        background = True      # prepare() may take long: Run.start() returns at once (state "pending")
+
+        def prepare(self, ctx):                # once per run, before any supervisor starts
+            while not ready():
+                if ctx.stop.wait(2):           # the user stopped the run: give up soon
+                    raise TransportStopped()
+                ctx.report(job_id="123", reason="Resources")   # a run event: state "pending"
+            return ctx.config                  # or a config with the allocated node names filled in
+
+        def start(self, launch):               # once per supervisor (and again after a whole-run restart)
+            return subprocess.Popen([...launch.command...], stdin=PIPE, stdout=PIPE,
+                                    stderr=open(launch.log, "ab"), start_new_session=True)
+
+        def failure(self, launch, exit_code, log_tail):   # the supervisor ended while its tasks ran
+            return "job killed by its time limit"          # the run fails blamed on supervisor@<host>
+
+        def release(self):                     # the run ended (any way): cancel the job, free nodes
+            subprocess.run(["scancel", job_id])
+
+Contract:
+
+- ``start`` must not block for long and must not read the streams; the launcher reads ``stdout`` on
+  its own thread and writes ``stdin``. The process's stderr goes to ``launch.log``
+  (``hosts/<host>/supervisor.log``): its tail is what :meth:`Transport.failure` may quote.
+- Closing the supervisor's stdin (or killing the process :meth:`Transport.kill` names) must end the
+  supervisor, which then stops its tasks: ``ssh`` and ``srun`` relay that end of input.
+- ``prepare`` runs on the launcher's start thread (its own thread when ``background``); it must
+  return soon after ``ctx.stop`` is set (raise :class:`TransportStopped`). Any other exception fails
+  the run with its message. ``ctx.report(**fields)`` shows queue state as a ``run`` event with state
+  ``pending`` (``job_id``, ``reason`` as the scheduler words it, e.g. ``Resources``, ``PartitionDown``).
+- ``release`` is called once at the end of every run that called ``prepare`` (finished, failed,
+  stopped, or a failed start), after the supervisors were stopped; it must not raise.
+- ``failure`` turns a supervisor's unexpected end into the reason the run reports (never the
+  generic "ended without finishing"): a scheduler transport asks its scheduler why.
+
+Host names and addresses are validated by the config; ``ssh`` also gets ``--`` before the
+destination, so a name starting with ``-`` can never be read as an option.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shlex
+import signal
+import subprocess
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+from engine.contract import events
+from engine.contract.config import Host, RunConfig
+from engine.contract.run_folder import RunFolder
+from engine.control import netns
+
+SUPERVISOR_MODULE = "engine.control.supervisor"
+
+
+class TransportStopped(Exception):
+    """Raised by :meth:`Transport.prepare` when the run was stopped while it waited."""
+
+
+@dataclass(frozen=True)
+class SupervisorLaunch:
+    """What a transport needs to start one supervisor."""
+
+    group: str  # the supervisor's name: a host's name, or "localhost" for every local host
+    host: Host | None  # the config's host; None for this machine
+    command: list[str]  # the supervisor's command line, as run on the target (its python first)
+    env: dict[str, str]  # the environment of a process started here
+    log: Path  # where its stderr goes: hosts/<group>/supervisor.log
+
+
+@dataclass
+class PrepareContext:
+    """Handed to :meth:`Transport.prepare`."""
+
+    config: RunConfig  # the resolved config about to be planned
+    folder: RunFolder
+    stop: threading.Event  # set when the user stops the run
+    emit: Callable[[dict[str, Any]], None]  # the launcher's event queue
+
+    def report(self, **fields: Any) -> None:
+        """A ``run`` event with state ``pending`` (``job_id``, ``reason`` …) for the app and the CLI."""
+        self.emit(events.make("run", "launcher", state="pending", **fields))
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Starts supervisors somewhere and gives back their byte streams (see the module docstring)."""
+
+    kind: str
+    background: bool
+
+    def prepare(self, ctx: PrepareContext) -> RunConfig: ...
+
+    def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]: ...
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None: ...
+
+    def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str: ...
+
+    def release(self) -> None: ...
+
+
+class BaseTransport:
+    """No-op ``prepare``/``release``, a process-group ``kill`` and a plain ``failure`` message."""
+
+    kind = "base"
+    background = False
+
+    def prepare(self, ctx: PrepareContext) -> RunConfig:
+        return ctx.config
+
+    def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
+        raise NotImplementedError
+
+    def kill(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.poll() is not None:
+            return
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # started with start_new_session: its own group
+        except (ProcessLookupError, PermissionError):
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+    def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
+        return _with_tail(f"the supervisor {describe_exit(exit_code)}", log_tail)
+
+    def release(self) -> None:
+        return None
+
+    def _popen(self, cmd: list[str], launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
+        launch.log.parent.mkdir(parents=True, exist_ok=True)
+        with open(launch.log, "ab") as log:
+            return subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log,
+                                    env=launch.env, start_new_session=True)
+
+
+class LocalTransport(BaseTransport):
+    """The supervisor as a plain subprocess of the launcher."""
+
+    kind = "local"
+
+    def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
+        return self._popen(list(launch.command), launch)
+
+
+class NetnsTransport(LocalTransport):
+    """A local supervisor (and so every task) inside a fresh private network namespace."""
+
+    kind = "netns"
+
+    def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
+        return self._popen(netns.wrap(list(launch.command)), launch)
+
+
+class SshTransport(BaseTransport):
+    """The supervisor on a remote host through the user's own OpenSSH client."""
+
+    kind = "ssh"
+
+    def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
+        assert launch.host is not None, "an ssh supervisor needs its host"
+        return self._popen(ssh_command(launch.host, list(launch.command)), launch)
+
+    def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
+        target = launch.host.ssh_target if launch.host is not None else launch.group
+        if exit_code == 255:  # ssh's own failure: it could not connect or authenticate
+            return _with_tail(f"ssh to {target} failed", log_tail)
+        return _with_tail(f"the supervisor on {target} (over ssh) {describe_exit(exit_code)}", log_tail)
+
+
+def ssh_command(host: Host, remote_cmd: list[str]) -> list[str]:
+    """The user's own OpenSSH client (their ~/.ssh/config, agent and keys) running ``remote_cmd`` on ``host``.
+
+    ``CLUSTERDECK_SSH_CONFIG`` names another ssh config file (``ssh -F``). ``--`` ends ssh's options,
+    so the destination is never read as one.
+    """
+    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
+    if extra_config:
+        cmd += ["-F", extra_config]
+    if host.ssh_user:
+        cmd += ["-l", host.ssh_user]
+    if host.ssh_port != 22:
+        cmd += ["-p", str(host.ssh_port)]
+    # the remote shell parses the command line: quote every word
+    cmd += ["--", host.ssh_target, shlex.join(remote_cmd)]
+    return cmd
+
+
+#: Transport kinds by name: a class, or "module:Class" imported when first needed.
+KINDS: dict[str, type[BaseTransport] | str] = {
+    "local": LocalTransport,
+    "netns": NetnsTransport,
+    "ssh": SshTransport,
+    "slurm": "engine.control.slurm:SlurmTransport",
+}
+
+
+def kind_of(host: Host | None, *, isolated: bool = False) -> str:
+    """The transport kind a host group needs: this machine (``netns`` when isolated), or the host's
+    own ``kind`` (``slurm``), else ``ssh``."""
+    if host is None:
+        return "netns" if isolated else "local"
+    kind = str(getattr(host, "kind", "") or "")
+    return kind if kind in KINDS and kind not in ("local", "netns") else "ssh"
+
+
+def make(kind: str) -> Transport:
+    """A new transport of ``kind`` (one per kind per run)."""
+    entry = KINDS.get(kind)
+    if entry is None:
+        raise ValueError(f"unknown transport {kind!r}; expected one of {', '.join(KINDS)}")
+    if isinstance(entry, str):
+        module, _, name = entry.partition(":")
+        entry = getattr(importlib.import_module(module), name)
+    transport: Transport = entry()  # type: ignore[operator]
+    return transport
+
+
+def supervisor_command(python: str) -> list[str]:
+    return [python, "-m", SUPERVISOR_MODULE]
+
+
+def local_env() -> dict[str, str]:
+    """The environment of a supervisor started here: ours, with this checkout first on the path."""
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def describe_exit(code: int) -> str:
+    if code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
+
+
+def log_tail(path: Path, lines: int = 3, max_bytes: int = 4096) -> list[str]:
+    """The last non-empty lines of a log (a supervisor's stderr), read from its end only."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    text = data.decode("utf-8", "replace").splitlines()
+    return [line.strip() for line in text if line.strip()][-lines:]
+
+
+def _with_tail(message: str, tail: list[str]) -> str:
+    return f"{message}: {' | '.join(tail)}" if tail else message
