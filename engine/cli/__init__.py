@@ -1,1 +1,1 @@
-"""The headless front end: the ``clusterdeck`` command (``engine.cli.main:main``)."""
+"""The headless front end: the ``clusterdeck`` command (``engine.cli.main``; started by ``engine.cli.__main__``)."""

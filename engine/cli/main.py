@@ -2,12 +2,19 @@
 
     clusterdeck                          open the desktop app
     clusterdeck gui [PRESET] [--run]     the same, with a preset (and start it)
+    clusterdeck gui RUN_FOLDER           the app, showing a run folder (one holding config.yaml)
     clusterdeck run PRESET [--steps N] [--out DIR] [--json]
     clusterdeck validate PRESET...
     clusterdeck tf-config PRESET         each task's TF_CONFIG, as JSON
     clusterdeck export PRESET [--out DIR] [--image IMG]   launch scripts, TF_CONFIG files, Kubeflow TFJob
     clusterdeck scaling [PRESET] [--workers 1,2,4] [--steps N] [--strong] [--out DIR] [--report DIR] [--no-png]
     clusterdeck presets                  the presets shipped with ClusterDeck
+    clusterdeck --version
+
+Exit status: 0 done, 1 a run failed (or the app could not open), 2 a usage or config problem
+(unknown command, invalid preset, unusable ``--out``), 128 + the signal when Ctrl-C (130), SIGTERM
+(143) or SIGHUP (129) stopped it. Runs go to ``--out``, else ``$CLUSTERDECK_RUNS``, else the per-user
+data folder (:func:`engine.contract.run_folder.default_runs_root`).
 """
 
 from __future__ import annotations
@@ -18,12 +25,37 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
+from pathlib import Path
 from typing import Any
 
 from engine.contract import config as config_mod
-from engine.contract.config import ConfigError
-from engine.contract.presets import DEFAULT_PRESET, load_preset, presets_dir, resolve_preset
+from engine.contract import presets
+from engine.contract.config import ConfigError, Problem
+from engine.contract.presets import DEFAULT_PRESET, load_preset, not_found, resolve_preset, suggest
+from engine.contract.run_folder import CONFIG_YAML, RUNS_ENV, default_runs_root
+
+#: The option of ``python -m gui`` that opens a run folder (``clusterdeck gui RUN_FOLDER``).
+RUN_FOLDER_OPTION = "--run-folder"
+#: Qt platforms that need no display server.
+_HEADLESS_QPA = frozenset({"offscreen", "minimal", "minimalegl", "vnc", "eglfs", "linuxfb", "vkkhrdisplay"})
+
+
+class Interrupted(BaseException):
+    """A stop signal before a run started: the command ends with 128 + ``signum``."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_signals() -> list[int]:
+    return [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+
+
+def _signal_name(signum: int) -> str:
+    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
 
 
 def _fmt_rate(value: float | None) -> str:
@@ -37,34 +69,134 @@ def _fmt_loss(value: float | None) -> str:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from engine.control.launcher import Run
-    from engine.control.memory import tune_allocator
-
-    tune_allocator()  # this process keeps the run's history: see engine.control.memory
+    report = _json_errors if args.json else _text_errors
     try:
         cfg = load_preset(args.preset)
         if args.steps is not None:
             if args.steps < 1:
-                raise ConfigError([config_mod.Problem("--steps", f"expected an integer >= 1, got {args.steps}")])
+                raise ConfigError([Problem("--steps", f"expected an integer >= 1, got {args.steps}")])
             cfg = config_mod.replace(cfg, training=config_mod.replace(cfg.training, steps=args.steps, epochs=None))
-        run = Run(cfg, runs_root=args.out)
-        if args.json:
-            return _run_json(run)
-        return _run_pretty(run)
     except ConfigError as exc:
-        print(f"clusterdeck: {exc}", file=sys.stderr)
+        report(exc)
         return 2
+    runs_root, named = _runs_root(args.out)
+    why = unusable_folder(runs_root)
+    if why is not None:
+        report(ConfigError([Problem(named, f"{str(runs_root)!r} cannot hold run folders: {why}")]))
+        return 2
+    with _StopOnSignal() as stopper:  # Ctrl-C, SIGTERM, SIGHUP: end the command before the start, stop the run after
+        from engine.control.launcher import Run, launch_problems
+        from engine.control.memory import tune_allocator
+
+        tune_allocator()  # this process keeps the run's history: see engine.control.memory
+        problems = launch_problems(cfg, deep=True)  # the data files and the user's script (a subprocess)
+        if problems:
+            report(ConfigError(problems, cfg.name))
+            return 2
+        run = Run(cfg, runs_root=runs_root, checked=True)
+        try:
+            code = _run_json(run, stopper) if args.json else _run_pretty(run, stopper)
+        except ConfigError as exc:
+            report(exc)
+            return 2
+        except OSError as exc:
+            report(ConfigError([Problem(named, f"cannot write a run folder in {str(runs_root)!r}: "
+                                               f"{exc.strerror or exc}")]))
+            return 2
+    return code
 
 
-def _install_stop_handlers(run: Any) -> None:
-    def handler(signum: int, frame: Any) -> None:
-        run.stop(reason="interrupted", wait=False)
+def _runs_root(out: str | None) -> tuple[Path, str]:
+    """The folder for run folders, and how to name it in a message."""
+    if out:
+        return Path(out).expanduser(), "--out"
+    root = default_runs_root()
+    return root, f"${RUNS_ENV}" if os.environ.get(RUNS_ENV, "").strip() else "runs folder"
 
-    signal.signal(signal.SIGINT, handler)
-    signal.signal(signal.SIGTERM, handler)
+
+def unusable_folder(path: Path) -> str | None:
+    """Why run folders cannot be created under ``path`` (created if missing), or None when they can."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        return "it is a file, not a folder"
+    except NotADirectoryError:
+        for parent in path.parents:
+            if parent.exists() and not parent.is_dir():
+                return f"{parent} is a file, not a folder"
+        return "a part of it is not a folder"
+    except OSError as exc:
+        return f"it cannot be created ({exc.strerror or exc})"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".clusterdeck-check-", dir=path))
+    except OSError as exc:
+        return f"no folder can be created in it ({exc.strerror or exc})"
+    return None
 
 
-def _run_json(run: Any) -> int:
+def _text_errors(exc: ConfigError) -> None:
+    print(f"clusterdeck: {exc}", file=sys.stderr)
+
+
+def _json_errors(exc: ConfigError) -> None:
+    """One JSON line per problem on stdout (what ``run --json`` readers parse), nothing else."""
+    for p in exc.problems:
+        sys.stdout.write(json.dumps({"kind": "error", "source": exc.source, "field": p.field,
+                                     "message": p.message}) + "\n")
+    sys.stdout.flush()
+
+
+class _StopOnSignal:
+    """Ctrl-C, SIGTERM and SIGHUP during ``clusterdeck run``.
+
+    Before the run starts (loading TensorFlow-free modules, the data and script checks) a signal ends
+    the command at once (:class:`Interrupted`; nothing was started). While :meth:`Run.start` runs it is
+    held, and afterwards it stops the run with :meth:`Run.stop`, as the app's Stop does; the command
+    then exits with 128 + the signal.
+    """
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self._run: Any = None
+        self._holding = False
+        self._previous: dict[int, Any] = {}
+
+    def __enter__(self) -> _StopOnSignal:
+        for s in _stop_signals():
+            self._previous[s] = signal.signal(s, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame: Any) -> None:
+        if self.signum is None:
+            self.signum = signum
+        if self._run is not None:
+            self._run.stop(reason=f"interrupted ({_signal_name(signum)})", wait=False)
+        elif not self._holding:
+            raise Interrupted(signum)
+
+    def start(self, run: Any) -> Path:
+        """``run.start()`` with signals held; a signal that came meanwhile stops the run at once."""
+        self._holding = True
+        try:
+            run_dir: Path = run.start()
+        finally:
+            self._holding = False
+        self._run = run
+        if self.signum is not None:
+            run.stop(reason=f"interrupted ({_signal_name(self.signum)})", wait=False)
+        return run_dir
+
+    def exit_code(self, run: Any) -> int:
+        if self.signum is not None:
+            return 128 + self.signum
+        return 0 if run.state.state == "finished" else 1
+
+
+def _run_json(run: Any, stopper: _StopOnSignal) -> int:
     import dataclasses
 
     from engine.observe.stragglers import StragglerDetector
@@ -83,17 +215,16 @@ def _run_json(run: Any) -> int:
             emit({"kind": "straggler", **dataclasses.asdict(change)})
 
     run.add_listener(on_event)
-    run.start()
-    _install_stop_handlers(run)
+    stopper.start(run)
     while not run.done:
         run.wait(0.2)
     summary = run.state.summary()
     summary["run_dir"] = str(run.run_dir)
     emit({"kind": "summary", **summary})
-    return 0 if run.state.state == "finished" else 1
+    return stopper.exit_code(run)
 
 
-def _run_pretty(run: Any) -> int:
+def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
     from rich.console import Console, Group
     from rich.live import Live
     from rich.progress import (
@@ -148,8 +279,7 @@ def _run_pretty(run: Any) -> int:
         tasks = "  ".join(f"{t.name}:{t.state}" for t in state.tasks.values())
         return Group(progress, replica_table(), f"[dim]{tasks}[/]", *notes[-4:])
 
-    run_dir = run.start()
-    _install_stop_handlers(run)
+    run_dir = stopper.start(run)
     console.print(f"run folder: {run_dir}")
     with Live(view(), console=console, refresh_per_second=8, transient=False) as live:
         while not run.done:
@@ -158,7 +288,9 @@ def _run_pretty(run: Any) -> int:
         live.update(view())
     console.print()
     _print_summary(console, run)
-    return 0 if run.state.state == "finished" else 1
+    if stopper.signum is not None:
+        console.print(f"[yellow]stopped by {_signal_name(stopper.signum)}[/]")
+    return stopper.exit_code(run)
 
 
 def _print_summary(console: Any, run: Any) -> None:
@@ -184,16 +316,35 @@ def _print_summary(console: Any, run: Any) -> None:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    """Each preset's config rules and its data files (not the user's script: that needs TensorFlow)."""
+    from engine.control.preflight import preflight
+
     code = 0
     for preset in args.presets:
         try:
             cfg = load_preset(preset)
-            print(f"{preset}: ok ({cfg.parallelism.mode}, {len(cfg.cluster.tasks())} tasks, "
-                  f"{cfg.num_replicas()} replicas, {cfg.total_steps()} steps)")
+            problems = preflight(cfg, scripts=False) + _missing_scripts(cfg)
+            if problems:
+                raise ConfigError(problems, preset)
         except ConfigError as exc:
             print(str(exc), file=sys.stderr)
             code = 2
+            continue
+        print(f"{preset}: ok ({cfg.parallelism.mode}, {_count(len(cfg.cluster.tasks()), 'task')}, "
+              f"{_count(cfg.num_replicas(), 'replica')}, {_count(cfg.total_steps(), 'step')})")
     return code
+
+
+def _missing_scripts(cfg: config_mod.RunConfig) -> list[Problem]:
+    """The user's scripts the config names that are not there (the full check imports them, with TensorFlow)."""
+    named = ([("model.script", cfg.model.script)] if cfg.model.name == "script" else []) + \
+            ([("data.path", cfg.data.path)] if cfg.data.source == "script" else [])
+    return [Problem(field, f"{path!r}: no such file; expected a Python script")
+            for field, path in named if not Path(path).expanduser().is_file()]
+
+
+def _count(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def cmd_tf_config(args: argparse.Namespace) -> int:
@@ -233,22 +384,80 @@ def cmd_scaling(args: argparse.Namespace) -> int:
 
 
 def cmd_presets(args: argparse.Namespace) -> int:
-    for p in sorted(presets_dir().glob("*.yaml")):
+    for p in presets.bundled_presets():
         try:
             cfg = config_mod.load(p)
-            print(f"{p.stem:32s} {cfg.parallelism.mode:6s} {len(cfg.cluster.tasks())} tasks  {p}")
+            tasks = _count(len(cfg.cluster.tasks()), "task")
+            print(f"{p.stem:24s} {cfg.parallelism.mode:6s} {tasks:8s} {presets.description(p)}")
         except ConfigError as exc:
-            print(f"{p.stem:32s} invalid: {exc}")
+            print(f"{p.stem:24s} invalid: {exc}")
+    print(f"(in {presets.presets_dir()}; run one with: clusterdeck run NAME)")
     return 0
+
+
+def is_run_folder(path: Path) -> bool:
+    return path.is_dir() and (path / CONFIG_YAML).is_file()
+
+
+def display_problem(env: dict[str, str] | None = None, platform: str | None = None) -> str | None:
+    """Why the app cannot open a window here (no display server), or None."""
+    env = dict(os.environ) if env is None else env
+    if (platform or sys.platform) in ("darwin", "win32", "cygwin"):
+        return None
+    qpa = env.get("QT_QPA_PLATFORM", "").split(";")[0].split(":")[0].strip()
+    if qpa in _HEADLESS_QPA or env.get("DISPLAY") or env.get("WAYLAND_DISPLAY"):
+        return None
+    return ("no display to open the app on ($DISPLAY and $WAYLAND_DISPLAY are not set).\n"
+            "  Without a screen, run a preset headless: clusterdeck run PRESET (clusterdeck presets lists them);\n"
+            "  over SSH, connect with ssh -X; to open the app off screen anyway: QT_QPA_PLATFORM=offscreen.")
+
+
+def _xcb_hint(env: dict[str, str]) -> str | None:
+    """A hint when Qt will use X11 (xcb) and libxcb-cursor, which Qt 6.5+ needs there, is not installed."""
+    if not sys.platform.startswith("linux"):
+        return None
+    qpa = env.get("QT_QPA_PLATFORM", "").split(";")[0].split(":")[0].strip()
+    if qpa not in ("", "xcb") or (qpa == "" and env.get("WAYLAND_DISPLAY")) or not env.get("DISPLAY"):
+        return None
+    import ctypes.util
+
+    if ctypes.util.find_library("xcb-cursor"):
+        return None
+    return ("libxcb-cursor0 was not found: Qt needs it to open windows on X11. If the app does not start, "
+            "install it (Debian/Ubuntu: sudo apt install libxcb-cursor0; Fedora: sudo dnf install xcb-util-cursor).")
 
 
 def cmd_gui(args: argparse.Namespace) -> int:
     """Hand over to the desktop app in its own interpreter: the engine never imports ``gui``."""
     argv = [sys.executable, "-m", "gui"]
-    if getattr(args, "preset", None):
-        argv.append(str(resolve_preset(args.preset)))
+    target = getattr(args, "preset", None)
+    if target:
+        path = Path(target).expanduser()
+        if path.is_dir():
+            if not is_run_folder(path):
+                print(f"clusterdeck: {target}: is a folder but not a run folder (it has no {CONFIG_YAML}); "
+                      "expected a preset file, a bundled preset name or a run folder", file=sys.stderr)
+                return 2
+            if getattr(args, "run", False):
+                print(f"clusterdeck: {target}: --run starts a preset; a run folder opens to be looked at",
+                      file=sys.stderr)
+                return 2
+            argv += [RUN_FOLDER_OPTION, str(path.resolve())]
+        else:
+            resolved = resolve_preset(target)
+            if not os.path.lexists(resolved):
+                print(f"clusterdeck: {not_found(target)}", file=sys.stderr)
+                return 2
+            argv.append(str(resolved.resolve()))
     if getattr(args, "run", False):
         argv.append("--run")
+    problem = display_problem()
+    if problem is not None:
+        print(f"clusterdeck: {problem}", file=sys.stderr)
+        return 1
+    hint = _xcb_hint(dict(os.environ))
+    if hint is not None:
+        print(f"clusterdeck: {hint}", file=sys.stderr)
     if os.name == "posix":
         sys.stdout.flush()
         sys.stderr.flush()
@@ -256,17 +465,38 @@ def cmd_gui(args: argparse.Namespace) -> int:
     return subprocess.call(argv)
 
 
+def version() -> str:
+    """The installed version, or the source tree's (``pyproject.toml``) when ClusterDeck is not installed."""
+    from importlib import metadata
+
+    try:
+        return metadata.version("clusterdeck")
+    except metadata.PackageNotFoundError:
+        pass
+    import re
+
+    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
+    try:
+        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.MULTILINE)
+    except OSError:
+        found = None
+    return found.group(1) if found else "unknown"
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clusterdeck", description="Draw, launch and watch TensorFlow clusters.")
+    parser.add_argument("-V", "--version", action="version", version=f"clusterdeck {version()}")
     sub = parser.add_subparsers(dest="command")
     p = sub.add_parser("run", help="run a preset headless, with live progress")
     p.add_argument("preset", nargs="?", default=DEFAULT_PRESET,
                    help=f"a YAML preset (path or bundled name; default: {DEFAULT_PRESET})")
     p.add_argument("--steps", type=int, default=None, help="override training.steps")
-    p.add_argument("--out", default=None, help="folder for run folders (default: ./runs or $CLUSTERDECK_RUNS)")
-    p.add_argument("--json", action="store_true", help="print every event and a summary as JSON lines")
+    p.add_argument("--out", default=None,
+                   help=f"folder for run folders (default: ${RUNS_ENV}, else {default_runs_root()})")
+    p.add_argument("--json", action="store_true",
+                   help="print every event and a summary as JSON lines (config problems too, as kind 'error')")
     p.set_defaults(func=cmd_run)
-    p = sub.add_parser("validate", help="check presets without running them")
+    p = sub.add_parser("validate", help="check presets and their data files without running them")
     p.add_argument("presets", nargs="+")
     p.set_defaults(func=cmd_validate)
     p = sub.add_parser("tf-config", help="print each task's TF_CONFIG")
@@ -289,19 +519,63 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_scaling)
     p = sub.add_parser("presets", help="list the bundled presets")
     p.set_defaults(func=cmd_presets)
-    p = sub.add_parser("gui", help="open the desktop app")
-    p.add_argument("preset", nargs="?")
+    p = sub.add_parser("gui", help="open the desktop app (with a preset or a run folder)")
+    p.add_argument("preset", nargs="?", metavar="PRESET_OR_RUN_FOLDER",
+                   help="a preset file, a bundled preset name, or a run folder (one holding config.yaml)")
     p.add_argument("--run", action="store_true", help="start the preset at once")
     p.set_defaults(func=cmd_gui)
     parser.set_defaults(commands=set(sub.choices))
     return parser
 
 
+def _unknown_command(word: str, commands: list[str]) -> int:
+    close = suggest(word, commands)
+    hint = f"; did you mean {close!r}?" if close else ""
+    if close is None:
+        preset = suggest(word, presets.bundled_names())
+        if preset is not None:
+            hint = f"; did you mean the preset {preset!r} (clusterdeck gui {preset}, clusterdeck run {preset})?"
+    print(f"clusterdeck: unknown command {word!r}{hint}\n"
+          f"  commands: {', '.join(commands)}; or give a preset file, a bundled preset name or a run folder "
+          "to open in the app (clusterdeck --help)", file=sys.stderr)
+    return 2
+
+
+def _opens_in_app(word: str) -> bool:
+    """Whether ``clusterdeck WORD`` means ``clusterdeck gui WORD``: a file or folder, a preset name or file name."""
+    return (os.path.lexists(os.path.expanduser(word)) or word.endswith(presets.PRESET_SUFFIXES)
+            or word in presets.bundled_names())
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on Ctrl-C is handled below
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("clusterdeck: interrupted (Ctrl-C)", file=sys.stderr)
+        return 128 + signal.SIGINT
+    except Interrupted as exc:
+        print(f"clusterdeck: interrupted ({_signal_name(exc.signum)}); nothing was started", file=sys.stderr)
+        return 128 + exc.signum
+    except BrokenPipeError:  # e.g. `clusterdeck presets | head -1`
+        try:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        except OSError:
+            pass
+        return 1
+
+
+def _main(argv: list[str]) -> int:
     parser = build_parser()
-    if not argv or (argv[0] not in parser.get_default("commands") and not argv[0].startswith("-")):
-        argv = ["gui", *argv]  # `clusterdeck` and `clusterdeck PRESET` open the app
+    commands = sorted(parser.get_default("commands"))
+    if not argv:
+        argv = ["gui"]  # `clusterdeck` opens the app
+    elif argv[0] not in commands and not argv[0].startswith("-"):
+        if not _opens_in_app(argv[0]):
+            return _unknown_command(argv[0], commands)
+        argv = ["gui", *argv]  # `clusterdeck PRESET` and `clusterdeck RUN_FOLDER` open the app
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -825,7 +825,28 @@ def load(path: str | os.PathLike[str], *, check: bool = True) -> RunConfig:
         raise ConfigError([Problem("", "not UTF-8 text; expected a YAML file")], str(p)) from None
     except OSError as exc:
         raise ConfigError([Problem("", f"cannot be read: {exc.strerror or exc}")], str(p)) from None
-    return loads(text, source=str(p), check=check)
+    return relative_to_folder(loads(text, source=str(p), check=check), p.parent)
+
+
+def relative_to_folder(config: RunConfig, folder: str | os.PathLike[str]) -> RunConfig:
+    """The config with a relative ``data.path`` and ``model.script`` made absolute against ``folder``.
+
+    :func:`load` calls it with the file's own folder: a preset names its files relative to where the
+    preset lies, so it works whatever folder ClusterDeck is started in (and a bundled preset finds the
+    bundled example script in every install layout). Absolute paths and ``~/...`` are kept as written.
+    """
+    base = Path(os.path.abspath(folder))
+
+    def anchored(value: str) -> str:
+        if not value.strip() or Path(value).expanduser().is_absolute():
+            return value
+        return os.path.normpath(base / value)
+
+    data = replace(config.data, path=anchored(config.data.path))
+    model = replace(config.model, script=anchored(config.model.script))
+    if data == config.data and model == config.model:
+        return config
+    return replace(config, data=data, model=model)
 
 
 def save(config: RunConfig, path: str | os.PathLike[str]) -> None:
