@@ -9,6 +9,7 @@ import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
@@ -16,8 +17,9 @@ if str(ROOT) not in sys.path:
 
 DOC = ROOT / "docs" / "benchmarks.md"
 
-#: Order of the sections in docs/benchmarks.md (one per benchmark script).
-SECTIONS = ("telemetry_overhead", "live_latency", "gui_scale", "startup_stop", "profiles")
+#: Order of the sections in docs/benchmarks.md (one or two per benchmark script).
+SECTIONS = ("telemetry_overhead", "whole_run", "whole_run_profile", "modes", "live_latency", "gui_scale",
+            "gui_scale_large", "ingest", "scale_design", "startup_stop", "stop_storm", "gpu_check", "profiles")
 
 _HEADER = """# Benchmarks
 
@@ -31,7 +33,50 @@ Each section below is rewritten by its script (`python bench/<name>.py`; add `--
 for a short smoke run that leaves this file alone unless `--write-doc` is given);
 `python bench/run_all.py` runs them all.
 
+## Method
+
+Every ratio on this page comes from at least 10 rounds. A round runs each side once, in an
+order that rotates from round to round, so that a drift of the shared machine falls on every
+side alike. The figure is the **median of the paired ratios** (a side against its baseline
+in the same round), given with a **bootstrap 95 % interval** of that median (the rounds
+resampled 10,000 times, fixed seed: `bench/_stats.py`). A goal counts as **met only when
+the whole interval clears it**; an interval that straddles the goal is reported as *not
+shown* and counts as not met. Each section states the settings of every side: how often
+it reports, when it flushes, and where its writing happens.
+
 """
+
+
+def timed_process(cmd: Sequence[str], *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
+                  stdout: Any = None, stderr: Any = None, timeout: float = 900.0,
+                  watch: Any = None) -> tuple[float, float, int]:
+    """Run ``cmd`` to its end: (wall seconds, CPU seconds of it and every descendant it reaped, exit code).
+
+    The CPU time is ``wait4``'s resource usage of the child: user + system time of the process
+    and of all its descendants that were waited for (on Linux a child's usage includes the
+    descendants it reaped, as ``getrusage(RUSAGE_CHILDREN)`` does). ``watch(pid)`` is called
+    right after the start (a sampler, say).
+    """
+    import subprocess
+    import time
+
+    start = time.perf_counter()
+    proc = subprocess.Popen(list(cmd), cwd=cwd, env=env, stdout=stdout, stderr=stderr, stdin=subprocess.DEVNULL)
+    if watch is not None:
+        watch(proc.pid)
+    deadline = start + timeout
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid == proc.pid:
+            break
+        if time.perf_counter() > deadline:
+            proc.kill()
+            pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        time.sleep(0.005)
+    wall = time.perf_counter() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return wall, usage.ru_utime + usage.ru_stime, proc.returncode
 
 
 def percentile(values: Sequence[float], q: float) -> float:
