@@ -1,0 +1,293 @@
+"""Runs through a real one-node Slurm on 127.0.0.1 (``tests/engine/slurm_cluster.py``).
+
+salloc, srun, scancel and the controller are Slurm's own; the tasks are real TensorFlow processes.
+Without Slurm the tests skip, except with ``CI=true`` (``.ci/run`` starts the cluster), where they fail.
+
+The job over its time limit runs in the background from the first test of the module on (a
+``clusterdeck run`` subprocess with a 1-minute limit): Slurm ends it about a minute later, while
+the other tests run, and the last test reads how it ended.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import yaml
+
+from engine.contract import config as config_mod
+from engine.contract.config import RunConfig
+from engine.control import slurm
+from engine.control.launcher import Run
+from tests.conftest import IN_CI, PRESETS, ROOT, SESSION_MARK, wait_gone
+from tests.engine import slurm_cluster
+
+pytestmark = pytest.mark.cluster
+
+RUN_TIMEOUT = 150.0
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[slurm_cluster.Cluster]:
+    missing = slurm_cluster.missing_programs()
+    if missing:
+        why = f"Slurm is not installed ({', '.join(missing)} missing; .ci/services/slurm.sh installs it)"
+        if IN_CI:
+            pytest.fail(f"CI=true and {why}")
+        pytest.skip(why)
+    try:
+        up = slurm_cluster.ensure()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        if IN_CI:
+            pytest.fail(f"CI=true and the one-node Slurm did not start: {exc}")
+        pytest.skip(f"the one-node Slurm did not start: {exc}")
+    saved = os.environ.get("SLURM_CONF")
+    os.environ.update({k: v for k, v in up.env.items() if k == "SLURM_CONF"})
+    try:
+        yield up
+    finally:
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+        up.stop()
+
+
+class Recorder:
+    """Every event of a run (listeners run on the launcher's dispatcher thread)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        with self.lock:
+            return [e for e in self.events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+    def wait_for(self, what: str, test: Any, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while not test():
+            assert time.monotonic() < deadline, f"no {what} within {timeout:.0f} s; events: {self.summary()}"
+            time.sleep(0.1)
+
+    def summary(self) -> list[str]:
+        with self.lock:
+            return [f"{e['kind']}:{e.get('task')}:{e.get('state', '')}:{e.get('reason', e.get('message', ''))}"[:160]
+                    for e in self.events if e["kind"] != "step" and e["kind"] != "device"][-20:]
+
+
+def preset(name: str, **changes: Any) -> RunConfig:
+    """A Slurm preset, its python the interpreter running the tests (the node is this machine)."""
+    config = config_mod.load(PRESETS / name)
+    hosts = tuple(config_mod.replace(h, python=sys.executable) for h in config.cluster.hosts)
+    config = config_mod.replace(config, cluster=config_mod.replace(config.cluster, hosts=hosts))
+    slurm_changes = {k: changes.pop(k) for k in list(changes) if k in ("partition", "nodes", "time_limit")}
+    if slurm_changes:
+        h = config.cluster.hosts[0]
+        assert h.slurm is not None
+        host = config_mod.replace(h, slurm=config_mod.replace(h.slurm, **slurm_changes))
+        config = config_mod.replace(config, cluster=config_mod.replace(config.cluster, hosts=(host,)))
+    return config_mod.replace(config, training=config_mod.replace(config.training, **changes))
+
+
+def launch(config: RunConfig, runs_root: Path) -> tuple[Run, Recorder]:
+    run = Run(config, runs_root=runs_root)
+    rec = Recorder()
+    run.add_listener(rec)
+    run.start()
+    return run, rec
+
+
+def job_ids(rec: Recorder) -> set[str]:
+    return {str(e["job_id"]) for e in rec.events if e.get("job_id")}
+
+
+def jobs_named(part: str) -> list[str]:
+    """Ids of the jobs in squeue whose name holds ``part``."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=10, check=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if part in line.split(maxsplit=1)[-1]]
+
+
+def processes_of_run(run_dir: Path, jobs: set[str]) -> list[int]:
+    """Tasks, supervisors, step wrappers and sruns (this node is the only one) still working for the run."""
+    found = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info.get("cmdline") or [])
+        ours = "engine.control.s" in cmd and SESSION_MARK in _environ_text(proc)
+        if str(run_dir) in cmd or ours or any(f"--jobid={job}" in cmd for job in jobs):
+            found.append(proc.pid)
+    return found
+
+
+def _environ_text(proc: psutil.Process) -> str:
+    try:
+        return " ".join(proc.environ().values())
+    except psutil.Error:
+        return ""
+
+
+def assert_nothing_left(run: Run, rec: Recorder) -> None:
+    ids = job_ids(rec)
+    assert ids, "the run never named its Slurm job"
+    for job in ids:
+        assert not slurm.queued(job), f"Slurm job {job} is still in squeue after the run ended"
+    pids = {e["pid"] for e in rec.of("status") if isinstance(e.get("pid"), int)}
+    assert pids, "no task process was ever seen"
+    assert wait_gone(pids, 5.0) == [], "task processes outlived the run"
+    left = processes_of_run(run.run_dir, ids)
+    assert wait_gone(left, 5.0) == [], f"processes of the run left on the node: {left}"
+
+
+# --------------------------------------------------------------------------- a job over its time limit
+
+TIME_LIMITED = "slurm-time-limit"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def job_over_its_time_limit(cluster: slurm_cluster.Cluster, tmp_path_factory: pytest.TempPathFactory
+                            ) -> Iterator[dict[str, Any]]:
+    """``clusterdeck run`` of a 1-minute job that would train for an hour, from the module's start on.
+
+    Its own test-session mark keeps the per-test leftover check from counting its processes.
+    """
+    folder = tmp_path_factory.mktemp("time-limit")
+    config = preset("slurm-data.yaml", time_limit="1", steps=10**7, checkpoint_every=0, global_batch_size=32)
+    config = config_mod.replace(config, name=TIME_LIMITED, model=config_mod.replace(config.model, hidden=(16,)))
+    path = folder / "preset.yaml"
+    config_mod.save(config, path)
+    env = dict(os.environ, CLUSTERDECK_TEST_SESSION=f"time-limit-{uuid.uuid4().hex[:8]}")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    started = time.monotonic()
+    with open(folder / "out.jsonl", "wb") as out, open(folder / "err.txt", "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(path), "--out", str(folder / "runs"),
+                                 "--json"], stdout=out, stderr=err, env=env, start_new_session=True)
+    job = {"proc": proc, "folder": folder, "started": started, "mark": env["CLUSTERDECK_TEST_SESSION"]}
+    try:
+        yield job
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for jid in jobs_named(TIME_LIMITED):
+            slurm.cancel(jid)
+
+
+# --------------------------------------------------------------------------- refused or explained
+
+
+def test_more_nodes_than_the_partition_has_is_refused_before_submission(cluster: slurm_cluster.Cluster,
+                                                                        runs_root: Path) -> None:
+    config = preset("slurm-data.yaml", nodes=2)
+    problems = slurm.check_config(config)
+    assert [p.field for p in problems] == ["cluster.hosts[0].slurm.nodes"]
+    assert "partition 'debug' has 1 (sinfo); expected at most 1" in problems[0].message
+    run, rec = launch(config, runs_root)
+    assert run.wait(30) == "failed"
+    assert "slurm.nodes" in run.state.reason and "PartitionConfig" in run.state.reason
+    assert not job_ids(rec), "a job was submitted although sinfo says it cannot run"
+    assert not jobs_named(slurm.job_name(run.run_dir.name, ""))
+    # what Slurm itself would have said, explained the same way
+    explained = slurm.JobStatus("7", "PENDING", "PartitionConfig", partition="debug").explain()
+    assert "Slurm job 7 is pending in partition 'debug' (PartitionConfig)" in explained
+    assert "never start" in explained
+
+
+def test_a_job_whose_partition_is_down_is_shown_pending_with_slurm_s_reason(cluster: slurm_cluster.Cluster,
+                                                                             runs_root: Path) -> None:
+    partition = f"cd-down-{uuid.uuid4().hex[:6]}"
+    scontrol = ["scontrol", "create", f"PartitionName={partition}", f"Nodes={slurm_cluster.NODE}", "State=UP"]
+    subprocess.run(scontrol, check=True, capture_output=True, timeout=10)
+    try:
+        subprocess.run(["scontrol", "update", f"PartitionName={partition}", "State=DOWN"], check=True,
+                       capture_output=True, timeout=10)
+        run, rec = launch(preset("slurm-data.yaml", partition=partition), runs_root)
+        rec.wait_for("pending run event with reason PartitionDown",
+                     lambda: rec.of("run", state="pending", reason="PartitionDown"), timeout=20)
+        (pending,) = rec.of("run", state="pending", reason="PartitionDown")[:1]
+        assert pending["job_id"] and pending["slurm_state"] == "PENDING"
+        assert f"Slurm job {pending['job_id']} is pending in partition '{partition}' (PartitionDown)" in \
+            pending["message"]
+        assert run.state.state == "pending" and run.state.reason == "PartitionDown"
+        assert [m for m in rec.of("info") if "PartitionDown" in str(m.get("message"))], "no message for the CLI"
+        assert slurm.queued(pending["job_id"])
+        assert not rec.of("status"), "no task may start while the job waits"
+        run.stop()
+        assert run.wait(20) == "stopped"
+        assert not slurm.queued(pending["job_id"]), "Stop left the pending job in squeue"
+    finally:
+        subprocess.run(["scontrol", "delete", f"PartitionName={partition}"], capture_output=True, timeout=10)
+
+
+# --------------------------------------------------------------------------- runs
+
+
+def test_data_parallel_preset_runs_through_slurm(cluster: slurm_cluster.Cluster, runs_root: Path) -> None:
+    run, rec = launch(preset("slurm-data.yaml", steps=30, checkpoint_every=0), runs_root)
+    assert run.wait(RUN_TIMEOUT) == "finished", rec.summary()
+    steps = rec.of("step")
+    assert {e["replica"] for e in steps} == {0, 1}, "both replicas report their steps"
+    assert max(e["step"] for e in steps) >= 29
+    assert {e["task"] for e in rec.of("status", state="finished")} == {"worker:0", "worker:1"}
+    assert {e["host"] for e in rec.of("status", state="starting")} == {f"slurm@{slurm_cluster.NODE}"}
+    assert rec.of("device"), "the supervisor's device figures come back over srun"
+    running = [e for e in rec.of("info") if "running on" in str(e.get("message"))]
+    assert running and running[0]["nodes"] == [slurm_cluster.NODE]
+    tf_config = json.loads(next(p.env["TF_CONFIG"] for p in run.plans if p.name == "worker:1"))
+    assert tf_config["task"] == {"type": "worker", "index": 1}
+    assert all(a.startswith(f"{slurm_cluster.NODE}:") for a in tf_config["cluster"]["worker"])
+    written = [json.loads(line) for line in (run.run_dir / "events.jsonl").read_text().splitlines()]
+    assert {e["replica"] for e in written if e["kind"] == "step"} == {0, 1}
+    assert_nothing_left(run, rec)
+
+
+def test_async_preset_runs_through_slurm_and_stop_cancels_the_job(cluster: slurm_cluster.Cluster,
+                                                                   runs_root: Path) -> None:
+    run, rec = launch(preset("slurm-async.yaml", steps=100_000, checkpoint_every=0), runs_root)
+    rec.wait_for("steps of both workers", lambda: {e.get("worker") for e in rec.of("step")} >= {0, 1},
+                 timeout=RUN_TIMEOUT)
+    (job,) = job_ids(rec)
+    assert slurm.queued(job)
+    assert {e["task"] for e in rec.of("status", state="starting")} == {"chief:0", "ps:0", "worker:0", "worker:1"}
+    run.stop()
+    assert run.wait(30) == "stopped"
+    assert_nothing_left(run, rec)
+
+
+def test_a_job_over_its_time_limit_fails_with_slurm_s_reason(cluster: slurm_cluster.Cluster,
+                                                             job_over_its_time_limit: dict[str, Any]) -> None:
+    proc: subprocess.Popen[bytes] = job_over_its_time_limit["proc"]
+    folder: Path = job_over_its_time_limit["folder"]
+    try:
+        code = proc.wait(timeout=max(1.0, 200 - (time.monotonic() - job_over_its_time_limit["started"])))
+    except subprocess.TimeoutExpired:
+        pytest.fail("the run outlived its 1-minute Slurm time limit by minutes")
+    lines = [json.loads(x) for x in (folder / "out.jsonl").read_text().splitlines() if x.startswith("{")]
+    events = [e for e in lines if isinstance(e, dict) and "kind" in e]
+    final = [e for e in events if e["kind"] == "run"][-1]
+    assert code == 1, (folder / "err.txt").read_text()[-2000:]
+    assert final["state"] == "failed"
+    assert "TIMEOUT" in final["reason"] and "time limit" in final["reason"], final
+    assert [e for e in events if e["kind"] == "step"], "the job ran before Slurm ended it"
+    (run_dir,) = (folder / "runs").iterdir()
+    assert yaml.safe_load((run_dir / "run.json").read_text())["state"] == "failed"
+    jobs = {str(e["job_id"]) for e in events if e.get("job_id")}
+    assert jobs and not any(slurm.queued(j) for j in jobs)
+    left = [p.pid for p in psutil.process_iter() if _environ_text(p).find(job_over_its_time_limit["mark"]) >= 0]
+    assert wait_gone(left, 5.0) == [], "processes of the timed-out run are still alive"
