@@ -375,6 +375,9 @@ def check_arrays(config: RunConfig, arrays: Arrays, *, sizes: bool = True) -> li
     if values != want:
         return [Problem("data.shape", f"{f}: each example of {arrays.x_name} has shape {per_example} = {values} "
                                       f"values; expected {want} values to match data.shape {list(d.shape)}")]
+    bad_values = _value_problem(arrays)
+    if bad_values is not None:
+        return [bad_values]
     problems: list[Problem] = []
     n = len(y)
     labels = y.reshape(n)
@@ -405,6 +408,39 @@ def check_arrays(config: RunConfig, arrays: Arrays, *, sizes: bool = True) -> li
     if sizes:
         problems += _size_problems(config, n, f)
     return problems
+
+
+def _example_text(arrays: Arrays, example: int) -> str:
+    """``example 3``, and for a CSV file the line it came from (the header is line 1)."""
+    if arrays.x_name == "the feature columns":
+        return f"example {example} (line {example + 2} if no line is blank)"
+    return f"example {example}"
+
+
+def _value_problem(arrays: Arrays) -> Problem | None:
+    """Inputs that are not finite real numbers (text, objects, complex numbers, NaN, ±inf): named with the
+    file and the first bad example, since training on them "finishes" with a meaningless loss or fails
+    deep inside a task."""
+    x, f = arrays.x, repr(arrays.file)
+    kind = x.dtype
+    if not (np.issubdtype(kind, np.integer) or np.issubdtype(kind, np.floating) or np.issubdtype(kind, np.bool_)):
+        first = x.reshape(-1)[0] if x.size else None
+        shown = repr(first.item() if isinstance(first, np.generic) else first)[:40]
+        label = {"U": "text", "S": "bytes", "O": "Python object", "c": "complex"}.get(kind.kind, "non-numeric")
+        return Problem("data.path", f"{f}: {arrays.x_name} of example 0 starts with {shown}, {label} values "
+                                    f"({kind}); expected real numbers (integers or floats)")
+    if not np.issubdtype(kind, np.floating) or not x.size:
+        return None
+    flat = x.reshape(len(x), -1)
+    bad_rows = ~np.isfinite(flat).all(axis=1)
+    if not bad_rows.any():
+        return None
+    row = _first(bad_rows)
+    col = _first(~np.isfinite(flat[row]))
+    value = float(flat[row, col])
+    where = f"value {col} of {_example_text(arrays, row)}" if flat.shape[1] > 1 else _example_text(arrays, row)
+    return Problem("data.path", f"{f}: {where} in {arrays.x_name} is {value} ({int(bad_rows.sum())} example(s) "
+                                f"hold such values); expected finite numbers")
 
 
 def _size_problems(config: RunConfig, available: int, where: str) -> list[Problem]:
@@ -542,6 +578,10 @@ def check_tfrecord(config: RunConfig) -> list[Problem]:
             if len(x) != want:
                 return [Problem("data.shape", f"{where}: feature {d.x_key!r} has {len(x)} values; expected {want} "
                                               f"to match data.shape {list(d.shape)}")]
+            if kind == "float32" and not all(math.isfinite(v) for v in x):
+                col = next(i for i, v in enumerate(x) if not math.isfinite(v))
+                return [Problem("data.path", f"{where}: feature {d.x_key!r} holds {x[col]} at value {col}; "
+                                             f"expected finite numbers")]
             kind, y = features[d.y_key]
             if kind != "int64" or len(y) != 1:
                 return [Problem("data.y_key", f"{where}: feature {d.y_key!r} is {len(y)} {kind} value(s); "
