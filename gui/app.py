@@ -6,12 +6,16 @@ The GUI process imports the engine's control half only, never TensorFlow.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QApplication
 
+from engine.contract.presets import resolve_preset
+from engine.contract.run_folder import RUNS_ENV, RunFolder
 from engine.control.memory import tune_allocator
 from gui import theme
 from gui.controller import Controller
@@ -20,7 +24,7 @@ from gui.main_window import APPLICATION, ORGANIZATION, MainWindow, app_icon, app
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="clusterdeck gui", description="Open the ClusterDeck desktop app.")
-    parser.add_argument("preset", nargs="?", help="a YAML preset to open")
+    parser.add_argument("preset", nargs="?", help="a YAML preset (or a bundled preset's name) or a run folder to open")
     parser.add_argument("--run", action="store_true", help="start the preset at once")
     return parser.parse_args(list(argv))
 
@@ -44,10 +48,17 @@ def create_window(argv: Sequence[str] = ()) -> MainWindow:
     app = application()
     choice = str(app_settings().value("theme", "system"))
     theme.apply_palette(app, None if choice not in ("light", "dark") else choice == "dark")
-    window = MainWindow(Controller())
+    stored = app_settings().value("runsRoot")
+    runs_root = Path(str(stored)) if stored and not os.environ.get(RUNS_ENV) else None
+    window = MainWindow(Controller(runs_root=runs_root))
     window.show()
     if args.preset:
-        if window.open_path(args.preset, ask=False) and args.run:
+        target = args.preset
+        if not Path(target).exists():
+            target = str(resolve_preset(target))
+        if RunFolder(target).is_run_folder():
+            window.open_run_folder(target)
+        elif window.open_path(target, ask=False) and args.run:
             QTimer.singleShot(0, window.start_run)
     return window
 

@@ -1,9 +1,11 @@
 """The cluster canvas: hosts as boxes with their GPU slots, tasks as coloured chips inside them.
 
-The scene is rebuilt from the controller's document on every edit (clusters are
-small); run state only recolours the chips. Items never change the config
-themselves: they call the controller, deferred to the next event-loop turn so an
-item is never deleted inside its own event handler.
+The scene is rebuilt from the document on every cluster edit (clusters are small) and the
+view fits it at a readable scale (a cluster too big to read whole scrolls, with a hint saying
+so); the shown run only recolours the chips. Each GPU square carries its id and the colour of
+the task that owns it; the chip repeats that colour and names its GPUs. Items never change
+the config themselves: they call the document model, deferred to the next event-loop turn so
+an item is never deleted inside its own event handler.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from PySide6.QtGui import (
     QPainter,
     QPainterPath,
     QPen,
+    QResizeEvent,
     QWheelEvent,
 )
 from PySide6.QtWidgets import (
@@ -38,24 +41,29 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.contract.config import ROLES, Host, Problem, Task
-from engine.contract.plan import gpu_assignment
+from engine.contract.config import ROLES, Host, Problem, Task, split_gpus
 from engine.observe.telemetry import TaskState
 from gui import theme
-from gui.controller import Controller, Selection, problem_target
+from gui.document import CHIP_H, CHIP_W, COLUMNS, GPU_ROW_H, HEADER_H, HOST_W, PAD, host_height
+from gui.document_model import DocumentModel, Selection, problem_target
+from gui.run_session import RunSession
 
-CHIP_W = 122.0
-CHIP_H = 40.0
-PAD = 10.0
-COLUMNS = 2
-HEADER_H = 42.0
-GPU_ROW_H = 24.0
-HOST_W = PAD + COLUMNS * (CHIP_W + PAD)
-MAX_GPU_SLOTS = 16
+GPU_SLOT_W = 17.0
+MAX_GPU_SLOTS = 11
+#: Below this zoom the chips' text is too small to read: the view scrolls instead of shrinking more.
+READABLE_SCALE = 0.62
+MAX_SCALE = 1.3
 
 
 def _defer(fn: Callable[[], object]) -> None:
     QTimer.singleShot(0, fn)
+
+
+def gpu_list(ids: list[int]) -> str:
+    """``[0, 1, 2]`` -> ``0–2``; ``[3]`` -> ``3``."""
+    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}–{ids[-1]}"
+    return ", ".join(str(g) for g in ids)
 
 
 class ChipItem(QGraphicsObject):
@@ -70,6 +78,8 @@ class ChipItem(QGraphicsObject):
         self.task = task
         self.problems: list[str] = []
         self.run_state: TaskState | None = None
+        self.gpus: list[int] = []  # the host's GPU ids this task owns
+        self.gpu_color: QColor | None = None  # the colour of its GPUs on the host's GPU row
         self.home = QPointF()
         self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
         self.setCursor(Qt.CursorShape.OpenHandCursor)
@@ -85,8 +95,10 @@ class ChipItem(QGraphicsObject):
 
     def update_tooltip(self) -> None:
         t = self.task
-        lines = [f"<b>{t.name}</b> — port {'auto' if t.port is None else t.port}",
-                 "Drag onto another host to move it; right-click for more."]
+        lines = [f"<b>{t.name}</b> — port {'auto' if t.port is None else t.port}"]
+        if self.gpus:
+            lines.append(f"GPU {gpu_list(self.gpus)} of its host")
+        lines.append("Drag onto another host to move it; right-click for more.")
         if self.run_state is not None and self.run_state.state != "pending":
             s = self.run_state
             lines.append(f"State: <b>{s.state}</b>" + (f" (pid {s.pid})" if s.pid else ""))
@@ -109,6 +121,10 @@ class ChipItem(QGraphicsObject):
         painter.setPen(pen)
         painter.setBrush(QBrush(fill))
         painter.drawRoundedRect(rect, 7, 7)
+        if self.gpu_color is not None:  # the colour of this task's GPU squares
+            painter.setPen(Qt.PenStyle.NoPen)
+            painter.setBrush(self.gpu_color)
+            painter.drawRoundedRect(QRectF(2.5, 5, 4, CHIP_H - 10), 2, 2)
         painter.setPen(QColor("white"))
         font = QFont(painter.font())
         font.setBold(True)
@@ -120,8 +136,9 @@ class ChipItem(QGraphicsObject):
         font.setPointSizeF(8)
         painter.setFont(font)
         port = "port auto" if self.task.port is None else f"port {self.task.port}"
+        where = f"GPU {gpu_list(self.gpus)}" if self.gpus else port
         state = self.run_state.state if self.run_state is not None else ""
-        detail = f"{state} · {port}" if state and state != "pending" else port
+        detail = f"{state} · {where}" if state and state != "pending" else where
         painter.drawText(QRectF(10, 20, CHIP_W - 14, 16), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                          detail)
         if state and state != "pending":
@@ -147,7 +164,7 @@ class ChipItem(QGraphicsObject):
         target = self.canvas.host_at(event.scenePos(), exclude=self)
         if target is not None and target.host_index != self.host_index:
             i, j, k = self.host_index, self.task_index, target.host_index
-            _defer(lambda: self.canvas.controller.move_task(i, j, k))
+            _defer(lambda: self.canvas.document.move_task(i, j, k))
         else:
             self.setPos(self.home)
 
@@ -155,7 +172,7 @@ class ChipItem(QGraphicsObject):
 class HostItem(QGraphicsObject):
     """One host: name, address, GPU slots and its task chips."""
 
-    def __init__(self, canvas: ClusterCanvas, index: int, host: Host) -> None:
+    def __init__(self, canvas: ClusterCanvas, index: int, host: Host, mode: str) -> None:
         super().__init__()
         self.canvas = canvas
         self.host_index = index
@@ -163,13 +180,17 @@ class HostItem(QGraphicsObject):
         self.problems: list[str] = []
         self.chips: list[ChipItem] = []
         self.press_pos = QPointF()
-        rows = max(1, (len(host.tasks) + COLUMNS - 1) // COLUMNS)
-        self.height = HEADER_H + GPU_ROW_H + rows * (CHIP_H + PAD) + PAD
+        self.height = host_height(len(host.tasks))
         self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
-        gpus = gpu_assignment(host)
+        gpus = split_gpus(host, mode)
         self.gpu_owner: dict[int, str] = {g: name for name, ids in gpus.items() for g in ids}
+        owners = [name for name, ids in gpus.items() if ids]
+        self.owner_colors: dict[str, QColor] = {name: QColor(theme.curve_color(k)) for k, name in enumerate(owners)}
         for j, task in enumerate(host.tasks):
             chip = ChipItem(canvas, index, j, task, self)
+            chip.gpus = gpus.get(task.name, [])
+            chip.gpu_color = self.owner_colors.get(task.name)
+            chip.update_tooltip()
             chip.home = QPointF(PAD + (j % COLUMNS) * (CHIP_W + PAD), HEADER_H + GPU_ROW_H + (j // COLUMNS) * (CHIP_H + PAD))
             chip.setPos(chip.home)
             self.chips.append(chip)
@@ -188,8 +209,14 @@ class HostItem(QGraphicsObject):
 
     def update_tooltip(self) -> None:
         h = self.host
-        lines = [f"<b>{h.name}</b> at {h.address} — {h.gpus} GPU{'s' if h.gpus != 1 else ''}",
-                 "Drag to move; right-click to add tasks or GPUs."]
+        lines = [f"<b>{h.name}</b> at {h.address} — {h.gpus} GPU{'s' if h.gpus != 1 else ''}"]
+        by_owner: dict[str, list[int]] = {}
+        for g, owner in sorted(self.gpu_owner.items()):
+            by_owner.setdefault(owner, []).append(g)
+        lines += [f"GPU {gpu_list(ids)} → {owner}" for owner, ids in by_owner.items()]
+        if h.gpus and len(self.gpu_owner) < h.gpus:
+            lines.append(f"{h.gpus - len(self.gpu_owner)} GPU(s) left unused")
+        lines.append("Drag to move; right-click to add tasks or GPUs.")
         for p in self.problems:
             lines.append(f"<span style='color:{theme.PROBLEM_COLOR}'>⚠ {p}</span>")
         self.setToolTip("<br>".join(lines))
@@ -237,14 +264,20 @@ class HostItem(QGraphicsObject):
             return
         painter.drawText(QRectF(PAD, y, 40, 16), Qt.AlignmentFlag.AlignVCenter, "GPUs")
         x = PAD + 36
+        font = QFont(painter.font())
+        font.setPointSizeF(7)
+        font.setBold(True)
+        painter.setFont(font)
         for g in range(min(gpus, MAX_GPU_SLOTS)):
             owner = self.gpu_owner.get(g)
-            role = owner.split(":")[0] if owner else ""
-            color = QColor(theme.ROLE_COLORS.get(role, "#9aa0a6"))
+            color = self.owner_colors.get(owner or "", QColor("#9aa0a6"))
+            slot = QRectF(x, y + 1, GPU_SLOT_W - 3, 14)
             painter.setPen(QPen(color.darker(130), 1))
             painter.setBrush(color if owner else QColor(0, 0, 0, 0))
-            painter.drawRoundedRect(QRectF(x, y + 2, 11, 12), 2, 2)
-            x += 14
+            painter.drawRoundedRect(slot, 2, 2)
+            painter.setPen(QColor("white") if owner else text)
+            painter.drawText(slot, Qt.AlignmentFlag.AlignCenter, str(g))
+            x += GPU_SLOT_W
         if gpus > MAX_GPU_SLOTS:
             painter.setPen(text)
             painter.drawText(QRectF(x + 2, y, 40, 16), Qt.AlignmentFlag.AlignVCenter, f"+{gpus - MAX_GPU_SLOTS}")
@@ -257,11 +290,11 @@ class HostItem(QGraphicsObject):
         super().mouseReleaseEvent(event)
         if (self.pos() - self.press_pos).manhattanLength() >= 2:
             i, pos = self.host_index, (self.pos().x(), self.pos().y())
-            _defer(lambda: self.canvas.controller.move_host(i, pos))
+            _defer(lambda: self.canvas.document.move_host(i, pos))
 
 
 class ClusterView(QGraphicsView):
-    """The view: context menus, Ctrl+wheel zoom."""
+    """The view: context menus, Ctrl+wheel zoom, fitting the cluster when its size changes."""
 
     def __init__(self, canvas: ClusterCanvas) -> None:
         super().__init__(canvas.scene)
@@ -282,19 +315,25 @@ class ClusterView(QGraphicsView):
     def wheelEvent(self, event: QWheelEvent) -> None:
         if event.modifiers() & Qt.KeyboardModifier.ControlModifier:
             factor = 1.15 if event.angleDelta().y() > 0 else 1 / 1.15
-            self.scale(factor, factor)
+            self.canvas.zoom(factor)
             return
         super().wheelEvent(event)
 
+    def resizeEvent(self, event: QResizeEvent) -> None:
+        super().resizeEvent(event)
+        self.canvas.view_resized()
+
 
 class ClusterCanvas(QWidget):
-    """Hosts and tasks of the current config, editable with mouse, menus and the Delete key."""
+    """Hosts and tasks of the document, editable with mouse, menus and the Delete key; the shown
+    run's task states on the chips."""
 
     itemsRebuilt = Signal()
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, document: DocumentModel, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.document = document
+        self.session = session
         self.scene = QGraphicsScene(self)
         self.view = ClusterView(self)
         self.view.setObjectName("clusterView")
@@ -305,26 +344,95 @@ class ClusterCanvas(QWidget):
                                   "border-radius: 4px; }")
         self.banner.setToolTip("Problems with the cluster as a whole; fix them before running")
         self.banner.hide()
+        self.scroll_hint = QLabel()
+        self.scroll_hint.setObjectName("clusterScrollHint")
+        self.scroll_hint.setToolTip("The cluster is larger than this pane at a readable size")
+        self.scroll_hint.setStyleSheet("QLabel { color: palette(highlighted-text); background: palette(highlight); "
+                                       "padding: 2px 8px; border-radius: 4px; }")
+        self.scroll_hint.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
         layout.setSpacing(4)
         layout.addWidget(self.banner)
-        layout.addWidget(self.view)
+        layout.addWidget(self.view, 1)
+        layout.addWidget(self.scroll_hint)
         self.hosts: list[HostItem] = []
         self._syncing = False
+        self._user_zoom = False  # the user zoomed by hand: keep it until the cluster changes or Fit
+        self._mode = document.config.parallelism.mode
         self.delete_action = QAction("Delete", self)
         self.delete_action.setShortcuts([QKeySequence(QKeySequence.StandardKey.Delete), QKeySequence(Qt.Key.Key_Backspace)])
         self.delete_action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
         self.delete_action.setToolTip("Delete the selected host or task")
-        self.delete_action.triggered.connect(controller.delete_selection)
+        self.delete_action.triggered.connect(document.delete_selection)
         self.view.addAction(self.delete_action)
         self.scene.selectionChanged.connect(self._scene_selection)
-        controller.documentChanged.connect(self.rebuild)
-        controller.problemsChanged.connect(self._apply_problems)
-        controller.selectionChanged.connect(self._select)
-        controller.runUpdated.connect(self.refresh_states)
-        controller.runLoaded.connect(self.refresh_states)
+        document.clusterChanged.connect(self._cluster_changed)
+        document.settingsChanged.connect(self._settings_changed)
+        document.problemsChanged.connect(self._apply_problems)
+        document.selectionChanged.connect(self._select)
+        session.runUpdated.connect(self.refresh_states)
+        session.runLoaded.connect(self.refresh_states)
         self.rebuild()
+
+    def _cluster_changed(self) -> None:
+        self._user_zoom = False
+        self.rebuild()
+
+    def _settings_changed(self) -> None:
+        mode = self.document.config.parallelism.mode
+        if mode != self._mode:  # who owns the GPUs depends on the mode
+            self.rebuild()
+
+    # ------------------------------------------------------------------ fitting
+
+    def fit(self, minimum: float = READABLE_SCALE) -> float:
+        """Zoom so the whole cluster shows, but not below ``minimum`` (then it scrolls, with a hint)."""
+        rect = self.scene.itemsBoundingRect().adjusted(-16, -12, 16, 12)
+        viewport = self.view.viewport().size()
+        if rect.isEmpty() or viewport.width() < 20 or viewport.height() < 20:
+            return self.scale()
+        whole = min(viewport.width() / rect.width(), viewport.height() / rect.height())
+        scale = max(minimum, min(MAX_SCALE, whole))
+        self.view.resetTransform()
+        self.view.scale(scale, scale)
+        self.view.centerOn(rect.center())
+        if scale > whole:
+            self.view.ensureVisible(QRectF(rect.topLeft(), rect.topLeft()), 0, 0)
+        self._update_hint()
+        return scale
+
+    def fit_all(self) -> float:
+        """Fit every host in view whatever the size (View › Fit, Ctrl+0)."""
+        self._user_zoom = False
+        return self.fit(minimum=0.05)
+
+    def zoom(self, factor: float) -> None:
+        self._user_zoom = True
+        self.view.scale(factor, factor)
+        self._update_hint()
+
+    def scale(self) -> float:
+        return float(self.view.transform().m11())
+
+    def view_resized(self) -> None:
+        if not self._user_zoom:
+            self.fit()
+        else:
+            self._update_hint()
+
+    def hidden_hosts(self) -> list[str]:
+        """Hosts not wholly visible in the view."""
+        visible = self.view.mapToScene(self.view.viewport().rect()).boundingRect()
+        return [h.host.name for h in self.hosts if not visible.contains(h.sceneBoundingRect().adjusted(2, 2, -2, -2))]
+
+    def _update_hint(self) -> None:
+        hidden = self.hidden_hosts()
+        if hidden:
+            n = len(hidden)
+            self.scroll_hint.setText(f"⇕ Scroll to see {'host ' + hidden[0] if n == 1 else f'{n} more hosts'} "
+                                     f"(the cluster is larger than this pane) · Ctrl+wheel zooms · Ctrl+0 fits all")
+        self.scroll_hint.setVisible(bool(hidden))
 
     # ------------------------------------------------------------------ building
 
@@ -333,9 +441,10 @@ class ClusterCanvas(QWidget):
         try:
             self.scene.clear()
             self.hosts = []
-            doc = self.controller.document
+            doc = self.document.document
+            self._mode = doc.config.parallelism.mode
             for i, host in enumerate(doc.config.cluster.hosts):
-                item = HostItem(self, i, host)
+                item = HostItem(self, i, host, self._mode)
                 x, y = doc.layout[i] if i < len(doc.layout) else (0.0, 0.0)
                 item.setPos(x, y)
                 self.scene.addItem(item)
@@ -344,12 +453,16 @@ class ClusterCanvas(QWidget):
                 hint = self.scene.addSimpleText("No hosts yet: press “Add host” or right-click here.")
                 hint.setBrush(self.palette().placeholderText())
             rect = self.scene.itemsBoundingRect().adjusted(-40, -30, 40, 30)
-            self.scene.setSceneRect(rect.united(QRectF(-20, -20, 400, 200)))
-            self._apply_problems(self.controller.problems)
+            self.scene.setSceneRect(rect)
+            self._apply_problems(self.document.problems)
             self.refresh_states()
-            self._select(self.controller.selection)
+            self._select(self.document.selection)
         finally:
             self._syncing = False
+        if not self._user_zoom:
+            self.fit()
+        else:
+            self._update_hint()
         self.itemsRebuilt.emit()
 
     def chip(self, i: int, j: int) -> ChipItem | None:
@@ -409,7 +522,7 @@ class ClusterCanvas(QWidget):
         self.banner.setVisible(bool(general))
 
     def refresh_states(self) -> None:
-        tasks = self.controller.state.tasks
+        tasks = self.session.state.tasks
         for host in self.hosts:
             for chip in host.chips:
                 state = tasks.get(chip.task.name)
@@ -424,7 +537,7 @@ class ClusterCanvas(QWidget):
         if self._syncing:
             return
         selected = [i for i in self.scene.selectedItems() if isinstance(i, (HostItem, ChipItem))]
-        self.controller.select(selected[0].selection if len(selected) == 1 else None)
+        self.document.select(selected[0].selection if len(selected) == 1 else None)
 
     def _select(self, selection: Selection) -> None:
         was = self._syncing
@@ -441,7 +554,7 @@ class ClusterCanvas(QWidget):
 
     def context_menu(self, item: HostItem | ChipItem | None, scene_pos: QPointF | None = None) -> QMenu:
         """The right-click menu for a chip, a host or the empty canvas."""
-        c = self.controller
+        c = self.document
         menu = QMenu(self)
         menu.setToolTipsVisible(True)
 

@@ -13,20 +13,40 @@ from dataclasses import dataclass, field
 from engine.contract import config as cfg
 from engine.contract.config import ROLES, Cluster, Host, RunConfig, Task
 
-HOST_SPACING_X = 300.0
-HOST_SPACING_Y = 250.0
-HOSTS_PER_ROW = 3
+# Geometry of a host box on the canvas (scene units): the canvas draws with these, the auto layout
+# places hosts with them.
+CHIP_W = 122.0
+CHIP_H = 40.0
+PAD = 10.0
+COLUMNS = 2
+HEADER_H = 42.0
+GPU_ROW_H = 24.0
+HOST_W = PAD + COLUMNS * (CHIP_W + PAD)
+HOST_GAP_X = 36.0
+HOST_GAP_Y = 30.0
+HOSTS_PER_ROW = 4
 
 Position = tuple[float, float]
 
 
-def auto_position(i: int) -> Position:
-    """Where host ``i`` goes when the user has not placed it."""
-    return ((i % HOSTS_PER_ROW) * HOST_SPACING_X, (i // HOSTS_PER_ROW) * HOST_SPACING_Y)
+def host_height(tasks: int) -> float:
+    """Height of a host box holding ``tasks`` chips."""
+    rows = max(1, (tasks + COLUMNS - 1) // COLUMNS)
+    return HEADER_H + GPU_ROW_H + rows * (CHIP_H + PAD) + PAD
 
 
-def auto_layout(n: int) -> tuple[Position, ...]:
-    return tuple(auto_position(i) for i in range(n))
+def auto_layout(cluster: Cluster) -> tuple[Position, ...]:
+    """Where each host goes when the user has not placed it: rows of up to four, each row below the
+    tallest host of the row above."""
+    positions: list[Position] = []
+    y = 0.0
+    hosts = cluster.hosts
+    for start in range(0, len(hosts), HOSTS_PER_ROW):
+        row = hosts[start:start + HOSTS_PER_ROW]
+        for k in range(len(row)):
+            positions.append((k * (HOST_W + HOST_GAP_X), y))
+        y += max(host_height(len(h.tasks)) for h in row) + HOST_GAP_Y
+    return tuple(positions)
 
 
 @dataclass(frozen=True)
@@ -38,15 +58,17 @@ class Document:
 
     @staticmethod
     def of(config: RunConfig) -> Document:
-        return Document(config, auto_layout(len(config.cluster.hosts)))
+        return Document(config, auto_layout(config.cluster))
 
     def with_cluster(self, cluster: Cluster, layout: tuple[Position, ...] | None = None) -> Document:
+        """The document with ``cluster``: a layout the user never changed follows the new cluster; hosts
+        without a position get their automatic one."""
         new = cfg.replace(self.config, cluster=cluster)
+        auto = auto_layout(cluster)
         if layout is None:
-            layout = self.layout
+            layout = auto if self.layout == auto_layout(self.config.cluster) else self.layout
         if len(layout) != len(cluster.hosts):
-            layout = tuple(layout[:len(cluster.hosts)]) + tuple(
-                auto_position(i) for i in range(len(layout), len(cluster.hosts)))
+            layout = tuple(layout[:len(cluster.hosts)]) + auto[len(layout):]
         return Document(new, layout)
 
 
@@ -65,6 +87,15 @@ def renumber(cluster: Cluster) -> Cluster:
             tasks.append(t if t.index == index else cfg.replace(t, index=index))
         hosts.append(cfg.replace(h, tasks=tuple(tasks)))
     return Cluster(hosts=tuple(hosts))
+
+
+def close_gap(cluster: Cluster, role: str, index: int) -> Cluster:
+    """After ``role:index`` left the cluster: the tasks of ``role`` above it move down by one, the rest keep
+    their names (the user did not touch them)."""
+    return Cluster(hosts=tuple(
+        cfg.replace(h, tasks=tuple(cfg.replace(t, index=t.index - 1) if t.role == role and t.index > index else t
+                                   for t in h.tasks))
+        for h in cluster.hosts))
 
 
 def unique_host_name(cluster: Cluster, base: str = "host") -> str:
@@ -89,16 +120,23 @@ def _replace_host(cluster: Cluster, i: int, host: Host) -> Cluster:
 def add_host(doc: Document, position: Position | None = None, name: str | None = None) -> Document:
     cluster = doc.config.cluster
     host = Host(name=name or unique_host_name(cluster), address="localhost", gpus=0)
-    pos = position if position is not None else auto_position(len(cluster.hosts))
-    return doc.with_cluster(Cluster(hosts=cluster.hosts + (host,)), doc.layout + (pos,))
+    grown = Cluster(hosts=cluster.hosts + (host,))
+    if position is None:
+        return doc.with_cluster(grown)
+    return doc.with_cluster(grown, doc.layout + (position,))
 
 
 def remove_host(doc: Document, i: int) -> Document:
     hosts = list(doc.config.cluster.hosts)
-    del hosts[i]
+    gone = hosts.pop(i)
     layout = list(doc.layout)
     del layout[i]
-    return doc.with_cluster(renumber(Cluster(hosts=tuple(hosts))), tuple(layout))
+    cluster = Cluster(hosts=tuple(hosts))
+    for t in sorted(gone.tasks, key=lambda t: -t.index):
+        cluster = close_gap(cluster, t.role, t.index)
+    if doc.layout == auto_layout(doc.config.cluster):
+        return doc.with_cluster(cluster, auto_layout(cluster))
+    return doc.with_cluster(cluster, tuple(layout))
 
 
 def update_host(doc: Document, i: int, **changes: object) -> Document:
@@ -118,28 +156,35 @@ def add_task(doc: Document, i: int, role: str = "worker") -> Document:
     cluster = doc.config.cluster
     host = cluster.hosts[i]
     host = cfg.replace(host, tasks=host.tasks + (Task(role=role, index=len(cluster.tasks_of(role))),))
-    return doc.with_cluster(renumber(_replace_host(cluster, i, host)))
+    return doc.with_cluster(_replace_host(cluster, i, host))
 
 
 def remove_task(doc: Document, i: int, j: int) -> Document:
     cluster = doc.config.cluster
     host = cluster.hosts[i]
     tasks = list(host.tasks)
-    del tasks[j]
-    return doc.with_cluster(renumber(_replace_host(cluster, i, cfg.replace(host, tasks=tuple(tasks)))))
+    gone = tasks.pop(j)
+    cluster = _replace_host(cluster, i, cfg.replace(host, tasks=tuple(tasks)))
+    return doc.with_cluster(close_gap(cluster, gone.role, gone.index))
 
 
 def update_task(doc: Document, i: int, j: int, **changes: object) -> Document:
     cluster = doc.config.cluster
     host = cluster.hosts[i]
     tasks = list(host.tasks)
-    tasks[j] = cfg.replace(tasks[j], **changes)
+    old = tasks[j]
+    if "role" in changes and changes["role"] != old.role:
+        # the task takes the next index of its new role; its old role closes the gap
+        changes = {**changes, "index": len(cluster.tasks_of(str(changes["role"])))}
+    tasks[j] = cfg.replace(old, **changes)
     cluster = _replace_host(cluster, i, cfg.replace(host, tasks=tuple(tasks)))
-    return doc.with_cluster(renumber(cluster) if "role" in changes else cluster)
+    if tasks[j].role != old.role:
+        cluster = close_gap(cluster, old.role, old.index)
+    return doc.with_cluster(cluster)
 
 
 def move_task(doc: Document, i: int, j: int, k: int) -> Document:
-    """Move task ``j`` of host ``i`` to the end of host ``k``."""
+    """Move task ``j`` of host ``i`` to the end of host ``k``; every task keeps its name."""
     if i == k:
         return doc
     hosts = list(doc.config.cluster.hosts)
@@ -147,17 +192,18 @@ def move_task(doc: Document, i: int, j: int, k: int) -> Document:
     task = src.pop(j)
     hosts[i] = cfg.replace(hosts[i], tasks=tuple(src))
     hosts[k] = cfg.replace(hosts[k], tasks=hosts[k].tasks + (task,))
-    return doc.with_cluster(renumber(Cluster(hosts=tuple(hosts))))
+    return doc.with_cluster(Cluster(hosts=tuple(hosts)))
 
 
 # --------------------------------------------------------------------------- parallelism
 
 
-def cluster_fix(config: RunConfig, mode: str) -> tuple[Cluster, list[str]]:
+def cluster_fix(config: RunConfig, mode: str, from_mode: str = "") -> tuple[Cluster, list[str]]:
     """The cluster ``mode`` needs and what changed, in words (no change: same cluster, no words).
 
     async needs exactly one chief, at least one worker and one ps; data and model use no ps,
-    and model no chief either (its chief becomes a worker).
+    and model no chief either (its chief becomes a worker). Leaving async for data drops the
+    chief that coordinated (it would train as one more replica) when workers are left to train.
     """
     cluster = config.cluster
     changes: list[str] = []
@@ -187,6 +233,10 @@ def cluster_fix(config: RunConfig, mode: str) -> tuple[Cluster, list[str]]:
         if ps:
             hosts = [[t for t in ts if t.role != "ps"] for ts in hosts]
             changes.append(f"remove the {ps} ps task{'s' if ps > 1 else ''}")
+        if mode == "data" and from_mode == "async" and count("chief") and count("worker"):
+            hosts = [[t for t in ts if t.role != "chief"] for ts in hosts]
+            changes.append("remove the chief task (it coordinated the async run; in data mode it would train "
+                           "as one more replica)")
         if mode == "model" and count("chief"):
             hosts = [[cfg.replace(t, role="worker") if t.role == "chief" else t for t in ts] for ts in hosts]
             changes.append("turn the chief task into a worker")
@@ -206,3 +256,18 @@ def mesh_fix(config: RunConfig) -> tuple[int, int]:
     if model < 1 or devices % model or any(w % model for w in config.model.hidden):
         model = 1
     return devices // model, model
+
+
+def mode_fix(config: RunConfig, mode: str) -> tuple[RunConfig, list[str]]:
+    """``config`` switched to parallelism ``mode`` with the cluster (and, for model, the mesh) it needs,
+    and what changed, in words."""
+    switched = cfg.replace(config, parallelism=cfg.replace(config.parallelism, mode=mode))
+    cluster, changes = cluster_fix(switched, mode, from_mode=config.parallelism.mode)
+    new = cfg.replace(switched, cluster=cluster)
+    if mode == "model":
+        batch, model = mesh_fix(new)
+        p = new.parallelism
+        if (batch, model) != (p.mesh_batch, p.mesh_model):
+            changes.append(f"set the mesh to batch {batch} x model {model} (the {batch * model} worker devices)")
+            new = cfg.replace(new, parallelism=cfg.replace(p, mesh_batch=batch, mesh_model=model))
+    return new, changes

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
 
 from engine.contract.run_folder import RunFolder
 from engine.contract.task_logs import is_noise
-from gui.controller import Controller
+from gui.run_session import RunSession
 
 TAIL_INTERVAL_MS = 300
 MAX_LINES = 50_000
@@ -70,9 +70,9 @@ class LogTail:
 class LogView(QWidget):
     """Pick a task, filter its lines, show or fold TensorFlow's start-up noise."""
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.session = session
         self.tails: dict[str, LogTail] = {}
         self.task = QComboBox()
         self.task.setObjectName("logTask")
@@ -113,8 +113,8 @@ class LogView(QWidget):
         self.task.currentIndexChanged.connect(lambda _i: self.refresh_text())
         self.filter.textChanged.connect(lambda _t: self.refresh_text())
         self.show_noise.toggled.connect(lambda _b: self.refresh_text())
-        controller.runLoaded.connect(self.reset)
-        controller.runStateChanged.connect(self._state_changed)
+        session.runLoaded.connect(self.reset)
+        session.runStateChanged.connect(self._state_changed)
         self.reset()
 
     def reset(self) -> None:
@@ -122,19 +122,34 @@ class LogView(QWidget):
         self.tails.clear()
         self.task.blockSignals(True)
         self.task.clear()
-        self.task.addItems(list(self.controller.state.tasks))
+        self.task.addItems(list(self.session.state.tasks))
+        if self.session.state.state == "failed" and self.session.state.failed_task:
+            self.task.setCurrentIndex(max(0, self.task.findText(self.session.state.failed_task)))
         self.task.blockSignals(False)
         self.refresh_text()
-        if self.controller.run_dir is not None:
+        if self.session.run_dir is not None:
             self.poll()
             self.timer.start()
         else:
             self.timer.stop()
 
     def _state_changed(self, state: str) -> None:
-        if self.controller.run is None and state in ("finished", "failed", "stopped"):
+        if self.session.run is None and state in ("finished", "failed", "stopped"):
             self.poll()  # the last lines, then stop following
             self.timer.stop()
+        failed = self.session.state.failed_task
+        if state == "failed" and failed:
+            self.show_task(failed)  # the Logs tab opens on the task that failed
+
+    def show_task(self, task: str) -> bool:
+        """Show ``task``'s log; False when the run has no such task."""
+        if self.task.findText(task) < 0 and task in self.session.state.tasks:
+            self.task.addItem(task)
+        index = self.task.findText(task)
+        if index < 0:
+            return False
+        self.task.setCurrentIndex(index)
+        return True
 
     def stop(self) -> None:
         self.timer.stop()
@@ -143,7 +158,7 @@ class LogView(QWidget):
         return self.task.currentText()
 
     def _tail(self, task: str) -> LogTail | None:
-        run_dir = self.controller.run_dir
+        run_dir = self.session.run_dir
         if run_dir is None or not task:
             return None
         tail = self.tails.get(task)
@@ -159,11 +174,11 @@ class LogView(QWidget):
 
     def poll(self) -> None:
         """Read what every task's log gained; append the shown task's new lines."""
-        for name in list(self.controller.state.tasks):
+        for name in list(self.session.state.tasks):
             if self.task.findText(name) < 0:
                 self.task.addItem(name)
         current = self.current_task()
-        for name in self.controller.state.tasks:
+        for name in self.session.state.tasks:
             tail = self._tail(name)
             if tail is None:
                 continue
@@ -177,7 +192,7 @@ class LogView(QWidget):
     def refresh_text(self) -> None:
         tail = self._tail(self.current_task())
         if tail is None:
-            self.text.setPlainText("" if self.controller.run_dir is None else "No log yet.")
+            self.text.setPlainText("" if self.session.run_dir is None else "No log yet.")
             self.folded.setText("")
             return
         if not tail.lines:

@@ -5,12 +5,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, QTimer
-from PySide6.QtGui import QAction, QActionGroup, QCloseEvent, QGuiApplication, QIcon, QKeySequence
+from PySide6.QtCore import QByteArray, QSettings, QSize, Qt, QTimer
+from PySide6.QtGui import (
+    QAction,
+    QActionGroup,
+    QCloseEvent,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QIcon,
+    QKeySequence,
+    QShowEvent,
+)
 from PySide6.QtWidgets import (
     QApplication,
     QDockWidget,
     QFileDialog,
+    QGroupBox,
     QInputDialog,
     QLabel,
     QMainWindow,
@@ -23,8 +34,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.contract.config import ROLES, ConfigError
+from engine.contract.config import ROLES, ConfigError, Problem
 from engine.contract.presets import presets_dir
+from engine.contract.run_folder import RunFolder
 from engine.control import export
 from gui import theme
 from gui.canvas import ClusterCanvas
@@ -45,11 +57,43 @@ APPLICATION = "ClusterDeck"
 MAX_RECENT = 8
 RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 YAML_FILTER = "ClusterDeck presets (*.yaml *.yml);;All files (*)"
+#: Share of the central splitter the cluster gets: large while designing, a compact status view
+#: while a run is watched (the plots get the room); the user's own sizes per layout are remembered.
+LAYOUT_SHARES = {"design": 0.58, "watch": 0.3}
 
 
 def app_settings() -> QSettings:
     """The app's settings (an INI file under the user's config folder; tests point it elsewhere)."""
     return QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope, ORGANIZATION, APPLICATION)
+
+
+def preset_description(path: Path) -> str:
+    """What a preset is, in words: its ``description:`` field, else its opening comment lines."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except OSError:
+        return ""
+    comments: list[str] = []
+    for line in text.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("description:"):
+            return stripped.split(":", 1)[1].strip().strip("'\"")
+        if stripped.startswith("#"):
+            comments.append(stripped.lstrip("#").strip())
+        elif stripped and comments:
+            break
+    return " ".join(comments)
+
+
+def first_sentence(text: str, limit: int = 70) -> str:
+    head = text.split(". ")[0].split(": ")[0].rstrip(".")
+    return head if len(head) <= limit else head[:limit - 1] + "…"
+
+
+def screen_fit_size(wanted: QSize, available: QSize) -> QSize:
+    """``wanted``, shrunk to fit ``available`` (a screen's free area) with a margin."""
+    return QSize(min(wanted.width(), int(available.width() * 0.96)),
+                 min(wanted.height(), int(available.height() * 0.94)))
 
 
 def app_icon() -> QIcon:
@@ -67,48 +111,61 @@ class MainWindow(QMainWindow):
         self.setObjectName("mainWindow")
         self.setWindowIcon(app_icon())
         self.setDockNestingEnabled(True)
+        self.setAcceptDrops(True)
         self._close_when_stopped = False
         self._theme_choice = "system"
+        self.layout_mode = "design"
+        self._layout_sizes: dict[str, list[int]] = {}
+        self._shown_once = False
 
         c = self.controller
-        self.canvas = ClusterCanvas(c)
+        doc, session = c.document, c.session
+        self.canvas = ClusterCanvas(doc, session)
         self.canvas.setToolTip("")
-        self.plots = PlotsPanel(c)
-        self.properties = PropertiesPanel(c)
-        self.problems = ProblemsList(c)
-        self.settings_panel = SettingsPanel(c)
-        self.stragglers = StragglerWatch(c)
-        self.task_table = TaskTable(c, stragglers=self.stragglers)
+        self.plots = PlotsPanel(session)
+        self.properties = PropertiesPanel(doc)
+        self.problems = ProblemsList(doc)
+        self.settings_panel = SettingsPanel(doc)
+        self.stragglers = StragglerWatch(session)
+        self.task_table = TaskTable(session, stragglers=self.stragglers)
         self.scaling_dialog: ScalingDialog | None = None
-        self.logs = LogView(c)
-        self.run_status = RunStatus(c)
+        self.logs = LogView(session)
+        self.run_status = RunStatus(session, c.checks, doc)
 
         self.splitter = QSplitter(Qt.Orientation.Vertical)
         self.splitter.setObjectName("centralSplitter")
+        self.splitter.setChildrenCollapsible(False)
         self.splitter.addWidget(self._titled("Cluster", self.canvas,
                                              "Hosts and their tasks. Right-click to add, drag to move, "
                                              "Delete to remove."))
         self.splitter.addWidget(self.plots)
-        self.splitter.setStretchFactor(0, 2)
-        self.splitter.setStretchFactor(1, 3)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.splitterMoved.connect(lambda _pos, _i: self._remember_layout())
         self.setCentralWidget(self.splitter)
 
-        selection = QWidget()
-        sel_layout = QVBoxLayout(selection)
-        sel_layout.setContentsMargins(0, 0, 0, 0)
-        sel_layout.addWidget(self.properties, 0)
-        sel_layout.addWidget(self.problems, 1)
-        self.selection_dock = self._dock("Selection", "selectionDock", selection, Qt.DockWidgetArea.LeftDockWidgetArea)
-        self.settings_dock = self._dock("Run settings", "settingsDock", self.settings_panel,
-                                        Qt.DockWidgetArea.RightDockWidgetArea)
+        # one column on the right: what stops a run, the selected host or task, the run settings
+        self.selection_box = QGroupBox("Selected")
+        self.selection_box.setObjectName("selectionBox")
+        box_layout = QVBoxLayout(self.selection_box)
+        box_layout.setContentsMargins(2, 2, 2, 2)
+        box_layout.addWidget(self.properties)
+        inspector = QWidget()
+        inspector.setObjectName("inspector")
+        column = QVBoxLayout(inspector)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.setSpacing(2)
+        column.addWidget(self.problems, 0)
+        column.addWidget(self.selection_box, 0)
+        column.addWidget(self.settings_panel, 1)
+        self.settings_dock = self._dock("Settings", "settingsDock", inspector, Qt.DockWidgetArea.RightDockWidgetArea)
         self.tasks_dock = self._dock("Tasks", "tasksDock", self.task_table, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.logs_dock = self._dock("Logs", "logsDock", self.logs, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.tasks_dock, self.logs_dock)
-        self.messages = RunMessages(c)
+        self.messages = RunMessages(session)
         self.messages_dock = self._dock("Messages", "messagesDock", self.messages,
                                         Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.logs_dock, self.messages_dock)
-        self.tasks_dock.raise_()
         self.messages.warning.connect(lambda text: self.statusBar().showMessage(f"⚠ {text}", 15000))
         self.tasks_dock.raise_()
 
@@ -116,9 +173,10 @@ class MainWindow(QMainWindow):
         self._build_menus()
         self._build_toolbar()
         self.path_label = QLabel()
-        self.path_label.setToolTip("Where new runs are written (CLUSTERDECK_RUNS or ./runs)")
+        self.path_label.setObjectName("runsFolder")
+        self.path_label.setToolTip("Where new runs are written (File › Runs Folder… changes it)")
         self.statusBar().addPermanentWidget(self.path_label)
-        self.path_label.setText(f"runs: {c.runs_root}")
+        self._runs_root_changed(c.runs_root)
         self.straggler_label = QLabel()
         self.straggler_label.setObjectName("stragglerStatus")
         self.straggler_label.setToolTip("A replica that stays slower than the others (see the task table's "
@@ -128,18 +186,22 @@ class MainWindow(QMainWindow):
         self.statusBar().addPermanentWidget(self.straggler_label)
         self.stragglers.changed.connect(self._stragglers_changed)
 
-        c.problemsChanged.connect(self._update_actions)
+        doc.problemsChanged.connect(self._update_actions)
+        doc.selectionChanged.connect(self._selection_changed)
+        doc.pathChanged.connect(self._path_changed)
+        doc.changed.connect(self._update_title)
+        doc.clusterChanged.connect(self._cluster_edited)
+        doc.undo_stack.cleanChanged.connect(lambda _clean: self._update_title())
         c.runStateChanged.connect(self._run_state_changed)
-        c.pathChanged.connect(self._path_changed)
-        c.documentChanged.connect(self._update_title)
         c.message.connect(lambda text: self.statusBar().showMessage(text, 8000))
         c.startFailed.connect(self.show_start_failed)
-        c.undo_stack.cleanChanged.connect(lambda _clean: self._update_title())
+        session.runsRootChanged.connect(self._runs_root_changed)
         self.problems.fieldActivated.connect(self._focus_field)
         self.plots.compare_button.clicked.connect(self.compare_with_run)
         QGuiApplication.styleHints().colorSchemeChanged.connect(lambda _s: self._apply_theme())
 
         self._restore_settings()
+        self._selection_changed(doc.selection)
         self._update_actions()
         self._update_title()
         self.statusBar().showMessage("Ready", 3000)
@@ -182,6 +244,7 @@ class MainWindow(QMainWindow):
 
     def _build_actions(self) -> None:
         c = self.controller
+        doc = c.document
         SP = QStyle.StandardPixmap
         K = QKeySequence.StandardKey
         self.new_action = self._action("&New", "Start a new config (two local workers)", self.new_document, K.New,
@@ -201,23 +264,25 @@ class MainWindow(QMainWindow):
         self.compare_action = self._action("&Compare with Run…", "Overlay another run's replica curves, dashed",
                                            self.compare_with_run)
         self.clear_compare_action = self._action("Clear Comparison", "Remove the overlaid runs",
-                                                 c.clear_comparisons)
+                                                 c.session.clear_comparisons)
+        self.runs_folder_action = self._action("Runs &Folder…", "Choose the folder new runs are written to",
+                                               self.choose_runs_folder)
         self.quit_action = self._action("&Quit", "Quit ClusterDeck", self.close, K.Quit)
         if self.quit_action.shortcut().isEmpty():  # some platforms bind no standard Quit key
             self.quit_action.setShortcut(QKeySequence("Ctrl+Q"))
-        self.undo_action = c.undo_stack.createUndoAction(self, "&Undo")
+        self.undo_action = doc.undo_stack.createUndoAction(self, "&Undo")
         self.undo_action.setShortcuts(QKeySequence.keyBindings(K.Undo))
         self.undo_action.setToolTip("Undo the last edit (Ctrl+Z)")
-        self.undo_action.setIcon(self.style().standardIcon(SP.SP_ArrowBack))
-        self.redo_action = c.undo_stack.createRedoAction(self, "&Redo")
+        self.undo_action.setIcon(theme.undo_icon())
+        self.redo_action = doc.undo_stack.createRedoAction(self, "&Redo")
         redo = QKeySequence.keyBindings(K.Redo)
         self.redo_action.setShortcuts(redo + [QKeySequence("Ctrl+Shift+Z")] if QKeySequence("Ctrl+Shift+Z") not in redo
                                       else redo)
         self.redo_action.setToolTip("Redo the last undone edit (Ctrl+Shift+Z)")
-        self.redo_action.setIcon(self.style().standardIcon(SP.SP_ArrowForward))
+        self.redo_action.setIcon(theme.undo_icon(redo=True))
         self.addAction(self.undo_action)
         self.addAction(self.redo_action)
-        self.add_host_action = self._action("Add &Host", "Add a host (localhost) to the cluster", c.add_host,
+        self.add_host_action = self._action("Add &Host", "Add a host (localhost) to the cluster", doc.add_host,
                                             "Ctrl+Shift+H")
         self.add_task_action = self._action("Add &Task", "Add a worker to the selected host (the arrow offers "
                                             "other roles)", lambda: self.add_task("worker"), "Ctrl+Shift+T")
@@ -230,13 +295,13 @@ class MainWindow(QMainWindow):
             a.triggered.connect(lambda _=False, r=role: self.add_task(r))
             self.role_actions[role] = a
         self.delete_action = self._action("&Delete Selected", "Delete the selected host or task (Del on the canvas)",
-                                          c.delete_selection)
+                                          doc.delete_selection)
         self.run_action = self._action("&Run", "Launch the cluster and train (F5)", self.start_run, "F5",
                                        SP.SP_MediaPlay)
         self.stop_action = self._action("S&top", "Stop the run: every task ends (Shift+F5)", c.stop_run, "Shift+F5",
                                         SP.SP_MediaStop)
         self.fit_action = self._action("Fit Cluster in View", "Zoom the canvas so every host shows",
-                                       self._fit_canvas, "Ctrl+0")
+                                       self.canvas.fit_all, "Ctrl+0")
         self.theme_group = QActionGroup(self)
         self.theme_actions: dict[str, QAction] = {}
         for key, text in (("system", "Follow the System"), ("light", "Light"), ("dark", "Dark")):
@@ -266,6 +331,7 @@ class MainWindow(QMainWindow):
         m.addAction(self.open_run_action)
         m.addAction(self.compare_action)
         m.addAction(self.clear_compare_action)
+        m.addAction(self.runs_folder_action)
         m.addSeparator()
         m.addAction(self.quit_action)
         m = bar.addMenu("&Edit")
@@ -281,7 +347,7 @@ class MainWindow(QMainWindow):
         m.addSeparator()
         m.addAction(self.scaling_action)
         m = bar.addMenu("&View")
-        for dock in (self.selection_dock, self.settings_dock, self.tasks_dock, self.logs_dock, self.messages_dock):
+        for dock in (self.settings_dock, self.tasks_dock, self.logs_dock, self.messages_dock):
             m.addAction(dock.toggleViewAction())
         m.addSeparator()
         m.addAction(self.fit_action)
@@ -337,16 +403,65 @@ class MainWindow(QMainWindow):
             button.setToolTip(text)
         self.stop_action.setEnabled(running and c.run_state != "stopping")
         self.open_run_action.setEnabled(not running)
-        self.clear_compare_action.setEnabled(bool(c.comparisons))
+        self.runs_folder_action.setEnabled(not running)
+        self.clear_compare_action.setEnabled(bool(c.session.comparisons))
+        read_only = c.document.read_only
+        self.save_action.setText("&Save As…" if read_only else "&Save")
+        self.save_action.setToolTip("A bundled preset is never overwritten: save your copy to a new file"
+                                    if read_only else "Save the config to its file")
         has_selection = c.selection is not None
         self.delete_action.setEnabled(has_selection)
 
     def _run_state_changed(self, state: str) -> None:
         self._update_actions()
+        if state == "starting" and self.controller.session.is_running:
+            self.set_layout_mode("watch")  # the plots get the room; the cluster becomes a status view
         if state in ("failed",) and not self.controller.is_running:
             self.tasks_dock.raise_()
         if self._close_when_stopped and not self.controller.is_running:
             QTimer.singleShot(0, self.close)
+
+    def _cluster_edited(self) -> None:
+        """Editing the cluster is designing: the canvas gets its room back (a live run keeps its layout)."""
+        if not self.controller.session.is_running:
+            self.set_layout_mode("design")
+
+    def _selection_changed(self, selection: object) -> None:
+        self.selection_box.setVisible(selection is not None)
+        if selection is not None:
+            self.selection_box.setTitle("Selected host" if selection[0] == "host" else "Selected task")  # type: ignore[index]
+        self._update_actions()
+
+    # ------------------------------------------------------------------ layout
+
+    def set_layout_mode(self, mode: str) -> None:
+        """``design`` (the canvas large) or ``watch`` (the plots large); each keeps the user's sizes."""
+        if mode == self.layout_mode:
+            return
+        self._remember_layout()
+        self.layout_mode = mode
+        self._apply_layout()
+
+    def _apply_layout(self) -> None:
+        """The current layout's sizes, as proportions of the splitter's height now."""
+        total = sum(self.splitter.sizes()) or max(1, self.splitter.height())
+        sizes = self._layout_sizes.get(self.layout_mode)
+        if sizes and len(sizes) == 2 and sum(sizes) > 0:
+            first = round(total * sizes[0] / sum(sizes))
+        else:
+            first = int(total * LAYOUT_SHARES[self.layout_mode])
+        self.splitter.setSizes([first, total - first])
+
+    def showEvent(self, event: QShowEvent) -> None:
+        super().showEvent(event)
+        if not self._shown_once:  # the splitter has its real height only now
+            self._shown_once = True
+            self._apply_layout()
+
+    def _remember_layout(self) -> None:
+        sizes = self.splitter.sizes()
+        if sum(sizes) > 0:
+            self._layout_sizes[self.layout_mode] = sizes
 
     def _path_changed(self, path: Path | None) -> None:
         if path is not None:
@@ -356,7 +471,9 @@ class MainWindow(QMainWindow):
     def _update_title(self) -> None:
         c = self.controller
         where = str(c.path) if c.path is not None else "untitled"
-        self.setWindowModified(c.is_modified)
+        if c.document.read_only:
+            where += " (bundled preset, read-only)"
+        self.setWindowModified(c.document.is_modified)
         self.setWindowTitle(f"{c.config.name} — {where}[*] — ClusterDeck")
         self._update_actions()
 
@@ -364,7 +481,7 @@ class MainWindow(QMainWindow):
 
     def maybe_save(self) -> bool:
         """True when it is fine to drop the current document (saved, discarded, or unchanged)."""
-        if not self.controller.is_modified:
+        if not self.controller.document.is_modified:
             return True
         answer = QMessageBox.question(
             self, "Unsaved changes", f"The config “{self.controller.config.name}” has unsaved changes. Save them?",
@@ -377,7 +494,7 @@ class MainWindow(QMainWindow):
     def new_document(self) -> None:
         if self.maybe_save():
             self.controller.new_document()
-            self.controller.reset_run_view()
+            self.set_layout_mode("design")
 
     def open_preset(self) -> None:
         if not self.maybe_save():
@@ -396,16 +513,21 @@ class MainWindow(QMainWindow):
             QMessageBox.critical(self, "Cannot open the preset", str(exc))
             return False
         self._remember_dir(Path(path).parent)
+        self.set_layout_mode("design")
         self.statusBar().showMessage(f"Opened {path}", 5000)
         return True
 
     def save(self) -> bool:
-        if self.controller.path is None:
+        """Save to the config's file; a new or bundled one asks where (a shipped preset is never overwritten)."""
+        if self.controller.path is None or self.controller.document.read_only:
             return self.save_as()
         return self._save_to(self.controller.path)
 
     def save_as(self) -> bool:
-        suggested = str(Path(self._last_dir()) / f"{self.controller.config.name}.yaml")
+        folder = Path(self._last_dir())
+        if folder.resolve() == presets_dir().resolve():
+            folder = Path.home()
+        suggested = str(folder / f"{self.controller.config.name}.yaml")
         path, _ = QFileDialog.getSaveFileName(self, "Save preset as", suggested, YAML_FILTER)
         if not path:
             return False
@@ -415,7 +537,7 @@ class MainWindow(QMainWindow):
 
     def _save_to(self, path: Path) -> bool:
         try:
-            self.controller.save(path)
+            self.controller.document.save(path)
         except ConfigError as exc:
             QMessageBox.critical(self, "Cannot save the preset", str(exc))
             return False
@@ -434,7 +556,47 @@ class MainWindow(QMainWindow):
         except ConfigError as exc:
             QMessageBox.critical(self, "Cannot open the run folder", str(exc))
             return False
+        self.set_layout_mode("watch")
         return True
+
+    def choose_runs_folder(self, path: str | Path | None = None) -> bool:
+        """Where new runs go (remembered); not while a run is in progress."""
+        if self.controller.is_running:
+            return False
+        if path is None:
+            path = QFileDialog.getExistingDirectory(self, "Folder for new runs", str(self.controller.runs_root))
+            if not path:
+                return False
+        self.controller.session.runs_root = Path(path)
+        app_settings().setValue("runsRoot", str(path))
+        return True
+
+    def _runs_root_changed(self, path: Path) -> None:
+        self.path_label.setText(f"runs: {path}")
+
+    def open_any(self, path: str | Path) -> bool:
+        """A run folder or a preset, whichever ``path`` is (command line, drop)."""
+        if RunFolder(path).is_run_folder():
+            return self.open_run_folder(path)
+        if Path(path).is_dir():
+            QMessageBox.critical(self, "Cannot open", f"{path}: expected a preset (.yaml) or a run folder "
+                                 "(with a config.yaml), got a folder without a config.yaml")
+            return False
+        return self.open_path(path)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        urls = event.mimeData().urls()
+        if len(urls) == 1 and urls[0].isLocalFile():
+            event.acceptProposedAction()
+        else:
+            event.ignore()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        urls = event.mimeData().urls()
+        if len(urls) == 1 and urls[0].isLocalFile():
+            event.acceptProposedAction()
+            path = urls[0].toLocalFile()
+            QTimer.singleShot(0, lambda: self.open_any(path))  # not inside the drop: it may ask questions
 
     def compare_with_run(self, path: str | Path | None = None) -> bool:
         if not path:
@@ -442,7 +604,7 @@ class MainWindow(QMainWindow):
             if not path:
                 return False
         try:
-            label = self.controller.compare_with(path)
+            label = self.controller.session.compare_with(path)
         except ConfigError as exc:
             QMessageBox.critical(self, "Cannot compare with this run", str(exc))
             return False
@@ -463,8 +625,10 @@ class MainWindow(QMainWindow):
     def _fill_presets(self) -> None:
         self.presets_menu.clear()
         for p in sorted(presets_dir().glob("*.yaml")):
-            a = self.presets_menu.addAction(p.stem)
-            a.setToolTip(str(p))
+            about = preset_description(p)
+            a = self.presets_menu.addAction(f"{p.stem} — {first_sentence(about)}" if about else p.stem)
+            a.setToolTip(f"{about}\n(opens read-only: Save asks for a new file)" if about else str(p))
+            a.setStatusTip(about)
             a.triggered.connect(lambda _=False, p=p: self.open_path(p))
         if self.presets_menu.isEmpty():
             self.presets_menu.addAction("(no presets found)").setEnabled(False)
@@ -489,16 +653,15 @@ class MainWindow(QMainWindow):
     # ------------------------------------------------------------------ editing and running
 
     def add_task(self, role: str) -> None:
-        c = self.controller
-        sel = c.selection
-        hosts = c.config.cluster.hosts
-        if not hosts:
-            c.add_host()
-            sel = c.selection
-        host = sel[1] if sel is not None else len(c.config.cluster.hosts) - 1
-        c.add_task(host, role)
+        doc = self.controller.document
+        sel = doc.selection
+        if not doc.config.cluster.hosts:
+            doc.add_host()
+            sel = doc.selection
+        host = sel[1] if sel is not None else len(doc.config.cluster.hosts) - 1
+        doc.add_task(host, role)
 
-    def show_start_failed(self, problems: list) -> None:
+    def show_start_failed(self, problems: list[Problem]) -> None:
         QMessageBox.warning(self, "Cannot run", str(ConfigError(problems)))
         self._update_actions()
 
@@ -550,14 +713,13 @@ class MainWindow(QMainWindow):
         self.straggler_label.setVisible(bool(text))
 
     def _focus_field(self, field: str) -> None:
+        """A problem was clicked: show and focus the editor of its field (a host's or task's, or a setting)."""
         self.settings_dock.show()
         self.settings_dock.raise_()
-        self.settings_panel.focus_field(field)
-
-    def _fit_canvas(self) -> None:
-        view = self.canvas.view
-        view.fitInView(self.canvas.scene.itemsBoundingRect().adjusted(-20, -20, 20, 20),
-                       Qt.AspectRatioMode.KeepAspectRatio)
+        if field.startswith("cluster.hosts["):
+            self.properties.focus_field(field)
+        else:
+            self.settings_panel.focus_field(field)
 
     def _about(self) -> None:
         QMessageBox.about(self, "About ClusterDeck",
@@ -579,6 +741,10 @@ class MainWindow(QMainWindow):
             dark = None if self._theme_choice == "system" else self._theme_choice == "dark"
             theme.apply_palette(app, dark)
         self.canvas.rebuild()
+        for plot in self.plots.plots.values():
+            plot.apply_theme()
+        self.undo_action.setIcon(theme.undo_icon())
+        self.redo_action.setIcon(theme.undo_icon(redo=True))
 
     def _restore_settings(self) -> None:
         s = app_settings()
@@ -586,26 +752,39 @@ class MainWindow(QMainWindow):
         if self._theme_choice not in self.theme_actions:
             self._theme_choice = "system"
         self.theme_actions[self._theme_choice].setChecked(True)
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        available = screen.availableGeometry().size() if screen is not None else QSize(1500, 940)
         geometry = s.value("window/geometry")
         if isinstance(geometry, QByteArray) and not geometry.isEmpty():
             self.restoreGeometry(geometry)
+            self.resize(screen_fit_size(self.size(), available))  # the screen may be smaller now
         else:
-            self.resize(1500, 940)
-            self.resizeDocks([self.selection_dock, self.settings_dock], [250, 300], Qt.Orientation.Horizontal)
-            self.resizeDocks([self.tasks_dock], [150], Qt.Orientation.Vertical)
-            self.splitter.setSizes([250, 560])
+            size = screen_fit_size(QSize(1500, 940), available)
+            self.resize(size)
+            dock = max(280, min(340, size.width() // 5))
+            self.resizeDocks([self.settings_dock], [dock], Qt.Orientation.Horizontal)
+            self.resizeDocks([self.tasks_dock], [max(130, size.height() // 6)], Qt.Orientation.Vertical)
         state = s.value("window/state")
         if isinstance(state, QByteArray) and not state.isEmpty():
             self.restoreState(state)
-        splitter = s.value("window/splitter")
-        if isinstance(splitter, QByteArray) and not splitter.isEmpty():
-            self.splitter.restoreState(splitter)
+        for mode in LAYOUT_SHARES:
+            value = s.value(f"window/splitter/{mode}")
+            if isinstance(value, list) and len(value) == 2:
+                try:
+                    self._layout_sizes[mode] = [int(v) for v in value]
+                except (TypeError, ValueError):
+                    pass
+        self._apply_layout()
+        # the settings column never cuts its form off: at least as wide as the form needs
+        self.settings_dock.setMinimumWidth(self.settings_panel.needed_width())
 
     def save_settings(self) -> None:
         s = app_settings()
+        self._remember_layout()
         s.setValue("window/geometry", self.saveGeometry())
         s.setValue("window/state", self.saveState())
-        s.setValue("window/splitter", self.splitter.saveState())
+        for mode, sizes in self._layout_sizes.items():
+            s.setValue(f"window/splitter/{mode}", sizes)
         s.sync()
 
     # ------------------------------------------------------------------ closing

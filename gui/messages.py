@@ -10,7 +10,7 @@ from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
 from gui import theme
-from gui.controller import Controller
+from gui.run_session import RunSession
 
 
 class RunMessages(QWidget):
@@ -18,9 +18,9 @@ class RunMessages(QWidget):
 
     warning = Signal(str)  # a new warning, for the status bar
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.session = session
         self.list = QListWidget()
         self.list.setObjectName("runMessages")
         self.list.setWordWrap(True)
@@ -29,8 +29,8 @@ class RunMessages(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.list)
         self._shown = 0
-        controller.runLoaded.connect(self.reload)
-        controller.runUpdated.connect(self.update_messages)
+        session.runLoaded.connect(self.reload)
+        session.runUpdated.connect(self.update_messages)
 
     def reload(self) -> None:
         self.list.clear()
@@ -38,7 +38,7 @@ class RunMessages(QWidget):
         self.update_messages()
 
     def update_messages(self) -> None:
-        infos = self.controller.state.infos
+        infos = self.session.state.infos
         for event in infos[self._shown:]:
             message = str(event.get("message", "")).strip()
             if not message:

@@ -29,6 +29,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QMessageBox,
     QPushButton,
+    QSizePolicy,
     QSlider,
     QToolButton,
     QVBoxLayout,
@@ -37,11 +38,11 @@ from PySide6.QtWidgets import (
 
 from engine.observe.telemetry import History, RunState
 from gui import theme
-from gui.controller import Controller
 from gui.curves import Curve, CurveSet, finite_range
+from gui.run_session import RunSession
 
 REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
-#: New events are drawn as soon as the controller has folded them, but never more often than this.
+#: New events are drawn as soon as the session has folded them, but never more often than this.
 MIN_REDRAW_SPACING_S = 0.030
 #: Screen pixels per block of points drawn as its min and max (2 points per block): with 1, ~2 points
 #: per horizontal pixel reach pyqtgraph; fewer points than 2 per pixel in view are drawn exactly.
@@ -85,6 +86,8 @@ PLOTS = (
              scale=1 / 2**20, smooth=False, compare=False),
 )
 
+#: How far along the curve palette an overlaid run's colours start (the shown run's replicas keep theirs).
+COMPARE_SHIFT = 4
 SECONDARY_LABEL = {"gpu_util": "GPU", "gpu_mem_bytes": "GPU"}
 
 
@@ -244,7 +247,11 @@ class MetricPlot(QWidget):
         self._trim_menu()
         self.item.getViewBox().setMouseEnabled(x=True, y=True)
         self.item.setLabel("left", spec.unit or None)
-        self.legend = self.item.addLegend(offset=(-6, 6), labelTextSize="8pt", verSpacing=-6)
+        # the legend sits beside the plot, never on its curves
+        self.legend = pg.LegendItem(labelTextSize="8pt", verSpacing=-6)
+        self.legend.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
+        self.item.layout.addItem(self.legend, 2, 3)
+        self.item.layout.setAlignment(self.legend, Qt.AlignmentFlag.AlignTop)
         # the legend and its entries are drawn from a cache: repainted only when they change, not at
         # every frame that draws the lines under them
         self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
@@ -254,6 +261,10 @@ class MetricPlot(QWidget):
         self.curves: dict[str, Curve] = self.lines.curves
         self._sources: dict[str, _Source] = {}
         self.lines.on_log_mode = self._log_mode_changed
+        self.empty_note = pg.TextItem("no data yet", anchor=(0, 0))
+        self.empty_note.setColor(self.palette().color(QPalette.ColorRole.PlaceholderText))
+        self._shown_empty: bool | None = None
+        self._short_legend = False
         self._x_label: str | None = None
         self._owners: dict[str, tuple[History, int, list[str]]] = {}
         self.raw = _RawCurves()  # curve -> unsmoothed (x, y) as shown (offset and scale applied on access)
@@ -337,12 +348,28 @@ class MetricPlot(QWidget):
             axis.setPen(pg.mkPen(pal.color(QPalette.ColorRole.Mid)))
             axis.setTextPen(pg.mkPen(text))
         self.legend.setLabelTextColor(text)
-        backdrop = pal.color(QPalette.ColorRole.Base)
-        backdrop.setAlpha(160)  # entries stay readable over the curves, which still show through
-        self.legend.setBrush(pg.mkBrush(backdrop))
+        for _sample, label in self.legend.items:  # entries drawn before the switch take the new colour
+            label.setText(label.text, color=text)
+            label.update()
+        self.legend.update()
+        self._empty_axes()
+
+    def _empty_axes(self) -> None:
+        """A plot without curves shows no numbers (no made-up 0-1 range), only a note."""
+        empty = not self.curves
+        if empty == self._shown_empty:
+            return
+        self._shown_empty = empty
+        for name in ("left", "bottom"):
+            self.item.getAxis(name).setStyle(showValues=not empty)
+        self.item.showGrid(x=not empty, y=not empty, alpha=0.25)
+        if empty:
+            self.empty_note.setParentItem(self.item.getViewBox())
+            self.empty_note.setPos(12, 8)
+        self.empty_note.setVisible(empty)
 
     def changeEvent(self, event: QEvent) -> None:
-        if event.type() == QEvent.Type.PaletteChange:
+        if event.type() in (QEvent.Type.PaletteChange, QEvent.Type.ApplicationPaletteChange):
             self.apply_theme()
         super().changeEvent(event)
 
@@ -353,6 +380,7 @@ class MetricPlot(QWidget):
         self._owners.clear()
         self.legend.clear()
         self._fit_legend()
+        self._empty_axes()
         self._sources.clear()
         self.raw.clear()
         self.labels.clear()
@@ -367,11 +395,12 @@ class MetricPlot(QWidget):
             thin = len(self.curves) >= THIN_ABOVE
             curve = self.lines.add(key, pg.mkPen(color, width=1.0 if thin else width, style=style), label)
             self.labels[key] = label
-            self.legend.addItem(curve, label)
+            self.legend.addItem(curve, short_label(label) if self._short_legend else label)
             sample, text = self.legend.items[-1]
             for entry in (sample, text, text.item):  # drawn from a cache, as the legend itself
                 entry.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
             self._fit_legend()
+            self._empty_axes()
             if len(self.curves) == THIN_ABOVE + 1:
                 for other in self.curves.values():
                     pen = pg.mkPen(other.pen())
@@ -383,17 +412,29 @@ class MetricPlot(QWidget):
         """Many curves make more columns (a compact block, not a column taller than the plot); the
         legend is sized to its entries (pyqtgraph sizes it from its entries' last geometry, which
         keeps it stretched once it was)."""
+        short = len(self.curves) > LEGEND_ROWS
+        if short != self._short_legend:  # many entries: "r3" for "replica 3", so more columns fit
+            self._short_legend = short
+            names = {id(curve): self.labels.get(key, "") for key, curve in self.curves.items()}
+            for sample, label in self.legend.items:
+                full = names.get(id(sample.item), label.text)
+                label.setText(short_label(full) if short else full)
         columns = max(1, math.ceil(len(self.curves) / LEGEND_ROWS))
-        if columns > 1:  # no more columns than the plot's width holds
+        if columns > 1:  # the legend takes at most about half of the plot's width
             entry = max(label.preferredWidth() for _, label in self.legend.items) + 26
-            columns = max(1, min(columns, int((self.item.getViewBox().width() - 12) // entry)))
+            columns = max(1, min(columns, int(max(entry, self.width() * 0.5) // entry)))
         if columns != self.legend.columnCount:
             self.legend.setColumnCount(columns)
         layout = self.legend.layout
         layout.invalidate()
         layout.activate()
         hint = layout.effectiveSizeHint(Qt.SizeHint.PreferredSize)
-        self.legend.setGeometry(0, 0, hint.width(), hint.height() if self.curves else 0)
+        if not self.curves:
+            hint.setWidth(0)
+            hint.setHeight(0)
+        self.legend.setMinimumSize(hint)
+        self.legend.setMaximumSize(hint)
+        self.legend.setPreferredSize(hint)
 
     def owners(self, history: History, run: str = "") -> list[str]:
         """The replicas or tasks with a series this plot shows, in natural order (computed again
@@ -412,6 +453,7 @@ class MetricPlot(QWidget):
         if curve is not None:
             self.legend.removeItem(curve)
             self._fit_legend()
+            self._empty_axes()
         self.labels.pop(key, None)
         self.raw.pop(key, None)
         self._ema.pop(key, None)
@@ -657,9 +699,9 @@ class PlotsPanel(QWidget):
 
     redrawn = Signal()
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.session = session
         self.x_mode = QComboBox()
         self.x_mode.setObjectName("xAxis")
         self.x_mode.addItems(["Step", "Wall time"])
@@ -718,12 +760,12 @@ class PlotsPanel(QWidget):
         self.timer.timeout.connect(self.redraw_if_needed)
         self.x_mode.currentIndexChanged.connect(self._settings_changed)
         self.smoothing.valueChanged.connect(self._settings_changed)
-        self.clear_compare.clicked.connect(controller.clear_comparisons)
-        controller.runLoaded.connect(self._reset)
-        # drawn in the same event-loop turn as the controller folds them: a point waits for one
-        # timer (the controller's drain) instead of two
-        controller.runUpdated.connect(self._run_updated)
-        controller.comparisonsChanged.connect(self._comparisons_changed)
+        self.clear_compare.clicked.connect(session.clear_comparisons)
+        session.runLoaded.connect(self._reset)
+        # drawn in the same event-loop turn as the session folds them: a point waits for one
+        # timer (the session's drain) instead of two
+        session.runUpdated.connect(self._run_updated)
+        session.comparisonsChanged.connect(self._comparisons_changed)
         for plot in self.plots.values():
             plot.viewChanged.connect(self._view_changed)
         self._settings_changed()
@@ -763,7 +805,7 @@ class PlotsPanel(QWidget):
             for cache in (plot._owners, plot._totals):
                 for prefix in [k for k in cache if k.startswith("cmp:")]:
                     del cache[prefix]
-        self.clear_compare.setEnabled(bool(self.controller.comparisons))
+        self.clear_compare.setEnabled(bool(self.session.comparisons))
         self._dirty = True
         self.redraw_if_needed()
 
@@ -775,7 +817,7 @@ class PlotsPanel(QWidget):
             self.redraw_if_needed()
 
     def redraw_if_needed(self) -> None:
-        history = self.controller.state.history
+        history = self.session.state.history
         if history.version == self._version and not self._dirty:
             return
         self._version = history.version
@@ -785,7 +827,7 @@ class PlotsPanel(QWidget):
 
     def redraw(self) -> None:
         """Push the latest points of every series into its curve."""
-        state = self.controller.state
+        state = self.session.state
         weight = self.weight
         x_label = "wall time (s)" if self.by_time else "step"
         for plot in self.plots.values():
@@ -793,13 +835,13 @@ class PlotsPanel(QWidget):
             plot.set_x_label(x_label if spec.scope == "replica" else "wall time (s)")
             self._draw_run(plot, state, "", weight, Qt.PenStyle.SolidLine)
             if spec.compare:
-                for n, (label, other) in enumerate(self.controller.comparisons.items()):
+                for n, (label, other) in enumerate(self.session.comparisons.items()):
                     style = (Qt.PenStyle.DashLine, Qt.PenStyle.DashDotLine, Qt.PenStyle.DotLine)[n % 3]
-                    self._draw_run(plot, other, label, weight, style)
+                    self._draw_run(plot, other, label, weight, style, shift=COMPARE_SHIFT * (n + 1))
             plot.fit_robust_y()
             plot.follow_data()
             plot.lines.flush()
-        self.clear_compare.setEnabled(bool(self.controller.comparisons))
+        self.clear_compare.setEnabled(bool(self.session.comparisons))
         self.hint.setVisible(not state.history.series)
         self.redrawn.emit()
 
@@ -812,11 +854,14 @@ class PlotsPanel(QWidget):
             return s.x, s.y, t0
         return (s.t, s.y, t0) if self.by_time else (s.x, s.y, 0.0)
 
-    def _draw_run(self, plot: MetricPlot, state: RunState, label: str, weight: float, style: Qt.PenStyle) -> None:
+    def _draw_run(self, plot: MetricPlot, state: RunState, label: str, weight: float, style: Qt.PenStyle,
+                  shift: int = 0) -> None:
+        """The curves of one run; an overlaid run (``label``) has its own colours (``shift`` along the
+        palette) and a short name in the legend."""
         spec = plot.spec
         history = state.history
         prefix = f"cmp:{label}:" if label else ""
-        suffix = f" · {label}" if label else ""
+        suffix = f" · {short_run_label(label)}" if label else ""
         owners = plot.owners(history, prefix)
         order = {name: i for i, name in enumerate(state.tasks)}
         totals: list[tuple[str, np.ndarray, np.ndarray]] = []
@@ -830,7 +875,7 @@ class PlotsPanel(QWidget):
                 name = f"replica {owner}" if spec.scope == "replica" else owner
                 if m:
                     name += f" {SECONDARY_LABEL.get(metric, metric)}"
-                color = theme.curve_color(int(owner) if owner.isdigit() else order.get(owner, n))
+                color = theme.curve_color((int(owner) if owner.isdigit() else order.get(owner, n)) + shift)
                 pen_style = Qt.PenStyle.DotLine if m and not label else style
                 plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style, x_offset=offset)
                 if spec.total and m == 0:
@@ -841,6 +886,17 @@ class PlotsPanel(QWidget):
             plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
                            base_x[:final], total[:final], weight, style, width=2.2, x_offset=offset,
                            stable=stable)
+
+
+def short_label(label: str) -> str:
+    """A legend entry's short form: ``replica 3 · run`` -> ``r3 · run``."""
+    return re.sub(r"^replica (\d+)", r"r\1", label)
+
+
+def short_run_label(name: str, limit: int = 14) -> str:
+    """A run folder's name for a legend: without its date-time prefix, at most ``limit`` characters."""
+    short = re.sub(r"^\d{8}-\d{6}-", "", name)
+    return short if len(short) <= limit else short[:limit - 1] + "…"
 
 
 def _total(cache: dict[str, tuple[str, int, float, np.ndarray, tuple[str, ...]]], prefix: str,

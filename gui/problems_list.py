@@ -7,17 +7,17 @@ from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QVBoxLayout,
 
 from engine.contract.config import Problem
 from gui import theme
-from gui.controller import Controller, problem_target
+from gui.document_model import DocumentModel, problem_target
 
 
 class ProblemsList(QWidget):
     """Every validation problem of the current config, ``field: message`` per line."""
 
-    fieldActivated = Signal(str)  # a non-cluster field the user clicked (e.g. training.global_batch_size)
+    fieldActivated = Signal(str)  # the field of the problem the user clicked (e.g. training.global_batch_size)
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, document: DocumentModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.document = document
         self.summary = QLabel()
         self.summary.setObjectName("problemsSummary")
         self.summary.setWordWrap(True)
@@ -32,8 +32,8 @@ class ProblemsList(QWidget):
         layout.addWidget(self.list, 1)
         layout.addStretch(0)  # keeps the summary at the top while the list is hidden
         self.list.itemClicked.connect(self._clicked)
-        controller.problemsChanged.connect(self.refresh)
-        self.refresh(controller.problems)
+        document.problemsChanged.connect(self.refresh)
+        self.refresh(document.problems)
 
     def refresh(self, problems: list[Problem]) -> None:
         self.list.clear()
@@ -51,11 +51,12 @@ class ProblemsList(QWidget):
         self.list.setVisible(bool(problems))
 
     def _clicked(self, item: QListWidgetItem) -> None:
+        """Select the host or task the problem is about, then ask for its field's editor."""
         field = str(item.data(Qt.ItemDataRole.UserRole))
-        for p in self.controller.problems:
+        for p in self.document.problems:
             if p.field == field:
                 target = problem_target(p)
                 if target is not None:
-                    self.controller.select(target)
-                    return
+                    self.document.select(target)
+                break
         self.fieldActivated.emit(field)

@@ -16,15 +16,15 @@ from PySide6.QtWidgets import (
 
 from engine.contract.config import ROLES
 from gui import theme
-from gui.controller import Controller, Selection, problem_target
+from gui.document_model import DocumentModel, Selection, problem_target
 
 
 class PropertiesPanel(QWidget):
     """Shows host fields (name, address, GPUs, SSH) or task fields (role, port) for the selection."""
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, document: DocumentModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.document = document
         self.stack = QStackedWidget()
         self.empty = QLabel("Select a host or a task on the canvas to edit it.")
         self.empty.setWordWrap(True)
@@ -112,18 +112,36 @@ class PropertiesPanel(QWidget):
         self.host_python.editingFinished.connect(lambda: self._text_edited(self.host_python, "python", "python3"))
         self.task_role.activated.connect(lambda _i: self._task(role=self.task_role.currentText()))
         self.task_port.valueChanged.connect(lambda v: self._task(port=int(v) or None))
-        controller.selectionChanged.connect(self.refresh)
-        controller.documentChanged.connect(self.refresh)
-        controller.problemsChanged.connect(self.refresh)
+        document.selectionChanged.connect(self.refresh)
+        document.clusterChanged.connect(self.refresh)
+        document.problemsChanged.connect(self.refresh)
         self.refresh()
 
+    def focus_field(self, field: str) -> bool:
+        """Focus the editor of a host's or task's field (``cluster.hosts[0].gpus``); False when there is none."""
+        name = field.rsplit(".", 1)[-1] if "." in field else ""
+        editors: dict[str, QWidget] = {
+            "name": self.host_name, "address": self.host_address, "gpus": self.host_gpus,
+            "ssh_host": self.host_ssh_host, "ssh_user": self.host_ssh_user, "ssh_port": self.host_ssh_port,
+            "python": self.host_python, "role": self.task_role, "port": self.task_port, "index": self.task_role,
+        }
+        if ".tasks[" in field and name == "name":
+            name = "role"
+        widget = editors.get(name)
+        if widget is None or not widget.isVisibleTo(self):
+            return False
+        widget.setFocus(Qt.FocusReason.OtherFocusReason)
+        if isinstance(widget, (QLineEdit, QSpinBox)):
+            widget.selectAll()
+        return True
+
     def _host(self, **changes: object) -> None:
-        sel = self.controller.selection
+        sel = self.document.selection
         if sel is None or sel[0] != "host":
             return
-        host = self.controller.config.cluster.hosts[sel[1]]
+        host = self.document.config.cluster.hosts[sel[1]]
         if any(getattr(host, k) != v for k, v in changes.items()):
-            self.controller.update_host(sel[1], **changes)
+            self.document.update_host(sel[1], **changes)
 
     def _text_edited(self, edit: QLineEdit, field: str, default: str = "") -> None:
         """A host field typed into: one edit. Leaving a field the user did not type in changes nothing, so
@@ -137,16 +155,16 @@ class PropertiesPanel(QWidget):
         self._host(**{field: text})
 
     def _task(self, **changes: object) -> None:
-        sel = self.controller.selection
+        sel = self.document.selection
         if sel is None or sel[0] != "task":
             return
-        task = self.controller.config.cluster.hosts[sel[1]].tasks[sel[2]]
+        task = self.document.config.cluster.hosts[sel[1]].tasks[sel[2]]
         if any(getattr(task, k) != v for k, v in changes.items()):
-            self.controller.update_task(sel[1], sel[2], **changes)
+            self.document.update_task(sel[1], sel[2], **changes)
 
     def refresh(self, *_args: object) -> None:
-        sel: Selection = self.controller.selection
-        hosts = self.controller.config.cluster.hosts
+        sel: Selection = self.document.selection
+        hosts = self.document.config.cluster.hosts
         widgets = (self.host_name, self.host_address, self.host_gpus, self.host_ssh_host, self.host_ssh_user,
                    self.host_ssh_port, self.host_python, self.task_role, self.task_port)
         for w in widgets:
@@ -174,6 +192,6 @@ class PropertiesPanel(QWidget):
         finally:
             for w in widgets:
                 w.blockSignals(False)
-        mine = [p for p in self.controller.problems if sel is not None and problem_target(p) == sel]
+        mine = [p for p in self.document.problems if sel is not None and problem_target(p) == sel]
         self.problems.setText("\n".join(f"⚠ {p.message}" for p in mine))
         self.problems.setVisible(bool(mine))

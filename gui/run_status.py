@@ -7,8 +7,11 @@ import time
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
 
+from engine.observe.telemetry import RunState
 from gui import theme
-from gui.controller import Controller
+from gui.document_model import DocumentModel
+from gui.launch_checks import LaunchChecks
+from gui.run_session import RunSession
 
 STATE_TEXT = {
     "pending": "Ready",
@@ -19,6 +22,7 @@ STATE_TEXT = {
     "finished": "Finished",
     "failed": "Failed",
     "stopped": "Stopped",
+    "interrupted": "Interrupted",
 }
 
 
@@ -31,6 +35,12 @@ def format_duration(seconds: float | None) -> str:
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
 
 
+def tasks_ready(state: RunState) -> tuple[int, int]:
+    """(tasks whose TensorFlow is up and running, all tasks) of a starting run."""
+    ready = sum(1 for t in state.tasks.values() if t.state in ("running", "finished"))
+    return ready, len(state.tasks)
+
+
 def format_rate(value: float) -> str:
     return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.0f}"
 
@@ -38,9 +48,12 @@ def format_rate(value: float) -> str:
 class RunStatus(QWidget):
     """State badge, progress bar and one line of figures; refreshed on events and once a second."""
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, session: RunSession, checks: LaunchChecks, document: DocumentModel,
+                 parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.session = session
+        self.checks = checks
+        self.document = document
         self.badge = QLabel()
         self.badge.setObjectName("runState")
         self.badge.setMinimumWidth(90)
@@ -62,14 +75,15 @@ class RunStatus(QWidget):
         self.timer.setObjectName("runStatusTimer")
         self.timer.setInterval(1000)
         self.timer.timeout.connect(self.refresh)
-        controller.runUpdated.connect(self.refresh)
-        controller.runLoaded.connect(self.refresh)
-        controller.runStateChanged.connect(self._state_changed)
-        controller.problemsChanged.connect(self.refresh)
+        session.runUpdated.connect(self.refresh)
+        session.runLoaded.connect(self.refresh)
+        session.runStateChanged.connect(self._state_changed)
+        checks.busyChanged.connect(self._state_changed)
+        document.problemsChanged.connect(self.refresh)
         self.refresh()
 
-    def _state_changed(self, _state: str) -> None:
-        if self.controller.is_running:
+    def _state_changed(self, *_args: object) -> None:
+        if self.session.is_running or self.checks.busy:
             self.timer.start()
         else:
             self.timer.stop()
@@ -83,11 +97,17 @@ class RunStatus(QWidget):
         return f"{self.badge.text()} {self.detail.text()}".strip()
 
     def refresh(self, *_args: object) -> None:
-        c = self.controller
-        s = c.state
-        state = c.run_state
-        if c.run_dir is None and not c.is_running:
+        session = self.session
+        s = session.state
+        live = session.is_running
+        if self.checks.busy:
+            state = "checking"
+        elif session.is_stopping:
+            state = "stopping"
+        elif not session.shows_run:
             state = "pending"
+        else:
+            state = s.state
         color = theme.STATE_COLORS.get(state, "#888888")
         self.badge.setText(STATE_TEXT.get(state, state.capitalize()))
         self.badge.setStyleSheet(f"QLabel {{ color: white; background: {color}; border-radius: 4px; "
@@ -100,7 +120,13 @@ class RunStatus(QWidget):
         self.progress.setValue(min(s.step, total))
         self.progress.setFormat(f"{s.step} / {s.total_steps}")
         parts: list[str] = []
-        if state in ("running", "stopping", "starting") and c.is_running:
+        if state in ("running", "stopping", "starting") and live and s.first_step_at is None:
+            # TensorFlow takes seconds to load in every task: say so rather than "step 0"
+            ready, total_tasks = tasks_ready(s)
+            parts.append(f"starting tasks: {ready} of {total_tasks} ready")
+            if s.started_at is not None:
+                parts.append(f"elapsed {format_duration(time.time() - s.started_at)}")
+        elif state in ("running", "stopping", "starting") and live:
             parts.append(f"step {s.step} of {s.total_steps}")
             eta = s.eta_seconds()
             parts.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA –")
@@ -115,13 +141,24 @@ class RunStatus(QWidget):
             if losses:
                 parts.append(f"final loss {sum(losses) / len(losses):.4f}")
         elif state == "failed":
-            parts.append(f"{s.failed_task or 'a task'}: {s.reason}" if s.reason else "see the task table")
+            parts.append(f"{s.failed_task or 'a task'}: {strip_task(s.reason, s.failed_task)}" if s.reason
+                         else "see the task table")
         elif state == "stopped":
             parts.append(f"at step {s.step}" + (f" — {s.reason}" if s.reason else ""))
+        elif state == "interrupted":
+            parts.append(f"at step {s.step} — its launcher ended without finishing it")
         elif state == "pending":
-            n = len(c.problems)
+            n = len(self.document.problems)
             parts.append(f"{n} problem{'s' if n > 1 else ''} — fix them to run" if n else "press Run (F5) to launch")
-        if c.run_dir is not None and not c.is_running and state != "pending":
-            parts.append(f"[{c.run_dir.name}]")
+        if session.run_dir is not None and state != "pending":
+            parts.append(f"[{session.run_dir.name}]")
         self.detail.setText(" · ".join(parts))
         self.setToolTip(self.text())
+
+
+def strip_task(reason: str, task: str) -> str:
+    """A reason without the task's name in front when the caller names the task already
+    (``worker:1: killed by SIGKILL`` said of worker:1 reads ``killed by SIGKILL``)."""
+    while task and reason.startswith(f"{task}: "):
+        reason = reason[len(task) + 2:]
+    return reason

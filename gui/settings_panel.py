@@ -1,6 +1,6 @@
 """Run settings: parallelism and its options, data, model and training, as one form.
 
-Each widget writes one config field through :meth:`Controller.set_value` (an
+Each widget writes one config field through :meth:`DocumentModel.set_value` (an
 undoable edit; repeated edits of one field merge) and is re-read from the
 config after every edit, with its signals blocked so nothing echoes.
 """
@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from PySide6.QtCore import Qt
+from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
@@ -30,7 +32,7 @@ from engine.contract import config as cfg
 from engine.contract.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem
 from gui import document as doc_ops
 from gui import theme
-from gui.controller import Controller
+from gui.document_model import DocumentModel
 
 MODE_HELP = {
     "data": "data — synchronous data parallelism: every worker holds the whole model, gradients are "
@@ -58,10 +60,12 @@ def format_ints(values: tuple[int, ...]) -> str:
 class SettingsPanel(QScrollArea):
     """The run settings form. ``widgets`` maps config field paths to their editor."""
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None) -> None:
+    def __init__(self, document: DocumentModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
+        self.document = document
         self.setWidgetResizable(True)
+        # the form fits the column's width (the column is never narrower than it needs): no sideways scrolling
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         body = QWidget()
         self.setWidget(body)
         outer = QVBoxLayout(body)
@@ -84,7 +88,7 @@ class SettingsPanel(QScrollArea):
         self._register("parallelism.mode", self.mode, "How training is spread over the cluster:\n"
                        + "\n".join(MODE_HELP[m] for m in MODES))
         self.mode.activated.connect(lambda _i: self.choose_mode(self.mode.currentText()))
-        self._readers.append(lambda: self.mode.setCurrentText(controller.config.parallelism.mode))
+        self._readers.append(lambda: self.mode.setCurrentText(document.config.parallelism.mode))
         form.addRow("Mode", self.mode)
         mesh_row = QWidget()
         mesh_layout = QHBoxLayout(mesh_row)
@@ -175,8 +179,8 @@ class SettingsPanel(QScrollArea):
         form.addRow("Restarts", self.restarts)
         outer.addStretch(1)
 
-        controller.documentChanged.connect(self.refresh)
-        controller.problemsChanged.connect(self.mark_problems)
+        document.settingsChanged.connect(self.refresh)
+        document.problemsChanged.connect(self.mark_problems)
         self.refresh()
 
     # ------------------------------------------------------------------ building helpers
@@ -195,7 +199,7 @@ class SettingsPanel(QScrollArea):
 
     def _value_of(self, path: str) -> Any:
         section, _, name = path.partition(".")
-        obj = getattr(self.controller.config, section)
+        obj = getattr(self.document.config, section)
         return getattr(obj, name) if name else obj
 
     def _line(self, path: str, tip: str, form: QFormLayout, label: str) -> QLineEdit:
@@ -279,38 +283,38 @@ class SettingsPanel(QScrollArea):
 
     def _set(self, path: str, value: Any) -> None:
         if path == "training.steps":
-            training = cfg.replace(self.controller.config.training, steps=int(value), epochs=None)
-            if training != self.controller.config.training:
-                self.controller.set_value("training", training)
+            training = cfg.replace(self.document.config.training, steps=int(value), epochs=None)
+            if training != self.document.config.training:
+                self.document.set_value("training", training)
             return
         if path == "data.source" and value in cfg.KNOWN_DATA:
             # a known data set brings its own example shape and classes: one edit, one undo
-            shape, classes = cfg.KNOWN_DATA[value]
-            data = cfg.replace(self.controller.config.data, source=value, shape=shape, classes=classes)
-            if data != self.controller.config.data:
-                self.controller.set_value("data", data)
+            data = self._data_for(str(value))
+            if data != self.document.config.data:
+                self.document.set_value("data", data)
             return
         if self._value_of(path) != value:
-            self.controller.set_value(path, value)
+            self.document.set_value(path, value)
 
     def choose_mode(self, mode: str) -> None:
-        """Switch parallelism, offering to fix the cluster when the new mode needs other tasks."""
-        c = self.controller
+        """Switch parallelism, offering to fix the cluster when the new mode needs other tasks; the question
+        names every change and every problem the switch leaves."""
+        c = self.document
         if mode == c.config.parallelism.mode:
             return
         probe = cfg.replace(c.config, parallelism=cfg.replace(c.config.parallelism, mode=mode))
-        _, changes = doc_ops.cluster_fix(probe, mode)
-        fix = False
-        if changes:
+        fixed, changes = doc_ops.mode_fix(c.config, mode)
+        fix = True  # a mesh that only follows the devices needs no question
+        if fixed.cluster != probe.cluster:
+            left = cfg.validate(fixed)
+            text = (f"{MODE_HELP[mode]}.\n\nThe current cluster does not fit this mode. Change it?\n\n"
+                    + "\n".join(f"• {x}" for x in changes))
+            if left:
+                text += "\n\nStill to fix after this change:\n" + "\n".join(f"• {p}" for p in left)
             answer = QMessageBox.question(
-                self, "Fix the cluster?",
-                f"{MODE_HELP[mode]}.\n\nThe current cluster does not fit this mode. Change it?\n\n"
-                + "\n".join(f"• {x}" for x in changes),
+                self, "Fix the cluster?", text,
                 QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes)
             fix = answer == QMessageBox.StandardButton.Yes
-        elif mode == "model" and doc_ops.mesh_fix(probe) != (probe.parallelism.mesh_batch,
-                                                            probe.parallelism.mesh_model):
-            fix = True  # only the mesh size follows the devices; nothing to ask about
         c.set_mode(mode, fix_cluster=fix)
 
     def refresh(self) -> None:
@@ -322,15 +326,15 @@ class SettingsPanel(QScrollArea):
         finally:
             for w in self.widgets.values():
                 w.blockSignals(False)
-        mode = self.controller.config.parallelism.mode
-        part = self.controller.config.parallelism.partitioner
+        mode = self.document.config.parallelism.mode
+        part = self.document.config.parallelism.partitioner
         form = self.parallelism_form
         form.setRowVisible(self.mesh_form_row, mode == "model")
         form.setRowVisible(self.partitioner, mode == "async")
         form.setRowVisible(self.shards, mode == "async" and part == "fixed")
         form.setRowVisible(self.min_shard_bytes, mode == "async" and part == "min_size")
         form.setRowVisible(self.timeout, mode != "async")
-        c = self.controller.config
+        c = self.document.config
         file_source = c.data.source in cfg.FILE_SOURCES
         self.data_form.setRowVisible(self._rows["data.path"], file_source)
         self.data_form.setRowVisible(self.x_key, c.data.source in ("npz", "tfrecord"))
@@ -341,7 +345,34 @@ class SettingsPanel(QScrollArea):
         self.model_form.setRowVisible(self.embed_dim, token)
         self.model_form.setRowVisible(self.heads, c.model.name == "transformer")
         self.model_form.setRowVisible(self._rows["model.script"], c.model.name == "script")
-        self.mark_problems(self.controller.problems)
+        self._offer_choices()
+        self.mark_problems(self.document.problems)
+
+    def _offer_choices(self) -> None:
+        """Data sources and models that cannot work with the rest of the config (the mode above all) are
+        greyed out, their tooltip saying why: the config's own rules decide, so the choices follow them."""
+        config = self.document.config
+        for combo, path, probe in (
+            (self.source, "data.source", lambda v: cfg.replace(config, data=self._data_for(v))),
+            (self.model_name, "model.name", lambda v: cfg.replace(config, model=cfg.replace(config.model, name=v))),
+        ):
+            items = combo.model()
+            for i in range(combo.count()):
+                value = combo.itemText(i)
+                why = [p.message for p in cfg.validate(probe(value)) if p.field == path]
+                item = items.item(i) if isinstance(items, QStandardItemModel) else None
+                if item is not None:
+                    item.setEnabled(not why or value == combo.currentText())
+                    item.setToolTip("\n".join(why) if why else "")
+                    item.setForeground(combo.palette().placeholderText() if why else combo.palette().text())
+
+    def _data_for(self, source: str) -> cfg.Data:
+        """The data section with ``source`` chosen (a known data set brings its shape and classes)."""
+        data = self.document.config.data
+        if source in cfg.KNOWN_DATA:
+            shape, classes = cfg.KNOWN_DATA[source]
+            return cfg.replace(data, source=source, shape=shape, classes=classes)
+        return cfg.replace(data, source=source)
 
     def mark_problems(self, problems: list[Problem]) -> None:
         """A red frame and the message in the tooltip of each setting a problem names."""
@@ -360,6 +391,12 @@ class SettingsPanel(QScrollArea):
             else:
                 widget.setStyleSheet("")
                 widget.setToolTip(self._tips[path])
+
+    def needed_width(self) -> int:
+        """The width the form needs without cutting a row off (every mode's rows counted)."""
+        body = self.widget()
+        form = body.minimumSizeHint().width() if body is not None else 0
+        return form + self.verticalScrollBar().sizeHint().width() + 4
 
     def focus_field(self, path: str) -> bool:
         """Scroll to and focus the editor of ``path`` (a problem's field); False when there is none."""

@@ -13,8 +13,10 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal
 
+from engine.contract.run_folder import RunFolder
+from engine.observe.run_reader import EventFileReader
 from engine.observe.stragglers import StragglerChange, StragglerDetector
-from gui.controller import Controller, EventFileReader
+from gui.run_session import RunSession
 
 
 def describe_change(change: StragglerChange) -> str:
@@ -24,21 +26,21 @@ def describe_change(change: StragglerChange) -> str:
 
 
 class StragglerWatch(QObject):
-    """Which replicas of the controller's run are straggling now (``{replica: StragglerChange}``)."""
+    """Which replicas of the session's run are straggling now (``{replica: StragglerChange}``)."""
 
     changed = Signal()
 
-    def __init__(self, controller: Controller, detector: StragglerDetector | None = None,
+    def __init__(self, session: RunSession, detector: StragglerDetector | None = None,
                  parent: QObject | None = None) -> None:
-        super().__init__(parent if parent is not None else controller)
-        self.controller = controller
+        super().__init__(parent if parent is not None else session)
+        self.session = session
         self.detector = detector if detector is not None else StragglerDetector()
         self.flagged: dict[int, StragglerChange] = {}
         self._queue: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._attached: Any = None
-        controller.runLoaded.connect(self._run_loaded)
-        controller.runUpdated.connect(self.drain)
-        controller.runStateChanged.connect(lambda _s: self.drain())
+        session.runLoaded.connect(self._run_loaded)
+        session.runUpdated.connect(self.drain)
+        session.runStateChanged.connect(lambda _s: self.drain())
 
     def _run_loaded(self) -> None:
         """A new run (or run folder, or none) is shown: start over."""
@@ -46,15 +48,14 @@ class StragglerWatch(QObject):
         self._queue = queue.SimpleQueue()
         had = bool(self.flagged)
         self.flagged = {}
-        run = self.controller.run
+        run = self.session.run
         if run is not None and run is not self._attached:
-            # the controller starts the run before telling us: a straggler needs seconds of steps, so
+            # the session starts the run before telling us: a straggler needs seconds of steps, so
             # the few events that may precede this listener never decide a flag
-            q = self._queue
-            run.add_listener(q.put)
+            self.session.add_listener(self._queue.put)
             self._attached = run
-        elif run is None and self.controller.run_dir is not None:
-            self.feed(EventFileReader(self.controller.run_dir / "events.jsonl").read_new())
+        elif run is None and self.session.run_dir is not None:
+            self.feed(EventFileReader(RunFolder(self.session.run_dir).events).read_new())
             return
         if had:
             self.changed.emit()

@@ -11,7 +11,8 @@ from PySide6.QtWidgets import QHeaderView, QLabel, QTableView, QVBoxLayout, QWid
 from engine.observe.stragglers import StragglerChange
 from engine.observe.telemetry import TaskState
 from gui import theme
-from gui.controller import Controller
+from gui.run_session import RunSession
+from gui.run_status import strip_task
 from gui.stragglers_view import StragglerWatch, describe_change
 
 COLUMNS = ("Task", "Host", "Role", "PID", "State", "CPU %", "Memory", "GPU %", "Restarts", "Reason", "Straggler")
@@ -47,23 +48,23 @@ def format_bytes(n: float | None) -> str:
 
 
 class TaskTableModel(QAbstractTableModel):
-    """Rows: the tasks of ``controller.state``; refreshed when the controller folds new events."""
+    """Rows: the tasks of ``session.state``; refreshed when the session folds new events."""
 
-    def __init__(self, controller: Controller, stragglers: StragglerWatch | None = None) -> None:
-        super().__init__(controller)
-        self.controller = controller
+    def __init__(self, session: RunSession, stragglers: StragglerWatch | None = None) -> None:
+        super().__init__(session)
+        self.session = session
         self.stragglers = stragglers
         self.rows: list[TaskState] = []
         self._shown: list[tuple[object, ...]] = []  # per row: what it showed when last refreshed
         if stragglers is not None:
             stragglers.changed.connect(self.refresh)
-        controller.runLoaded.connect(self.refresh)
-        controller.runUpdated.connect(self.refresh)
-        controller.runStateChanged.connect(self.refresh)
+        session.runLoaded.connect(self.refresh)
+        session.runUpdated.connect(self.refresh)
+        session.runStateChanged.connect(self.refresh)
         self.refresh()
 
     def refresh(self, *_args: object) -> None:
-        rows = list(self.controller.state.tasks.values())
+        rows = list(self.session.state.tasks.values())
         if [r.name for r in rows] != [r.name for r in self.rows] or any(a is not b for a, b in zip(rows, self.rows, strict=False)):
             self.beginResetModel()
             self.rows = rows
@@ -163,11 +164,11 @@ class TaskTableModel(QAbstractTableModel):
 class TaskTable(QWidget):
     """The table, with a failure report above it when the run failed (which task, why, its last lines)."""
 
-    def __init__(self, controller: Controller, parent: QWidget | None = None, *,
+    def __init__(self, session: RunSession, parent: QWidget | None = None, *,
                  stragglers: StragglerWatch | None = None) -> None:
         super().__init__(parent)
-        self.controller = controller
-        self.model = TaskTableModel(controller, stragglers)
+        self.session = session
+        self.model = TaskTableModel(session, stragglers)
         self.view = QTableView()
         self.view.setObjectName("taskTable")
         self.view.setModel(self.model)
@@ -194,8 +195,8 @@ class TaskTable(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.failure)
         layout.addWidget(self.view, 1)
-        controller.runStateChanged.connect(self._update_failure)
-        controller.runLoaded.connect(self._update_failure)
+        session.runStateChanged.connect(self._update_failure)
+        session.runLoaded.connect(self._update_failure)
 
     def _fit_columns(self) -> None:
         for column in range(len(COLUMNS)):
@@ -216,13 +217,13 @@ class TaskTable(QWidget):
                     break
 
     def _update_failure(self, *_args: object) -> None:
-        state = self.controller.state
+        state = self.session.state
         if state.state != "failed":
             self.failure.hide()
             return
         task = state.tasks.get(state.failed_task)
         lines = task.log_tail[-12:] if task is not None else []
-        why = state.reason or (task.reason if task is not None else "")
+        why = strip_task(state.reason or (task.reason if task is not None else ""), state.failed_task)
         tail = "<br>".join(_escape(x) for x in lines)
         self.failure.setText(
             f"<b style='color:{theme.PROBLEM_COLOR}'>Run failed</b> — task <b>{_escape(state.failed_task or '?')}"

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
-from PySide6.QtGui import QColor, QGuiApplication, QPalette
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QGuiApplication, QIcon, QPainter, QPainterPath, QPalette, QPen, QPixmap
 from PySide6.QtWidgets import QApplication
 
 #: Fill colour of a task chip, by role.
@@ -104,3 +104,37 @@ def apply_palette(app: QApplication, dark: bool | None = None) -> bool:
     app.setStyle("Fusion")
     app.setPalette(dark_palette() if dark else light_palette())
     return dark
+
+
+def undo_icon(redo: bool = False, color: QColor | None = None, size: int = 32) -> QIcon:
+    """A hooked arrow turning back (undo) or forward (redo): the theme's edit-undo/edit-redo where the
+    desktop has them, else drawn (the style's own back/forward arrows read as navigation)."""
+    themed = QIcon.fromTheme("edit-redo" if redo else "edit-undo")
+    if not themed.isNull():
+        return themed
+    color = color or QApplication.palette().color(QPalette.ColorRole.ButtonText)
+    pixmap = QPixmap(size, size)
+    pixmap.fill(Qt.GlobalColor.transparent)
+    painter = QPainter(pixmap)
+    painter.setRenderHint(QPainter.RenderHint.Antialiasing)
+    if redo:  # the mirror image of undo
+        painter.translate(size, 0)
+        painter.scale(-1, 1)
+    s = size / 32.0
+    pen = QPen(color, 3.2 * s)
+    pen.setCapStyle(Qt.PenCapStyle.RoundCap)
+    painter.setPen(pen)
+    path = QPainterPath(QPointF(9 * s, 13 * s))
+    path.lineTo(19 * s, 13 * s)
+    path.arcTo(QRectF(12 * s, 13 * s, 14 * s, 13 * s), 90, -180)
+    path.lineTo(11 * s, 26 * s)
+    painter.drawPath(path)
+    head = QPainterPath(QPointF(3 * s, 13 * s))
+    head.lineTo(11 * s, 6 * s)
+    head.lineTo(11 * s, 20 * s)
+    head.closeSubpath()
+    painter.setPen(Qt.PenStyle.NoPen)
+    painter.setBrush(color)
+    painter.drawPath(head)
+    painter.end()
+    return QIcon(pixmap)

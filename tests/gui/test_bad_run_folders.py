@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.config import ConfigError
-from gui.controller import read_run_folder
+from engine.observe.run_reader import read_run_folder
 from tests.gui.conftest import PRESETS
 
 

@@ -95,7 +95,7 @@ def test_unsaved_edits_prompt_before_new(qtbot: Any, window: Any, dialogs: Any) 
     from PySide6.QtWidgets import QMessageBox
 
     c = window.controller
-    c.add_host()
+    c.document.add_host()
     dialogs.answers.append(QMessageBox.StandardButton.Cancel)
     qtbot.keyClick(window, Qt.Key.Key_N, Qt.KeyboardModifier.ControlModifier)
     assert len(c.config.cluster.hosts) == 2, "cancel keeps the edits"
@@ -108,7 +108,7 @@ def test_unsaved_edits_prompt_before_new(qtbot: Any, window: Any, dialogs: Any) 
 def test_context_menu_roles_delete_and_move(qtbot: Any, window: Any) -> None:
     c = window.controller
     canvas = window.canvas
-    c.add_host()
+    c.document.add_host()
     # a chip's menu changes its role
     menu = canvas.context_menu(canvas.chip(0, 1))
     role_menu = next(a.menu() for a in menu.actions() if a.text() == "Role")
@@ -142,7 +142,7 @@ def test_context_menu_roles_delete_and_move(qtbot: Any, window: Any) -> None:
 def test_drag_a_chip_onto_another_host(qtbot: Any, window: Any) -> None:
     c = window.controller
     canvas = window.canvas
-    c.add_host()
+    c.document.add_host()
     view = canvas.view
     chip = canvas.chip(0, 1)
     start = view.mapFromScene(chip.sceneBoundingRect().center())

@@ -31,7 +31,7 @@ def test_run_messages_and_warnings_of_an_opened_run(window: Any, tmp_path: Path)
     # a warning arriving while the run is shown reaches the status bar too
     window.controller.state.apply(events.make("info", "launcher", message="cannot isolate the run's ports",
                                               warning="ports-exposed"))
-    window.controller.runUpdated.emit()
+    window.controller.session.runUpdated.emit()
     assert "cannot isolate" in window.statusBar().currentMessage()
     assert len(window.messages.texts()) == 3
     # opening a run replaces the list

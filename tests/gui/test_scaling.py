@@ -135,25 +135,35 @@ def test_a_live_run_feeds_the_flags_from_its_dispatcher_thread(qtbot: Any, windo
     import threading
 
     class LiveRun:
-        listeners: list[Any] = []
+        """A started run as the session sees it (the launcher's Run protocol), fed by a thread."""
+
+        def __init__(self) -> None:
+            self.listeners: list[Any] = []
+            self.done = False
 
         def add_listener(self, fn: Any) -> None:
             self.listeners.append(fn)
 
+        def stop(self, reason: str = "", wait: bool = True) -> None:
+            self.done = True
+
+        def pids(self) -> list[int]:
+            return []
+
     c = window.controller
     run = LiveRun()
-    c.run = run  # as start_run leaves it: the run started, then runLoaded
+    c.session.watch(run, c.config, state="running")
     try:
-        c.runLoaded.emit()
-        assert len(run.listeners) == 1
-        feeder = threading.Thread(target=lambda: [run.listeners[0](e) for e in step_events()])
+        assert len(run.listeners) == 2  # the session's fold and the straggler watch
+        feeder = threading.Thread(target=lambda: [fn(e) for e in step_events() for fn in run.listeners])
         feeder.start()
         feeder.join()
         assert not window.stragglers.flagged  # nothing is folded off the GUI thread
-        c.runUpdated.emit()  # the controller's drain timer tells views about new events
-        assert list(window.stragglers.flagged) == [1] and "replica 1" in window.straggler_label.text()
+        qtbot.waitUntil(lambda: list(window.stragglers.flagged) == [1])  # the session's drain timer tells views
+        assert "replica 1" in window.straggler_label.text()
     finally:
-        c.run = None
+        run.done = True
+        qtbot.waitUntil(lambda: c.run is None)
 
 
 def test_an_opened_run_folder_shows_its_stragglers(qtbot: Any, window: Any, tmp_path: Path) -> None:
@@ -199,7 +209,7 @@ def test_export_without_an_image_writes_no_tfjob_and_cancel_writes_nothing(qtbot
 
 def test_export_of_an_invalid_config_shows_the_problem(qtbot: Any, window: Any, tmp_path: Path,
                                                        dialogs: Any) -> None:
-    window.controller.set_value("training.global_batch_size", 127)  # not divisible over 2 replicas
+    window.controller.document.set_value("training.global_batch_size", 127)  # not divisible over 2 replicas
     assert window.export_config(tmp_path / "export", image="") == []
     kind, title, text = dialogs.calls[-1]
     assert kind == "critical" and title == "Cannot export the config" and "global_batch_size" in text
@@ -211,7 +221,7 @@ def test_export_of_an_invalid_config_shows_the_problem(qtbot: Any, window: Any, 
 
 def test_ssh_fields_edit_the_host_and_undo(qtbot: Any, window: Any) -> None:
     c = window.controller
-    c.select(("host", 0))
+    c.document.select(("host", 0))
     panel = window.properties
     assert panel.host_ssh_port.value() == 22 and panel.host_python.text() == "python3"
     qtbot.mouseClick(panel.host_ssh_host, Qt.MouseButton.LeftButton)

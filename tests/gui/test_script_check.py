@@ -21,7 +21,7 @@ def test_broken_script_is_reported_without_blocking_the_window(window: Any, qtbo
                       encoding="utf-8")
     cfg = config_mod.load(PRESETS / "data-1worker-2gpus.yaml")
     cfg = config_mod.replace(cfg, model=config_mod.replace(cfg.model, name="script", script=str(script)))
-    window.controller.set_config(cfg)
+    window.controller.document.set_config(cfg)
     assert not window.controller.problems
     t0 = time.monotonic()
     qtbot.keyClick(window, Qt.Key.Key_F5)

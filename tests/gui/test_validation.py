@@ -16,7 +16,7 @@ def test_invalid_cluster_disables_run_and_shows_why(qtbot: Any, window: Any) -> 
     c = window.controller
     assert window.run_action.isEnabled()
     # 3 GPUs cannot be split over the host's 2 workers
-    c.select(("host", 0))
+    c.document.select(("host", 0))
     gpus = window.properties.host_gpus
     gpus.selectAll()
     qtbot.keyClicks(gpus, "3")
@@ -47,12 +47,12 @@ def test_invalid_cluster_disables_run_and_shows_why(qtbot: Any, window: Any) -> 
 
 def test_task_problems_mark_the_chip_and_settings_mark_their_field(qtbot: Any, window: Any) -> None:
     c = window.controller
-    c.select(("task", 0, 1))
+    c.document.select(("task", 0, 1))
     port = window.properties.task_port
     port.selectAll()
     qtbot.keyClicks(port, "2222")
     qtbot.keyClick(port, Qt.Key.Key_Return)
-    c.select(("task", 0, 0))
+    c.document.select(("task", 0, 0))
     port.selectAll()
     qtbot.keyClicks(port, "2222")
     qtbot.keyClick(port, Qt.Key.Key_Return)
@@ -66,7 +66,7 @@ def test_task_problems_mark_the_chip_and_settings_mark_their_field(qtbot: Any, w
     assert c.config.cluster.hosts[0].tasks[0].port is None
     assert window.run_action.isEnabled()
     # a training field: 3 workers cannot share a global batch of 128
-    c.add_task(0, "worker")
+    c.document.add_task(0, "worker")
     batch = window.settings_panel.widgets["training.global_batch_size"]
     assert "divisible" in batch.toolTip() and batch.styleSheet()
     assert not window.run_action.isEnabled()
@@ -76,7 +76,7 @@ def test_task_problems_mark_the_chip_and_settings_mark_their_field(qtbot: Any, w
     assert c.config.training.global_batch_size == 129
     assert window.run_action.isEnabled() and not batch.styleSheet()
     # the cluster as a whole: a banner over the canvas
-    c.remove_host(0)
+    c.document.remove_host(0)
     assert window.canvas.banner.isVisibleTo(window)
     assert "at least one host" in window.run_action.toolTip()
 

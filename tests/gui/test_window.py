@@ -19,7 +19,7 @@ def test_window_layout_is_remembered(qtbot: Any, runs_root: Path, qt_settings: P
     first.show()
     qtbot.waitExposed(first)
     first.logs_dock.hide()
-    first.splitter.setSizes([120, 600])
+    first.splitter.setSizes([300, 450])
     sizes = first.splitter.sizes()
     first.close()
     assert (qt_settings / "ClusterDeck" / "ClusterDeck.ini").exists()

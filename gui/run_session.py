@@ -1,0 +1,265 @@
+"""The shown run as a Qt model: a live run, a run folder opened from disk, or the config's tasks before any.
+
+Owns the :class:`~engine.control.launcher.Run` and the :class:`~engine.observe.telemetry.RunState`
+it is folded into. Events reach it on the run's dispatcher thread (only enqueued there) and are
+folded on the GUI thread by a timer at <= 30 Hz; views connect to ``runUpdated`` and read
+:attr:`RunSession.state`. Opened folders still written by a live launcher are followed.
+"""
+
+from __future__ import annotations
+
+import queue
+from pathlib import Path
+from typing import Any, Protocol
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from engine.contract.config import ConfigError, Problem, RunConfig
+from engine.control.launcher import Run
+from engine.observe.run_reader import ENDED, EventFileReader, read_run_folder, run_state_for
+from engine.observe.telemetry import RunState
+
+DRAIN_INTERVAL_MS = 33  # <= 30 Hz: events are folded and views told at most this often
+FOLLOW_INTERVAL_MS = 500
+
+
+class WatchedRun(Protocol):
+    """What the session needs of a launched run (the launcher's :class:`Run`, or a replay)."""
+
+    @property
+    def done(self) -> bool: ...
+
+    def add_listener(self, listener: Any) -> None: ...
+
+    def stop(self, reason: str = ..., wait: bool = ...) -> None: ...
+
+    def pids(self) -> list[int]: ...
+
+
+class RunSession(QObject):
+    """The run on screen and its folded state."""
+
+    runLoaded = Signal()  # ``state`` is a new RunState (new run, opened folder, reset)
+    runUpdated = Signal()  # new events folded into ``state``
+    runStateChanged = Signal(str)  # "starting", "running", "stopping", "finished", "failed", "stopped", ...
+    comparisonsChanged = Signal()
+    runsRootChanged = Signal(object)  # Path
+    message = Signal(str)
+
+    def __init__(self, runs_root: Path, config: RunConfig, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._runs_root = Path(runs_root)
+        self.state: RunState = run_state_for(config)
+        self.run_dir: Path | None = None
+        self.run: WatchedRun | None = None
+        self.user_stopped = False
+        self.comparisons: dict[str, RunState] = {}
+        self._events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._stopping = False
+        self._follow: EventFileReader | None = None
+        self._drain_timer = QTimer(self)
+        self._drain_timer.setObjectName("drainTimer")
+        self._drain_timer.setInterval(DRAIN_INTERVAL_MS)
+        self._drain_timer.timeout.connect(self._drain)
+        self._follow_timer = QTimer(self)
+        self._follow_timer.setObjectName("followTimer")
+        self._follow_timer.setInterval(FOLLOW_INTERVAL_MS)
+        self._follow_timer.timeout.connect(self._follow_tick)
+
+    # ------------------------------------------------------------------ reading
+
+    @property
+    def runs_root(self) -> Path:
+        return self._runs_root
+
+    @runs_root.setter
+    def runs_root(self, path: Path) -> None:
+        path = Path(path)
+        if path != self._runs_root:
+            self._runs_root = path
+            self.runsRootChanged.emit(path)
+
+    @property
+    def is_running(self) -> bool:
+        """A launched run whose end has not been folded in yet."""
+        return self.run is not None
+
+    @property
+    def is_stopping(self) -> bool:
+        return self._stopping and self.run is not None
+
+    @property
+    def shows_run(self) -> bool:
+        """A run (live or from a folder) is shown, not just the config's tasks."""
+        return self.run is not None or self.run_dir is not None
+
+    # ------------------------------------------------------------------ live runs
+
+    def launch(self, config: RunConfig, *, checked: bool) -> Path:
+        """Start ``config`` under :attr:`runs_root`; returns its folder (ConfigError when it cannot start)."""
+        if self.run is not None:
+            raise RuntimeError("a run is in progress; stop it first")
+        run = Run(config, runs_root=self._runs_root, checked=checked)
+        events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        run.add_listener(events.put)  # called on the run's dispatcher thread: only enqueue there
+        try:
+            run_dir = run.start()
+        except OSError as exc:
+            raise ConfigError([Problem("", f"the run could not start: {exc}")]) from None
+        self._watch(run, config, run_dir, events, "starting")
+        self.message.emit(f"Run started in {run_dir}")
+        return run_dir
+
+    def watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None = None, state: str = "starting") -> None:
+        """Show an already started run (the launcher's, or a replay of events) as the live run."""
+        if self.run is not None:
+            raise RuntimeError("a run is in progress; stop it first")
+        events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        run.add_listener(events.put)
+        self._watch(run, config, run_dir, events, state)
+
+    def _watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None,
+               events: queue.SimpleQueue[dict[str, Any]], state: str) -> None:
+        self._stop_follow()
+        self._events = events
+        self.state = run_state_for(config)
+        self.state.state = state
+        self.run = run
+        self.run_dir = run_dir
+        self._stopping = False
+        self.user_stopped = False
+        self._drain_timer.start()
+        self.runLoaded.emit()
+        self.runStateChanged.emit(state)
+
+    def add_listener(self, listener: Any) -> bool:
+        """Also give ``listener`` the live run's events (on the run's thread); False without a live run."""
+        if self.run is None:
+            return False
+        self.run.add_listener(listener)
+        return True
+
+    def stop(self) -> None:
+        """Ask the live run to stop; returns at once (the end arrives as a ``run`` event)."""
+        if self.run is None or self._stopping:
+            return
+        self._stopping = True
+        self.user_stopped = True
+        self.run.stop(wait=False)
+        self.runStateChanged.emit("stopping")
+        self.message.emit("Stopping the run…")
+
+    def _drain(self) -> None:
+        """Fold queued events into ``state`` (GUI thread, timer-driven)."""
+        run = self.run
+        if run is None:
+            self._drain_timer.stop()
+            return
+        was = self.state.state
+        done = run.done  # read before draining: every event precedes ``done``
+        count = 0
+        while count < 50_000:
+            try:
+                event = self._events.get_nowait()
+            except queue.Empty:
+                break
+            self.state.apply(event)
+            count += 1
+        if count:
+            self.runUpdated.emit()
+        if self.state.state != was and not self._stopping:
+            self.runStateChanged.emit(self.state.state)
+        if done and self._events.empty():
+            self._drain_timer.stop()
+            self.run = None
+            self._stopping = False
+            self.runStateChanged.emit(self.state.state)
+            self.message.emit(self.end_message())
+
+    def end_message(self) -> str:
+        s = self.state
+        if s.state == "finished":
+            return f"Run finished: {s.step} steps"
+        if s.state == "failed":
+            return f"Run failed: {s.reason}"
+        return f"Run {s.state}" + (f": {s.reason}" if s.reason else "")
+
+    # ------------------------------------------------------------------ run folders
+
+    def open_folder(self, path: str | Path) -> RunConfig:
+        """Show a past (or still running) run folder; returns its config (ConfigError when it is none)."""
+        if self.run is not None:
+            raise RuntimeError("a run is in progress; stop it first")
+        path = Path(path)
+        config, state, reader = read_run_folder(path)
+        self._stop_follow()
+        self.state = state
+        self.run_dir = path
+        self.user_stopped = False
+        self.runLoaded.emit()
+        self.runStateChanged.emit(state.state)
+        if state.state not in ENDED:
+            self._follow = reader
+            self._follow_timer.start()
+        self.message.emit(f"Opened run {path.name}: {state.state}, {state.step} steps")
+        return config
+
+    def _follow_tick(self) -> None:
+        if self._follow is None:
+            self._follow_timer.stop()
+            return
+        new = self._follow.read_new()
+        for event in new:
+            self.state.apply(event)
+        if new:
+            self.runUpdated.emit()
+            if self.state.state in ENDED:
+                self.runStateChanged.emit(self.state.state)
+                self._stop_follow()
+
+    def _stop_follow(self) -> None:
+        self._follow_timer.stop()
+        self._follow = None
+
+    def show_config(self, config: RunConfig) -> None:
+        """Forget the shown run (not while one is live): the config's tasks, nothing run yet."""
+        if self.run is not None:
+            return
+        self._stop_follow()
+        self.state = run_state_for(config)
+        self.run_dir = None
+        self.user_stopped = False
+        self.runLoaded.emit()
+        self.runStateChanged.emit(self.state.state)
+
+    def follow_config(self, config: RunConfig) -> None:
+        """The config changed: while no run is shown, the task list follows it."""
+        if not self.shows_run:
+            self.state = run_state_for(config)
+            self.runLoaded.emit()
+
+    # ------------------------------------------------------------------ comparison
+
+    def compare_with(self, path: str | Path) -> str:
+        """Overlay another run's curves; returns its label."""
+        path = Path(path)
+        _, state, _ = read_run_folder(path)
+        if not state.history.series:
+            raise ConfigError([Problem("", "this run has no recorded steps to compare with")], str(path))
+        label = path.name
+        self.comparisons[label] = state
+        self.comparisonsChanged.emit()
+        return label
+
+    def clear_comparisons(self) -> None:
+        if self.comparisons:
+            self.comparisons.clear()
+            self.comparisonsChanged.emit()
+
+    def shutdown(self) -> None:
+        """Stop the timers, and the run if any (without waiting for it)."""
+        self._stop_follow()
+        if self.run is not None:
+            self.stop()
+        else:
+            self._drain_timer.stop()
