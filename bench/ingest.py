@@ -1,0 +1,420 @@
+"""The launcher's ingest path at scale: how many events per second it takes, on one core, losing none.
+
+A real :class:`engine.control.launcher.Run` is started with a stand-in for the supervisor (its
+``python`` is a small feeder program): the feeder reads the run's spec like a supervisor, then
+writes synthetic events on its stdout as fast as the pipe takes them — per replica and tick one
+``step`` event (loss, examples/s, step time, sync wait, own time) and one ``device`` event (CPU %,
+RSS, pid), the lines a supervisor relays. The launcher's own code does the rest: its reader thread
+(``engine.contract.run_folder.bounded_lines`` -> ``engine.contract.events.decode`` -> queue), its
+dispatcher (the run's ``events.jsonl`` writer, ``engine.observe.telemetry.RunState.apply``). The
+launcher process is pinned to one core, the feeder to another (where there are two).
+
+Figures: events/s from the feeder's first bulk event to the end of the run (every event
+folded and written), the events folded and written against those sent (none may be lost), and
+the cost of each stage alone (bytes/event, µs/event for reading lines, decoding, folding,
+writing), the memory per history point, and (``--profile``) a cProfile of the same stages in one
+thread. Goal: >= 50,000 events/s (256 replicas x 4 metrics x 50 Hz), nothing lost.
+
+A second section of docs/benchmarks.md (``scale_design``) takes the per-event figures to what
+limits the next factor of ten (1,000+ replicas) and the design that would lift it.
+
+    python bench/ingest.py [--replicas 256] [--hz 50] [--seconds 20] [--profile] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import queue
+import shutil
+import stat
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import add_doc_flags, machine_line, verdict, want_doc, write_section  # noqa: E402
+
+from engine.contract import config as config_mod  # noqa: E402
+from engine.contract import events as events_mod  # noqa: E402
+from engine.contract.run_folder import bounded_lines  # noqa: E402
+from engine.control.launcher import Run  # noqa: E402
+from engine.observe.telemetry import RunState  # noqa: E402
+
+GOAL_EVENTS_PER_S = 50_000.0
+T0 = 1_700_000_000.0
+
+#: The stand-in supervisor: reads the spec line, then writes the events (see the module docstring).
+FEEDER = r'''
+import json, os, sys, time
+params = json.load(open(sys.argv[1]))
+if params.get("cpu") is not None and hasattr(os, "sched_setaffinity"):
+    try:
+        os.sched_setaffinity(0, {params["cpu"]})
+    except OSError:
+        pass
+spec = json.loads(sys.stdin.buffer.readline())
+out = sys.stdout.buffer
+tasks = [t["name"] for t in spec["tasks"]]
+def line(d):
+    return (json.dumps(d, separators=(",", ":")) + "\n").encode()
+for i, name in enumerate(tasks):
+    out.write(line({"v": 1, "kind": "status", "task": name, "t": time.time(), "state": "starting", "pid": 1000 + i}))
+    out.write(line({"v": 1, "kind": "status", "task": name, "t": time.time(), "state": "running", "pid": 1000 + i}))
+out.flush()
+R, TICKS, HZ, T0 = params["replicas"], params["ticks"], params["hz"], params["t0"]
+ntasks = len(tasks)
+STEP = ('{"v":1,"kind":"step","task":"%s","t":%.6f,"replica":%d,"step":%d,"loss":%.6f,"examples_per_sec":%.3f,'
+        '"step_time":%.6f,"sync_wait":%.6f,"own_time":%.6f}\n')
+DEVICE = '{"v":1,"kind":"device","task":"%s","t":%.6f,"cpu_percent":%.1f,"rss_bytes":%d,"pid":%d}\n'
+out.write(line({"v": 1, "kind": "info", "task": "feeder", "t": time.time(), "message": "bulk starts",
+                "bulk_start": time.time()}))
+out.flush()
+buf = []
+size = 0
+for tick in range(TICKS):
+    t = T0 + tick / HZ
+    for r in range(R):
+        task = tasks[r % ntasks]
+        loss = 2.3 / (1.0 + tick * 1e-3) + r * 1e-4
+        buf.append(STEP % (task, t + r * 1e-6, r, tick + 1, loss, 800.0 + r, 0.02, 0.004, 0.016))
+        buf.append(DEVICE % (task, t + r * 1e-6 + 5e-7, 90.0 + (tick % 10), 500_000_000 + tick, 1000 + r % ntasks))
+    if len(buf) >= 2048 or tick == TICKS - 1:
+        out.write("".join(buf).encode())
+        buf.clear()
+for i, name in enumerate(tasks):
+    out.write(line({"v": 1, "kind": "status", "task": name, "t": time.time(), "state": "finished", "pid": 1000 + i}))
+out.flush()
+'''
+
+
+def make_config(replicas: int, tasks: int) -> config_mod.RunConfig:
+    cfg = config_mod.default_config()
+    host = cfg.cluster.hosts[0]
+    workers = tuple(config_mod.replace(host.tasks[0], index=i, role="worker", port=None) for i in range(tasks))
+    cluster = config_mod.replace(cfg.cluster, hosts=(config_mod.replace(host, tasks=workers, gpus=0),))
+    batch = 4 * max(replicas, tasks)
+    return config_mod.replace(cfg, name="ingest", cluster=cluster,
+                              parallelism=config_mod.replace(cfg.parallelism, mode="data"),
+                              training=config_mod.replace(cfg.training, global_batch_size=batch, steps=10_000_000,
+                                                          epochs=None, checkpoint_every=0))
+
+
+def pin(cpu: int) -> bool:
+    if hasattr(os, "sched_setaffinity") and (os.cpu_count() or 1) > 1:
+        try:
+            os.sched_setaffinity(0, {cpu})
+            return True
+        except OSError:
+            return False
+    return False
+
+
+def run_ingest(work: Path, replicas: int, ticks: int, hz: float, tasks: int) -> dict[str, Any]:
+    """The real launcher fed by the feeder; returns the figures."""
+    feeder = work / "feeder.py"
+    feeder.write_text(FEEDER, encoding="utf-8")
+    params = work / "params.json"
+    params.write_text(json.dumps({"replicas": replicas, "ticks": ticks, "hz": hz, "t0": T0,
+                                  "cpu": 1 if (os.cpu_count() or 1) > 1 else None}), encoding="utf-8")
+    wrapper = work / "supervisor-stand-in"
+    wrapper.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{feeder}' '{params}'\n", encoding="utf-8")
+    wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+    cfg = make_config(replicas, tasks)
+    run = Run(cfg, runs_root=work / "runs", python=str(wrapper), isolate=False, checked=True)
+    marks: dict[str, float] = {}
+
+    def on_event(e: dict[str, Any]) -> None:  # one cheap check per event: the bulk's start mark
+        if e["kind"] == "info" and "bulk_start" in e:
+            marks["bulk_start"] = float(e["bulk_start"])
+
+    run.add_listener(on_event)
+    cpu0 = time.process_time()
+    run.start()
+    state = run.wait(3600)
+    end = time.time()
+    cpu = time.process_time() - cpu0
+    sent_step = sent_device = replicas * ticks
+    sent = sent_step + sent_device
+    history = run.state.history
+    folded_step = sum(len(history.series.get(f"replica/{r}/loss", ())) for r in range(replicas))
+    folded_device = sum(len(history.series.get(f"task/worker:{i}/cpu_percent", ())) for i in range(tasks))
+    written = {"step": 0, "device": 0}
+    with open(run.folder.events, "rb") as fh:
+        for line in fh:
+            if b'"kind":"step"' in line:
+                written["step"] += 1
+            elif b'"kind":"device"' in line:
+                written["device"] += 1
+    last_steps_ok = all(run.state.replicas[r].step == ticks for r in range(replicas) if r in run.state.replicas)
+    seconds = end - marks.get("bulk_start", end)
+    out = {"state": state, "sent": sent, "seconds": seconds, "events_per_s": sent / seconds if seconds > 0 else 0.0,
+           "points_per_s": (sent_step * 3 + sent_device * 2) / seconds if seconds > 0 else 0.0,
+           "folded": folded_step + folded_device, "written": written["step"] + written["device"],
+           "lost_folded": sent - (folded_step + folded_device), "lost_written": sent - written["step"] - written["device"],
+           "last_steps_ok": last_steps_ok and len(run.state.replicas) == replicas, "launcher_cpu_s": cpu,
+           "bytes": os.path.getsize(run.folder.events)}
+    shutil.rmtree(run.run_dir, ignore_errors=True)
+    return out
+
+
+def sample_lines(replicas: int, ticks: int, hz: float = 50.0) -> list[bytes]:
+    """The feeder's lines for ``ticks`` ticks, made here (for the per-stage figures)."""
+    ns: dict[str, Any] = {}
+    step_fmt = FEEDER.split("STEP = (")[1].split(")\nDEVICE")[0]
+    device_fmt = FEEDER.split("DEVICE = ")[1].split("\n")[0]
+    exec(f"STEP = ({step_fmt})\nDEVICE = {device_fmt}", ns)  # noqa: S102 - our own format strings
+    lines = []
+    for tick in range(ticks):
+        t = T0 + tick / hz
+        for r in range(replicas):
+            task = f"worker:{r}"
+            lines.append((ns["STEP"] % (task, t, r, tick + 1, 2.3 / (1 + tick * 1e-3), 800.0 + r, 0.02, 0.004,
+                                        0.016)).encode())
+            lines.append((ns["DEVICE"] % (task, t + 5e-7, 90.0, 500_000_000 + tick, 1000 + r)).encode())
+    return lines
+
+
+def stage_costs(replicas: int, ticks: int) -> dict[str, float]:
+    """µs per event of each stage alone (one thread), bytes per event and memory per history point."""
+    lines = sample_lines(replicas, ticks)
+    n = len(lines)
+    data = b"".join(lines)
+    out: dict[str, float] = {"events": n, "bytes_per_event": len(data) / n}
+
+    start = time.perf_counter()
+    got = list(bounded_lines(io.BytesIO(data)))
+    out["read_us"] = (time.perf_counter() - start) / n * 1e6
+    start = time.perf_counter()
+    evs = [events_mod.decode(line) for line in got]
+    out["decode_us"] = (time.perf_counter() - start) / n * 1e6
+    assert all(e is not None for e in evs)
+    start = time.perf_counter()
+    evs_json = [json.loads(line) for line in got]
+    out["json_loads_us"] = (time.perf_counter() - start) / n * 1e6
+    del evs_json
+    q: queue.Queue[Any] = queue.Queue()
+    start = time.perf_counter()
+    for e in evs:
+        q.put(e)
+    for _ in range(n):
+        q.get()
+    out["queue_us"] = (time.perf_counter() - start) / n * 1e6
+    state = RunState(total_steps=ticks, tasks=[(f"worker:{r}", "worker", "local") for r in range(replicas)])
+    start = time.perf_counter()
+    for e in evs:
+        state.apply(e)  # type: ignore[arg-type]
+    out["fold_us"] = (time.perf_counter() - start) / n * 1e6
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = events_mod.EventWriter(Path(tmp) / "events.jsonl")
+        start = time.perf_counter()
+        for e in evs:
+            writer.write(e)  # type: ignore[arg-type]
+        out["write_us"] = (time.perf_counter() - start) / n * 1e6
+        writer.close()
+        writer = events_mod.EventWriter(Path(tmp) / "raw.jsonl")
+        start = time.perf_counter()
+        for line in got:
+            writer.write_line(line.decode())
+        out["write_raw_us"] = (time.perf_counter() - start) / n * 1e6
+        writer.close()
+        # the raw line into a buffered file flushed once per 256 events (a dispatcher flushing when its queue
+        # runs dry): what a batched writer would cost
+        with open(Path(tmp) / "batched.jsonl", "ab") as fh:
+            start = time.perf_counter()
+            for i, line in enumerate(got):
+                fh.write(line)
+                if i % 256 == 255:
+                    fh.flush()
+            fh.flush()
+            out["write_batched_us"] = (time.perf_counter() - start) / n * 1e6
+    out["path_us"] = out["read_us"] + out["decode_us"] + out["queue_us"] + out["fold_us"] + out["write_us"]
+    # memory of the history: every distinct array's bytes over the points it holds
+    history = state.history
+    arrays: dict[int, int] = {}
+    filled: dict[int, int] = {}
+    for s in history.series.values():
+        ax = s._axis
+        for a in (ax.x, ax.t, s._y):
+            if a is not None:
+                arrays[id(a)] = a.nbytes
+        filled[id(s._y)] = len(s) * 8
+        filled[id(ax.x)] = ax.n * 8
+        if ax.t is not None:
+            filled[id(ax.t)] = ax.n * 8
+    points = history.total_points()
+    out["points"] = points
+    out["bytes_per_point"] = sum(arrays.values()) / points
+    out["filled_bytes_per_point"] = sum(filled.values()) / points
+    return out
+
+
+def profile_path(replicas: int, ticks: int, top: int = 18) -> list[str]:
+    """cProfile of the ingest stages in one thread (the reader's and the dispatcher's work, in order)."""
+    import cProfile
+    import pstats
+
+    data = b"".join(sample_lines(replicas, ticks))
+    state = RunState(total_steps=ticks, tasks=[(f"worker:{r}", "worker", "local") for r in range(replicas)])
+    with tempfile.TemporaryDirectory() as tmp:
+        writer = events_mod.EventWriter(Path(tmp) / "events.jsonl")
+        prof = cProfile.Profile()
+        prof.enable()
+        for line in bounded_lines(io.BytesIO(data)):
+            event = events_mod.decode(line)
+            if event is not None:
+                writer.write(event)
+                state.apply(event)
+        prof.disable()
+        writer.close()
+    stream = io.StringIO()
+    pstats.Stats(prof, stream=stream).sort_stats("tottime").print_stats(top)
+    return [ln for ln in stream.getvalue().splitlines() if ln.strip()]
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--replicas", type=int, default=None, help="replicas (default 256, quick 32)")
+    parser.add_argument("--tasks", type=int, default=None, help="tasks the replicas belong to (default: one each)")
+    parser.add_argument("--hz", type=float, default=50.0, help="reports per replica per second (simulated)")
+    parser.add_argument("--seconds", type=float, default=None, help="simulated seconds (default 20, quick 2)")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the stages in one thread")
+    add_doc_flags(parser)
+    args = parser.parse_args(argv)
+    replicas = args.replicas or (32 if args.quick else 256)
+    tasks = args.tasks or replicas
+    seconds = args.seconds or (2.0 if args.quick else 20.0)
+    ticks = max(1, int(seconds * args.hz))
+    pinned = pin(0)
+    with tempfile.TemporaryDirectory(prefix="cd-ingest-") as tmp:
+        f = run_ingest(Path(tmp), replicas, ticks, args.hz, tasks)
+    stages = stage_costs(min(replicas, 256), max(1, min(ticks, 200)))
+    f.update({"replicas": replicas, "tasks": tasks, "hz": args.hz, "ticks": ticks, "pinned": pinned,
+              "stages": stages})
+    ok = f["events_per_s"] >= GOAL_EVENTS_PER_S and f["lost_folded"] == 0 and f["lost_written"] == 0
+    print(f"ingest: {replicas} replicas ({tasks} tasks) x 2 events x {args.hz:g} Hz x {seconds:g} s = "
+          f"{f['sent']:,} events through a real Run (launcher {'pinned to one core' if pinned else 'not pinned'}); "
+          f"{machine_line()}")
+    print(f"  run ended {f['state']}; {f['events_per_s']:,.0f} events/s ({f['points_per_s']:,.0f} points/s) over "
+          f"{f['seconds']:.2f} s; launcher CPU {f['launcher_cpu_s']:.2f} s  (goal >= {GOAL_EVENTS_PER_S:,.0f} "
+          f"events/s: {'met' if f['events_per_s'] >= GOAL_EVENTS_PER_S else 'not met'})")
+    print(f"  lost: {f['lost_folded']} not folded, {f['lost_written']} not written of {f['sent']:,}; every replica "
+          f"at its last step: {f['last_steps_ok']}")
+    s = stages
+    print(f"  per event alone: {s['bytes_per_event']:.0f} bytes; read line {s['read_us']:.2f} µs, decode "
+          f"{s['decode_us']:.2f} µs (json.loads alone {s['json_loads_us']:.2f}), queue hand-off {s['queue_us']:.2f} "
+          f"µs, fold {s['fold_us']:.2f} µs, write (re-encode) {s['write_us']:.2f} µs (raw line "
+          f"{s['write_raw_us']:.2f}, raw line batched {s['write_batched_us']:.2f}); sum {s['path_us']:.2f} µs = "
+          f"{1e6 / s['path_us']:,.0f} events/s on one core")
+    print(f"  history memory: {s['bytes_per_point']:.1f} bytes per point allocated ({s['filled_bytes_per_point']:.1f} "
+          "filled)")
+    if args.profile or not ok:
+        f["profile"] = profile_path(min(replicas, 256), max(1, min(ticks, 200)))
+        print("  cProfile of the stages in one thread (by own time):")
+        for line in f["profile"]:
+            print("   " + line)
+    if want_doc(args):
+        write_section("ingest", doc_section(f, seconds), args.doc)
+        write_section("scale_design", design_section(f), args.doc)
+    return f
+
+
+def doc_section(f: dict[str, Any], seconds: float) -> str:
+    s = f["stages"]
+    met = f["events_per_s"] >= GOAL_EVENTS_PER_S
+    return "\n".join([
+        "## 3b. The launcher's ingest path at scale",
+        "",
+        f"`python bench/ingest.py` — a real `engine.control.launcher.Run` whose supervisor is a feeder program: "
+        f"{f['replicas']} replicas ({f['tasks']} tasks), per replica and tick one `step` and one `device` event, "
+        f"{f['hz']:g} ticks per simulated second for {seconds:g} s: {f['sent']:,} events written to the "
+        "launcher's pipe as fast as it takes them. The launcher's reader thread (`bounded_lines` -> "
+        "`events.decode`) and dispatcher (the run's `events.jsonl`, `RunState.apply`) do the rest, the process "
+        f"{'pinned to one core (the feeder on the other)' if f['pinned'] else 'not pinned'}; {machine_line()}.",
+        "",
+        "| figure | value | goal |",
+        "| --- | ---: | --- |",
+        f"| events/s sustained (bulk start to every event folded and written) | **{f['events_per_s']:,.0f}** | "
+        f">= {GOAL_EVENTS_PER_S:,.0f} ({verdict(met)}) |",
+        f"| points/s into the history | {f['points_per_s']:,.0f} | |",
+        f"| events not folded / not written | **{f['lost_folded']} / {f['lost_written']}** of {f['sent']:,} | 0 "
+        f"({verdict(f['lost_folded'] == 0 and f['lost_written'] == 0)}) |",
+        f"| launcher CPU for the bulk | {f['launcher_cpu_s']:.2f} s | |",
+        "",
+        "Each stage alone, one thread (µs per event): "
+        f"read the line {s['read_us']:.2f}, decode {s['decode_us']:.2f} (of which `json.loads` "
+        f"{s['json_loads_us']:.2f}), queue hand-off {s['queue_us']:.2f}, fold {s['fold_us']:.2f}, write to "
+        f"`events.jsonl` {s['write_us']:.2f} (the event encoded again and written with one system call; the raw "
+        f"line would take {s['write_raw_us']:.2f}, the raw line flushed every 256 events {s['write_batched_us']:.2f}); sum {s['path_us']:.2f} µs, a ceiling of {1e6 / s['path_us']:,.0f} events/s "
+        f"on one core. {s['bytes_per_event']:.0f} bytes per event.",
+    ])
+
+
+def design_section(f: dict[str, Any]) -> str:
+    s = f["stages"]
+    per_event = s["path_us"]
+    bpp = s["bytes_per_point"]
+    rate_1k = 1000 * 2 * 10  # 1,000 replicas, step + device event, 10 Hz
+    points_1k_hour = 1000 * 5 * 10 * 3600
+    return "\n".join([
+        "## 3c. What limits the next factor of ten (1,000+ replicas), and the design that would lift it",
+        "",
+        f"Figures from `python bench/ingest.py` (one thread, {machine_line()}): {s['bytes_per_event']:.0f} bytes "
+        f"per event on the wire; {per_event:.1f} µs of launcher CPU per event end to end (decode "
+        f"{s['decode_us']:.1f}, fold {s['fold_us']:.1f}, re-encode and write {s['write_us']:.1f}, line and queue "
+        f"{s['read_us'] + s['queue_us']:.1f}); {bpp:.1f} bytes of history per point allocated "
+        f"({s['filled_bytes_per_point']:.1f} filled; float64 x, t and y, x and t shared by a replica's metrics, "
+        "arrays grown by half).",
+        "",
+        f"- **CPU of the launcher.** 1,000 replicas reporting a step and a device event at 10 Hz are "
+        f"{rate_1k:,} events/s: {rate_1k * per_event / 1e6:.0%} of one core at {per_event:.1f} µs each, all of it "
+        "under one GIL shared with the app's drawing; at 50 Hz, 100,000 events/s, more than a core. Every event is "
+        "parsed from JSON into a dict, checked, folded field by field and encoded back to JSON for the run's file.",
+        f"- **Memory of the history.** 1,000 replicas x 5 points per tick x 10 Hz is {points_1k_hour / 1e6:,.0f} M "
+        f"points an hour: {points_1k_hour * bpp / 2**30:.1f} GiB at {bpp:.1f} bytes per point, where the app's "
+        "budget is 0.4 GB. Full resolution of every series cannot stay in memory.",
+        "- **Bytes on the pipe and on disk.** "
+        f"{s['bytes_per_event']:.0f} bytes per event: {rate_1k * s['bytes_per_event'] / 1e6:.1f} MB/s at 1,000 "
+        f"replicas and 10 Hz, written twice (each task's file, then the run's), {rate_1k * s['bytes_per_event'] * 3600 / 2**30:.1f} "
+        "GiB per hour per copy; over SSH the relay crosses the network too.",
+        "- **Drawing.** One line per replica per plot: at 1,000 lines a legend, a colour per line and a full "
+        "redraw when the view moves stop being readable or cheap, whatever the data path.",
+        "",
+        "The design that lifts these, in order of payoff:",
+        "",
+        "1. **Write the raw line, not the decoded event.** The launcher re-encodes every event it has just "
+        f"decoded ({s['write_us']:.1f} µs against {s['write_raw_us']:.1f} µs for the line as read): keep the "
+        "line the reader got (and the generation tag as a prefix field) and write it as is — a cut of about "
+        f"{s['write_us'] - s['write_raw_us']:.1f} µs per event in `engine/control/launcher.py` (`_read` hands "
+        "`(line, event)` to the queue; `_deliver` calls `EventWriter.write_line`).",
+        "2. **Flush when the queue runs dry, not per event.** `EventWriter` opens the file line-buffered: one "
+        "`write` system call per event. Writing into a buffer and flushing when the dispatcher finds its queue "
+        f"empty (and at the end) costs {s['write_batched_us']:.1f} µs per event instead of {s['write_raw_us']:.1f}; "
+        "nothing is held back longer than the dispatcher is busy, and a crash of the launcher loses at most "
+        "that backlog (the tasks' own files still hold every event).",
+        "3. **Batch the hand-off.** The reader puts one event at a time on a `queue.Queue` (a lock and a "
+        f"condition per event, {s['queue_us']:.1f} µs); reading what the pipe holds (`os.read` of 64 KiB, split "
+        "into lines) and handing over lists cuts the per-event locking and wake-ups.",
+        "4. **Per-supervisor pre-aggregation.** The supervisor already sees every event of its host: at more "
+        "than ~64 replicas per host it can fold a host's step events into one `steps` event per tick (arrays "
+        "of replica ids, steps, losses, rates), keeping every value but one JSON object, one decode and one "
+        "fold call per host instead of per replica; stragglers and per-replica plots read the same arrays.",
+        "5. **Binary framing for that batch.** A length-prefixed record with float32/float64 columns "
+        "(`numpy.frombuffer`, no JSON) decodes a host's tick in microseconds; the JSON lines stay the format "
+        "of each task's own `events.jsonl` (durable, readable).",
+        "6. **History in tiers.** Keep the last N minutes at full resolution in memory; older points as "
+        "min/max/mean per block (the plots already draw ~2 points per pixel), with every point still in "
+        "`events.jsonl` for export and zoom-in (read back on demand). float32 values with float64 time "
+        "halves y's memory. Memory then grows with replicas, not with hours.",
+        "7. **Plots for many replicas.** Beyond ~64 lines: a band (min/median/max over replicas) plus the "
+        "outliers the straggler detector names, lines on demand.",
+    ])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,221 @@
+"""Every parallelism mode against its own bare loop: steady-state examples/s, ClusterDeck / bare.
+
+For each mode the same model (784-256-10 MLP), data and global batch (128) train twice per
+round, order rotating, and the steady-state throughput is measured inside the training
+process the same way on both sides (after ``min(50, steps // 5)`` warm-up steps, to the last
+step):
+
+- *data* (preset ``data-2workers``: 2 workers, ``MultiWorkerMirroredStrategy``): ClusterDeck
+  (:class:`engine.control.launcher.Run`: supervisor, events, device sampling, summaries) against
+  the runtime's own loop without telemetry (``python -m engine.runtime.task --bare``, one per
+  task with the same ``TF_CONFIG``);
+- *async* (preset ``async-1ps``: chief + 2 workers + 1 ps, ``ParameterServerStrategy``):
+  ClusterDeck against the hand-written ``ParameterServerStrategy`` loop of
+  ``bench/_handwritten.py`` (every step scheduled, one fetch at the end; the runtime has no bare
+  path for this mode). ClusterDeck's figure: completed steps over time from the chief's
+  ``progress`` events;
+- *model* (preset ``model-2x2``: one worker, DTensor mesh batch 2 x model 2): ClusterDeck against
+  the hand-written DTensor loop of ``bench/_handwritten.py`` (the same Megatron-style split and
+  plain SGD; no bare path in the runtime for this mode either).
+
+Periodic checkpoints are off on the ClusterDeck side (``checkpoint_every: 0``): the figure is
+what telemetry and supervision cost a training loop. Goal: ClusterDeck / bare >= 0.97 for every
+mode, the whole bootstrap 95 % interval above it.
+
+    python bench/modes.py [--modes data,async,model] [--steps 1500] [--rounds 10] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _handwritten  # noqa: E402
+from _common import ROOT, add_doc_flags, free_port, machine_line, median, want_doc, write_section  # noqa: E402
+from _stats import MIN_ROUNDS, goal_verdict, paired_ratio, rotated, rounds_note  # noqa: E402
+
+from engine.contract import config as config_mod  # noqa: E402
+from engine.contract.plan import plan_tasks, resolve_ports  # noqa: E402
+from engine.contract.presets import load_preset  # noqa: E402
+from engine.control.launcher import Run  # noqa: E402
+
+MODES = ("data", "async", "model")
+PRESETS = {"data": "data-2workers", "async": "async-1ps", "model": "model-2x2"}
+BARE = {"data": "`python -m engine.runtime.task --bare` (the runtime's own loop, no telemetry)",
+        "async": "hand-written `ParameterServerStrategy` loop (`bench/_handwritten.py`)",
+        "model": "hand-written DTensor 2 x 2 loop (`bench/_handwritten.py`)"}
+GOAL = 0.97
+SIDES = ("clusterdeck", "bare")
+
+
+def warm_steps(total: int) -> int:
+    return max(1, min(50, total // 5))
+
+
+def load(mode: str, steps: int) -> config_mod.RunConfig:
+    cfg = load_preset(PRESETS[mode])
+    return config_mod.replace(cfg, training=config_mod.replace(cfg.training, steps=steps, epochs=None,
+                                                              checkpoint_every=0))
+
+
+def bare_env() -> dict[str, str]:
+    """The bare sides' environment: the TensorFlow settings ClusterDeck's supervisor gives its tasks."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CD_BENCH_")}
+    env.update(TF_CPU_ALLOCATOR_USE_BFC="1", TF_CPP_MIN_LOG_LEVEL=env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
+               PYTHONUNBUFFERED="1")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    return env
+
+
+def clusterdeck_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
+    """Steady-state examples/s of a ClusterDeck run (mean over the tasks that measure it)."""
+    run = Run(cfg, runs_root=root)
+    finished: list[dict[str, Any]] = []
+    progress: list[tuple[float, int]] = []
+
+    def listen(e: dict[str, Any]) -> None:
+        if e["kind"] == "status" and e.get("state") == "finished":
+            finished.append(e)
+        elif e["kind"] == "progress" and isinstance(e.get("completed"), int):
+            progress.append((float(e["t"]), int(e["completed"])))
+
+    run.add_listener(listen)
+    run.start()
+    state = run.wait(900)
+    if state != "finished":
+        raise SystemExit(f"clusterdeck {mode} run ended {state}: {run.state.reason}")
+    shutil.rmtree(run.run_dir, ignore_errors=True)
+    total = cfg.total_steps()
+    if mode == "async":
+        warm = warm_steps(total)
+        start = next(((t, c) for t, c in progress if c >= warm), None)
+        end = max(progress, key=lambda p: (p[1], p[0])) if progress else None
+        if start is None or end is None or end[1] <= start[1] or end[0] <= start[0]:
+            raise SystemExit(f"clusterdeck async: too few progress events to measure ({len(progress)})")
+        per_worker = cfg.training.global_batch_size // len(cfg.cluster.tasks_of("worker"))
+        return (end[1] - start[1]) * per_worker / (end[0] - start[0])
+    rates = [e["window_examples_per_sec"] for e in finished if e.get("window_examples_per_sec")]
+    if not rates:
+        raise SystemExit(f"clusterdeck {mode}: no task reported its steady-state throughput")
+    return sum(rates) / len(rates)  # every synchronous task measures the global batch: the mean, not the sum
+
+
+def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
+    env = bare_env()
+    work = Path(tempfile.mkdtemp(dir=root, prefix=f"bare-{mode}-"))
+    try:
+        if mode == "data":
+            cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
+            config_mod.save(cfg, work / "config.yaml")
+            procs = []
+            for plan in plan_tasks(cfg):
+                out = work / f"{plan.name.replace(':', '-')}.json"
+                procs.append((out, subprocess.Popen(
+                    [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work), "--bare",
+                     "--summary-out", str(out)], env=dict(env, **plan.env), cwd=work,
+                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+            rates = []
+            for out, proc in procs:
+                _, err = proc.communicate(timeout=900)
+                if proc.returncode != 0:
+                    raise SystemExit(f"bare data task failed ({proc.returncode}): {err.decode()[-2000:]}")
+                rates.append(float(json.loads(out.read_text())["window_examples_per_sec"]))
+            return sum(rates) / len(rates)
+        _handwritten.write_all(work)
+        summary = work / "summary.json"
+        env = _handwritten.shell_env(sys.executable, dict(env, CD_BENCH_SUMMARY=str(summary)))
+        steps = str(cfg.total_steps())
+        if mode == "async":
+            cmd = ["sh", "launch_async.sh", steps, *(str(free_port()) for _ in range(4))]
+        else:
+            cmd = [sys.executable, "dtensor_loop.py", steps]
+        proc = subprocess.run(cmd, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, timeout=900)
+        if proc.returncode != 0 or not summary.exists():
+            raise SystemExit(f"bare {mode} loop failed ({proc.returncode}): {proc.stderr.decode()[-3000:]}")
+        return float(json.loads(summary.read_text())["window_examples_per_sec"])
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of data,async,model")
+    parser.add_argument("--steps", type=int, default=None, help="steps per run (default 1500, quick 60)")
+    parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {MIN_ROUNDS}, quick 1)")
+    add_doc_flags(parser)
+    args = parser.parse_args(argv)
+    modes = [m for m in args.modes.split(",") if m]
+    if any(m not in MODES for m in modes):
+        parser.error(f"--modes: expected some of {', '.join(MODES)}, received: {args.modes}")
+    steps = args.steps or (60 if args.quick else 1500)
+    rounds = args.rounds or (1 if args.quick else MIN_ROUNDS)
+    print(f"every mode against its bare loop: {', '.join(modes)}; {steps} steps, {rounds} round(s), order "
+          f"rotating{rounds_note(rounds)}; {machine_line()}", flush=True)
+    rates: dict[str, dict[str, list[float]]] = {m: {s: [] for s in SIDES} for m in modes}
+    with tempfile.TemporaryDirectory(prefix="cd-modes-") as tmp:
+        root = Path(tmp)
+        for r in range(rounds):
+            for mode in modes:
+                cfg = load(mode, steps)
+                got = {}
+                for side in rotated(SIDES, r):
+                    got[side] = clusterdeck_rate(mode, cfg, root) if side == "clusterdeck" else \
+                        bare_rate(mode, cfg, root)
+                    rates[mode][side].append(got[side])
+                print(f"round {r + 1:>2} {mode:<5}: clusterdeck {got['clusterdeck']:8.0f} ex/s, bare "
+                      f"{got['bare']:8.0f} ex/s, ratio {got['clusterdeck'] / got['bare']:.3f}", flush=True)
+    results = {}
+    for mode in modes:
+        ratio = paired_ratio(rates[mode]["clusterdeck"], rates[mode]["bare"])
+        results[mode] = {"ratio": ratio, "clusterdeck": median(rates[mode]["clusterdeck"]),
+                         "bare": median(rates[mode]["bare"]), "verdict": goal_verdict(ratio, GOAL, at_most=False)}
+        print(f"{mode}: clusterdeck / bare {ratio.text()} (goal >= {GOAL}: {results[mode]['verdict']}); medians "
+              f"clusterdeck {results[mode]['clusterdeck']:.0f} ex/s, bare {results[mode]['bare']:.0f} ex/s")
+    if want_doc(args):
+        write_section("modes", doc_section(results, steps, rounds), args.doc)
+    return results
+
+
+def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> str:
+    cfg = load("data", steps)
+    lines = [
+        "## 1d. Every mode against its own bare loop",
+        "",
+        f"`python bench/modes.py` — {steps} steps per run, {rounds} rounds, order rotating{rounds_note(rounds)}; "
+        f"{machine_line()}. Steady-state examples/s measured inside the training process on both sides (after "
+        "`min(50, steps // 5)` warm-up steps, to the last step; async: completed steps x per-worker batch, from "
+        "the chief's `progress` events on ClusterDeck's side). ClusterDeck runs with `checkpoint_every: 0`; both "
+        "sides run with the TensorFlow settings ClusterDeck gives its tasks (`TF_CPU_ALLOCATOR_USE_BFC=1`).",
+        "",
+        "| mode (preset) | bare side | bare ex/s (median) | ClusterDeck ex/s (median) | ClusterDeck / bare "
+        "[95 % CI] | goal |",
+        "| --- | --- | ---: | ---: | ---: | --- |",
+    ]
+    for mode, x in results.items():
+        lines.append(f"| {mode} (`{PRESETS[mode]}`) | {BARE[mode]} | {x['bare']:.0f} | {x['clusterdeck']:.0f} | "
+                     f"**{x['ratio'].text()}** | >= {GOAL} ({x['verdict']}) |")
+    lines += [
+        "",
+        "Settings of each side. *Bare*: no events, no files, no supervisor; one sync at the end of the warm-up "
+        "and one at the end. *ClusterDeck*: a `step` event per replica (async: per worker) at most "
+        f"{cfg.training.metrics_hz:g} Hz, each report fetching the losses (a sync of the loop; async: results "
+        "fetched oldest first from a window of 4 steps per worker); events written by each task to its "
+        "`events.jsonl` (one write per event) and its pipe, relayed by the supervisor and written again by the "
+        "launcher; TensorBoard summaries on a background thread (`flush_millis` 2000); a `device` event per task "
+        "every 0.5 s from the supervisor (psutil) and, in the task, TensorFlow's allocator figures at most every "
+        "0.5 s; the final checkpoint after the measured window.",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()
