@@ -18,6 +18,7 @@ import math
 import os
 import re
 import reprlib
+import shlex
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -95,9 +96,36 @@ class Task:
         return f"{self.role}:{self.index}"
 
 
+#: Kinds of host group: one machine (this one, or reached over SSH), or nodes allocated by Slurm.
+HOST_KINDS = ("machine", "slurm")
+#: Slurm's time formats: minutes, minutes:seconds, hours:minutes:seconds, days-hours[:minutes[:seconds]].
+SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
+#: A memory size as Slurm reads it: a number of megabytes, or with a unit K, M, G or T.
+SLURM_MEMORY = re.compile(r"^\d+[KMGT]?$")
+
+
+@dataclass(frozen=True)
+class Slurm:
+    """Where and how a Slurm host group is allocated (``salloc``) and its supervisors started (``srun``).
+
+    Empty strings leave Slurm's defaults (the default partition, its time limit, the user's account).
+    """
+
+    partition: str = ""
+    nodes: int = 1
+    gpus_per_node: int = 0  # --gres=gpu:N
+    cpus_per_task: int = 1
+    mem_per_task: str = ""  # e.g. '4G'; --mem of a node is this times its tasks
+    time_limit: str = ""  # Slurm's format, e.g. '30' (minutes), '2:00:00', '1-00:00:00'
+    account: str = ""
+    qos: str = ""
+    sbatch_options: tuple[str, ...] = ()  # extra options of the allocation (salloc reads sbatch's options)
+    srun_options: tuple[str, ...] = ()  # extra options of each supervisor's srun step
+
+
 @dataclass(frozen=True)
 class Host:
-    """A machine of the cluster and the tasks placed on it."""
+    """A machine of the cluster and the tasks placed on it (or, ``kind: slurm``, a group of Slurm nodes)."""
 
     name: str = "local"
     address: str = "localhost"
@@ -107,11 +135,37 @@ class Host:
     ssh_port: int = 22
     python: str = "python3"
     ssh_host: str = ""  # the name ssh dials (an alias of ~/.ssh/config); default: the address
+    kind: str = "machine"
+    slurm: Slurm | None = None  # kind 'slurm': the allocation
 
     @property
     def is_local(self) -> bool:
-        """This machine: a loopback address and no SSH target."""
+        """This machine: a loopback address and no SSH target (never a Slurm group)."""
+        if self.kind == "slurm":
+            return False
         return not self.ssh_host.strip() and self.address.strip().lower() in LOCAL_ADDRESSES
+
+    @property
+    def is_slurm(self) -> bool:
+        return self.kind == "slurm"
+
+    def node_tasks(self) -> list[tuple[Task, ...]]:
+        """The tasks of each node: one group for a machine; for Slurm, the drawn tasks in order, in
+        blocks of ``ceil(tasks / nodes)`` (Slurm's default block distribution, which TensorFlow's
+        ``SlurmClusterResolver`` assumes)."""
+        if self.kind != "slurm" or self.slurm is None:
+            return [self.tasks]
+        nodes = max(1, self.slurm.nodes)
+        per = max(1, -(-len(self.tasks) // nodes))
+        return [self.tasks[i * per:(i + 1) * per] for i in range(nodes)]
+
+    def node_of(self, task: Task) -> Host:
+        """The machine ``task`` runs on, as a host of its own: for Slurm, one node of the group with
+        its tasks and ``gpus_per_node`` GPUs (and no ``slurm`` block); a machine is itself."""
+        if self.kind != "slurm" or self.slurm is None:
+            return self
+        group = next((g for g in self.node_tasks() if task in g), (task,))
+        return dataclasses.replace(self, gpus=self.slurm.gpus_per_node, tasks=group, slurm=None)
 
     @property
     def ssh_target(self) -> str:
@@ -192,8 +246,6 @@ class Training:
     checkpoint_every: int = 0  # steps; 0 = only at the end
     restarts: int = 0
     metrics_hz: float = 20.0  # at most this many step events per replica per second
-    # run even where the local tasks outnumber this machine's CPUs many times over (see engine.control.machine_fit)
-    allow_oversubscribe: bool = False
 
 
 @dataclass(frozen=True)
@@ -214,6 +266,7 @@ class RunConfig:
         """Accelerators (real or emulated) given to one task; at least 1 for a trainer."""
         if task.role not in TRAINER_ROLES:
             return 0
+        host = host.node_of(task)  # a Slurm group's GPUs are per node
         trainers = sum(1 for t in host.tasks if t.role in TRAINER_ROLES)
         if host.gpus <= 0 or trainers == 0:
             return 1
@@ -480,11 +533,74 @@ def _parse_cluster(r: _Reader) -> Cluster:
             task = _parse_task(tr, role_counts.get(role_key, 0))
             role_counts[task.role] = role_counts.get(task.role, 0) + 1
             tasks.append(task)
-        h.finish(("name", "address", "gpus", "tasks", "ssh_user", "ssh_port", "python", "ssh_host"))
+        kind = h.str("kind", "machine", choices=HOST_KINDS)
+        slurm = _parse_slurm(h.child("slurm")) if kind == "slurm" else None
+        if kind != "slurm" and h.has("slurm"):
+            h.fail("slurm", f"only a host of kind 'slurm' has a slurm block; expected kind: slurm, got {kind!r}")
+        h.finish(("name", "address", "gpus", "tasks", "ssh_user", "ssh_port", "python", "ssh_host", "kind",
+                  "slurm"))
         hosts.append(Host(name=name, address=address, gpus=gpus, tasks=tuple(tasks),
-                          ssh_user=ssh_user, ssh_port=ssh_port, python=python, ssh_host=ssh_host))
+                          ssh_user=ssh_user, ssh_port=ssh_port, python=python, ssh_host=ssh_host,
+                          kind=kind, slurm=slurm))
     r.finish(("hosts",))
     return Cluster(hosts=tuple(hosts))
+
+
+def _parse_options(r: _Reader, key: str) -> tuple[str, ...]:
+    """Extra command-line options: a list of words, or one string split as a shell would."""
+    value = r.raw(key)
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        try:
+            value = shlex.split(value)
+        except ValueError as exc:
+            r.fail(key, f"expected options a shell can split, got {_show(value)} ({exc})")
+            return ()
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value) or len(value) > 64:
+        r.fail(key, f"expected a list of at most 64 option strings, e.g. ['--constraint=a100'], got {_show(value)}")
+        return ()
+    if value and not value[0].startswith("-"):
+        r.fail(key, f"expected options starting with '-', e.g. ['--constraint=a100'], got {_show(value[0])}")
+        return ()
+    return tuple(value)
+
+
+def _parse_slurm(r: _Reader) -> Slurm:
+    d = Slurm()
+    partition = r.str("partition", d.partition)
+    nodes = r.int("nodes", d.nodes, minimum=1, maximum=4096)
+    gpus_per_node = r.int("gpus_per_node", d.gpus_per_node, minimum=0, maximum=64)
+    cpus_per_task = r.int("cpus_per_task", d.cpus_per_task, minimum=1, maximum=4096)
+    mem_raw = r.raw("mem_per_task")
+    mem = d.mem_per_task
+    if isinstance(mem_raw, int) and not isinstance(mem_raw, bool) and mem_raw > 0:
+        mem = str(mem_raw)  # megabytes, as Slurm reads a bare number
+    elif isinstance(mem_raw, str) and SLURM_MEMORY.match(mem_raw.strip().upper()):
+        mem = mem_raw.strip().upper()
+    elif mem_raw not in (None, ""):
+        r.fail("mem_per_task", f"expected a memory size such as 4G, 512M or a number of megabytes, got "
+                               f"{_show(mem_raw)}")
+    time_raw = r.raw("time_limit")
+    time_limit = d.time_limit
+    if isinstance(time_raw, int) and not isinstance(time_raw, bool) and time_raw > 0:
+        time_limit = str(time_raw)  # minutes
+    elif isinstance(time_raw, str) and SLURM_TIME.match(time_raw.strip()):
+        time_limit = time_raw.strip()
+    elif time_raw not in (None, ""):
+        r.fail("time_limit", "expected a Slurm time limit: minutes, 'MM:SS', 'HH:MM:SS' or 'D-HH:MM:SS', got "
+                             f"{_show(time_raw)}")
+    slurm = Slurm(partition=partition.strip(), nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
+                  mem_per_task=mem, time_limit=time_limit, account=r.str("account", d.account).strip(),
+                  qos=r.str("qos", d.qos).strip(), sbatch_options=_parse_options(r, "sbatch_options"),
+                  srun_options=_parse_options(r, "srun_options"))
+    for key in ("partition", "account", "qos"):
+        value = getattr(slurm, key)
+        if value and not re.fullmatch(r"[A-Za-z0-9_.,:+-]+", value):
+            r.fail(key, f"expected a Slurm name (letters, digits, '_', '-', '.'), got {_show(value)}")
+    r.finish(("partition", "nodes", "gpus_per_node", "cpus_per_task", "mem_per_task", "time_limit", "account",
+              "qos", "sbatch_options", "srun_options"))
+    return slurm
 
 
 def _parse_parallelism(r: _Reader) -> Parallelism:
@@ -533,16 +649,6 @@ def _parse_model(r: _Reader) -> Model:
     return model
 
 
-def _parse_flag(r: _Reader, key: str, default: bool) -> bool:
-    value = r.raw(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        r.fail(key, f"expected true or false, got {_show(value)}")
-        return default
-    return value
-
-
 def _parse_training(r: _Reader) -> Training:
     d = Training()
     steps: int | None = r.int("steps", 0, minimum=1, maximum=MAX_STEPS) if r.has("steps") else None
@@ -563,7 +669,6 @@ def _parse_training(r: _Reader) -> Training:
         checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0, maximum=MAX_STEPS),
         restarts=r.int("restarts", d.restarts, minimum=0, maximum=100),
         metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
-        allow_oversubscribe=_parse_flag(r, "allow_oversubscribe", d.allow_oversubscribe),
     )
     r.finish(("global_batch_size", "steps", "epochs", "optimizer", "learning_rate", "seed",
               "checkpoint_every", "restarts", "metrics_hz"))
@@ -612,8 +717,6 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         "restarts": t.restarts,
         "metrics_hz": t.metrics_hz,
     }
-    if t.allow_oversubscribe:
-        training["allow_oversubscribe"] = True
     if t.steps is not None:
         training["steps"] = t.steps
     if t.epochs is not None:
@@ -629,6 +732,10 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
             host["python"] = h.python
         if h.ssh_host:
             host["ssh_host"] = h.ssh_host
+        if h.kind != "machine":
+            host["kind"] = h.kind
+        if h.slurm is not None:
+            host["slurm"] = _slurm_dict(h.slurm)
         host["tasks"] = [{"role": x.role, "index": x.index, "port": "auto" if x.port is None else x.port}
                          for x in h.tasks]
         hosts.append(host)
@@ -646,6 +753,18 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         "model": _model_dict(config.model),
         "training": training,
     }
+
+
+def _slurm_dict(s: Slurm) -> dict[str, Any]:
+    out: dict[str, Any] = {"partition": s.partition, "nodes": s.nodes, "gpus_per_node": s.gpus_per_node,
+                           "cpus_per_task": s.cpus_per_task}
+    for key in ("mem_per_task", "time_limit", "account", "qos"):
+        if getattr(s, key):
+            out[key] = getattr(s, key)
+    for key in ("sbatch_options", "srun_options"):
+        if getattr(s, key):
+            out[key] = list(getattr(s, key))
+    return out
 
 
 def _data_dict(d: Data) -> dict[str, Any]:
@@ -992,6 +1111,8 @@ def _validate_cluster(config: RunConfig, add: Any) -> None:
         else:
             names[h.name] = i
         _validate_host_names(h, where, add)
+        if h.kind != "machine" or h.slurm is not None:
+            _validate_slurm(h, where, TRAINER_ROLES, add)
         if len(h.tasks) > MAX_TASKS_PER_HOST:
             add(f"{where}.tasks", f"expected at most {MAX_TASKS_PER_HOST} tasks on one host, got {len(h.tasks)}")
         if h.gpus < 0:
@@ -1010,6 +1131,9 @@ def _validate_cluster(config: RunConfig, add: Any) -> None:
                 if not 1 <= t.port <= 65535:
                     add(f"{tw}.port", f"expected 'auto' or an integer from 1 to 65535, got {t.port}")
                 key = (_canonical_address(h.address), t.port)
+                if h.is_slurm:  # the nodes are known once allocated: tasks of one node must differ
+                    node = next((n for n, g in enumerate(h.node_tasks()) if t in g), 0)
+                    key = (f"slurm node {node} of {h.name!r}", t.port)
                 if key in endpoints:
                     add(f"{tw}.port", f"port {t.port} on {h.address} is already used by {endpoints[key]}")
                 else:
