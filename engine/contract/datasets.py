@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from engine.contract import resources
 from engine.contract.config import (
     FILE_SOURCES,
     KERAS_SOURCES,
@@ -40,7 +41,7 @@ from engine.contract.config import (
 )
 
 #: The UCI handwritten digits (8x8, 10 classes), shipped inside the package; see resources_data/README.md.
-DIGITS_PATH = Path(__file__).resolve().parent / "resources_data" / "digits.npz"
+DIGITS_PATH = resources.bundled_data("digits.npz")
 #: Examples the evaluator reads at most.
 EVAL_EXAMPLES = 2048
 #: File types ``keras.utils.image_dataset_from_directory`` reads.

@@ -66,3 +66,10 @@ def icon_paths() -> list[Path]:
 def desktop_file() -> Path:
     """The freedesktop entry (``clusterdeck.desktop``) of the app."""
     return resources_dir() / f"{APP_ID}.desktop"
+
+
+def bundled_data(name: str) -> Path:
+    """A data set shipped inside the ``engine`` package (``engine/resources_data/<name>``, e.g. ``digits.npz``)."""
+    root = importlib.resources.files("engine")
+    base = root if isinstance(root, Path) else _SOURCE_TREE / "engine"
+    return base / "resources_data" / name
