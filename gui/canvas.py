@@ -52,6 +52,8 @@ GPU_SLOT_W = 17.0
 MAX_GPU_SLOTS = 11
 #: Below this zoom the chips' text is too small to read: the view scrolls instead of shrinking more.
 READABLE_SCALE = 0.62
+#: While a run is watched the cluster is a compact status view: smaller, so every chip's state shows.
+COMPACT_SCALE = 0.3
 MAX_SCALE = 1.3
 
 
@@ -359,6 +361,7 @@ class ClusterCanvas(QWidget):
         self.hosts: list[HostItem] = []
         self._syncing = False
         self._user_zoom = False  # the user zoomed by hand: keep it until the cluster changes or Fit
+        self.compact = False  # a status view while a run is watched (see set_compact)
         self._mode = document.config.parallelism.mode
         self.delete_action = QAction("Delete", self)
         self.delete_action.setShortcuts([QKeySequence(QKeySequence.StandardKey.Delete), QKeySequence(Qt.Key.Key_Backspace)])
@@ -388,11 +391,13 @@ class ClusterCanvas(QWidget):
 
     def fit(self, minimum: float = READABLE_SCALE) -> float:
         """Zoom so the whole cluster shows, but not below ``minimum`` (then it scrolls, with a hint)."""
-        rect = self.scene.itemsBoundingRect().adjusted(-16, -12, 16, 12)
+        if minimum == READABLE_SCALE and self.compact:
+            minimum = COMPACT_SCALE
+        rect = self.scene.sceneRect()
         viewport = self.view.viewport().size()
         if rect.isEmpty() or viewport.width() < 20 or viewport.height() < 20:
             return self.scale()
-        whole = min(viewport.width() / rect.width(), viewport.height() / rect.height())
+        whole = min((viewport.width() - 2) / rect.width(), (viewport.height() - 2) / rect.height())
         scale = max(minimum, min(MAX_SCALE, whole))
         self.view.resetTransform()
         self.view.scale(scale, scale)
@@ -401,6 +406,13 @@ class ClusterCanvas(QWidget):
             self.view.ensureVisible(QRectF(rect.topLeft(), rect.topLeft()), 0, 0)
         self._update_hint()
         return scale
+
+    def set_compact(self, compact: bool) -> None:
+        """Compact (a live status view, zoomed out further to show every chip) or full size (designing)."""
+        if compact != self.compact:
+            self.compact = compact
+            self._user_zoom = False
+            self.fit()
 
     def fit_all(self) -> float:
         """Fit every host in view whatever the size (View › Fit, Ctrl+0)."""
@@ -452,8 +464,7 @@ class ClusterCanvas(QWidget):
             if not self.hosts:
                 hint = self.scene.addSimpleText("No hosts yet: press “Add host” or right-click here.")
                 hint.setBrush(self.palette().placeholderText())
-            rect = self.scene.itemsBoundingRect().adjusted(-40, -30, 40, 30)
-            self.scene.setSceneRect(rect)
+            self.scene.setSceneRect(self.scene.itemsBoundingRect().adjusted(-16, -12, 16, 12))
             self._apply_problems(self.document.problems)
             self.refresh_states()
             self._select(self.document.selection)

@@ -59,7 +59,7 @@ RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 YAML_FILTER = "ClusterDeck presets (*.yaml *.yml);;All files (*)"
 #: Share of the central splitter the cluster gets: large while designing, a compact status view
 #: while a run is watched (the plots get the room); the user's own sizes per layout are remembered.
-LAYOUT_SHARES = {"design": 0.58, "watch": 0.3}
+LAYOUT_SHARES = {"design": 0.58, "watch": 0.34}
 
 
 def app_settings() -> QSettings:
@@ -440,6 +440,7 @@ class MainWindow(QMainWindow):
             return
         self._remember_layout()
         self.layout_mode = mode
+        self.canvas.set_compact(mode == "watch")
         self._apply_layout()
 
     def _apply_layout(self) -> None:

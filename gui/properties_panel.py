@@ -192,6 +192,9 @@ class PropertiesPanel(QWidget):
         finally:
             for w in widgets:
                 w.blockSignals(False)
+        page = self.stack.currentWidget()
+        if page is not None:  # as tall as the page shown, not as the tallest page
+            self.stack.setFixedHeight(page.sizeHint().height())
         mine = [p for p in self.document.problems if sel is not None and problem_target(p) == sel]
         self.problems.setText("\n".join(f"⚠ {p.message}" for p in mine))
         self.problems.setVisible(bool(mine))
