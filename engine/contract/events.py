@@ -266,7 +266,7 @@ class EventWriter:
                 start = os.lseek(fd, 0, os.SEEK_END)
                 written = os.write(fd, data)
                 if written != len(data):
-                    raise OSError(errno.ENOSPC, f"short write ({written} of {len(data)} bytes)")
+                    raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (wrote {written} of {len(data)} bytes)")
             except OSError as exc:
                 if start >= 0:
                     try:

@@ -288,12 +288,14 @@ class Run:
 
     def _launch(self) -> None:
         """Prepare every transport, then start the supervisors."""
-        ctx = transports.PrepareContext(config=self.config, folder=self.folder, stop=self._stop_asked,
+        # transports see the drawn config ('auto' ports still open: a scheduler's picks them on its nodes)
+        self._drawn_config = self._base_config
+        ctx = transports.PrepareContext(config=self._base_config, folder=self.folder, stop=self._stop_asked,
                                         emit=self._queue.put)
         for transport in self._transports.values():
             self._prepared.append(transport)
             ctx.config = transport.prepare(ctx)
-        if ctx.config is not self.config:
+        if ctx.config is not self._base_config:
             self._base_config = ctx.config
             self._resolve()
         with self._restart_lock:
@@ -402,20 +404,27 @@ class Run:
 
     def _dispatch(self) -> None:
         """The dispatcher thread: never dies without ending the run."""
+        next_tick = time.monotonic() + TICK_S
         try:
             while True:
                 item: dict[str, Any] | _SupervisorGone | _Tick | None
                 try:
-                    item = self._queue.get(timeout=TICK_S)
+                    item = self._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
                 except queue.Empty:
                     item = _TICK
                 if item is None:
                     break
-                try:
-                    self._handle(item)
-                except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
-                    traceback.print_exc(file=sys.stderr)
-                    self._act(self._feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
+                turn: list[dict[str, Any] | _SupervisorGone | _Tick] = [item]
+                if time.monotonic() >= next_tick:  # a steady stream of events must not starve the ticks
+                    next_tick = time.monotonic() + TICK_S
+                    if not isinstance(item, _Tick):
+                        turn.insert(0, _TICK)
+                for one in turn:
+                    try:
+                        self._handle(one)
+                    except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
+                        traceback.print_exc(file=sys.stderr)
+                        self._act(self._feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
         finally:
             self._finish()
 
@@ -459,8 +468,13 @@ class Run:
         except OSError as exc:
             self._writer.close()
             self._writer = None
-            self._folder_failed(f"the run folder cannot be written ({exc.strerror or exc}: "
-                                f"{self.folder.events})")
+            self._folder_failed(self._folder_problem(exc, self.folder.events))
+
+    def _folder_problem(self, exc: OSError, path: Path) -> str:
+        if not self.folder.path.is_dir():
+            return (f"the run folder vanished ({self.folder.path} was deleted or moved); nothing more of this "
+                    "run can be saved")
+        return f"the run folder cannot be written ({exc.strerror or exc}: {path})"
 
     def _folder_failed(self, reason: str) -> None:
         if self._writer is not None:
@@ -498,6 +512,24 @@ class Run:
                 self._emit_info(f"{action.task}: {action.reason}; its supervisor restarts it", task_hung=action.task)
                 self.send(action.task, "restart", reason=action.reason)
 
+    def _resubmit(self) -> bool:
+        """A whole-run restart: transports holding a scheduler's allocation (``resubmit_on_restart``, Slurm)
+        give it back and queue a new one; the run is then planned on the new nodes. False: stopped meanwhile."""
+        again = [t for t in self._prepared if getattr(t, "resubmit_on_restart", False)]
+        if not again:
+            return True
+        ctx = transports.PrepareContext(config=getattr(self, "_drawn_config", self._base_config), folder=self.folder,
+                                        stop=self._stop_asked, emit=self._queue.put)
+        try:
+            for transport in self._transports.values():
+                if transport in again:
+                    transport.release()
+                ctx.config = transport.prepare(ctx)
+        except transports.TransportStopped:
+            return False
+        self._base_config = ctx.config
+        return True
+
     def _restart_all(self, action: lc.RestartRun) -> None:
         """Stop every task and start them all again; they resume from the last checkpoint."""
         self._emit_run("restarting", reason=action.reason, restart=action.restart,
@@ -509,6 +541,8 @@ class Run:
             for sup in old:
                 if sup.reader is not None:
                     sup.reader.join(timeout=5)
+            if not self._resubmit():
+                return  # stopped while the new allocation waited
             with self._restart_lock:
                 if self._stopping:
                     return
@@ -627,7 +661,7 @@ class Run:
                 raise
             if state in ("finished", "failed", "stopped"):
                 return  # the end was decided already; the folder's trouble is in the reason or beyond help
-            self._folder_failed(f"the run folder cannot be written ({exc.strerror or exc}: {self.folder.run_json})")
+            self._folder_failed(self._folder_problem(exc, self.folder.run_json))
 
 
 class _Tick:

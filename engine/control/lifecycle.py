@@ -48,8 +48,8 @@ if TYPE_CHECKING:
 
 #: A task's first step may take this many times ``progress_timeout_s`` (imports, tracing, restores).
 FIRST_STEP_FACTOR = 3.0
-#: A task "spins" (a likely culprit of a hang) when its recent CPU use is at least this (percent).
-BUSY_CPU = 50.0
+#: A task "spins" (a likely culprit of a hang) when its recent CPU use is at least this (percent)…
+BUSY_CPU = 5.0
 
 
 class RunPhase(StrEnum):
@@ -238,7 +238,8 @@ class _Task:
 
     @property
     def recent_cpu(self) -> float:
-        return sum(self.cpu) / len(self.cpu) if self.cpu else 0.0
+        """CPU use sustained over the last two samples (a start-up burst does not count)."""
+        return min(list(self.cpu)[-2:]) if self.cpu else 0.0
 
 
 _TF_TASK = re.compile(r"/job:(chief|worker|ps|evaluator)/(?:replica:\d+/)?task:(\d+)")
@@ -488,15 +489,17 @@ class Lifecycle:
 
 
 def hang_culprit(tasks: Sequence[_Task]) -> _Task:
-    """The task most likely to hang a synchronous run, which waits for its slowest task: one busy
-    in a loop (the others wait idle in collectives) if exactly one stands out, else the one furthest
-    behind, else the first."""
-    busy = [t for t in tasks if t.recent_cpu >= BUSY_CPU]
-    if len(busy) == 1:
-        return busy[0]
-    pool = busy or list(tasks)
-    lowest = min(t.last_step for t in pool)
-    return next(t for t in pool if t.last_step == lowest)
+    """The task most likely to hang a synchronous run, which waits for its slowest task: the one busy
+    in a loop while the others wait idle in collectives (its sustained CPU use at least
+    :data:`BUSY_CPU` points and 3x anyone else's: relative, as a loaded machine gives a spinning task
+    far less than a core), else the one furthest behind, else the first."""
+    ranked = sorted(tasks, key=lambda t: t.recent_cpu, reverse=True)
+    top = ranked[0]
+    runner_up = ranked[1].recent_cpu if len(ranked) > 1 else 0.0
+    if top.recent_cpu >= BUSY_CPU and top.recent_cpu >= 3 * runner_up:
+        return top
+    lowest = min(t.last_step for t in tasks)
+    return next(t for t in tasks if t.last_step == lowest)
 
 
 def from_event(event: dict[str, Any]) -> Input | None:

@@ -1,0 +1,226 @@
+"""The run lifecycle policy, fed event lists: finish, fail and blame, restart, stop, hangs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from engine.contract import events
+from engine.control import lifecycle as lc
+from engine.control.lifecycle import EndState, Lifecycle, Outcome, TaskInfo, TaskPhase
+
+DATA = [TaskInfo("worker:0", "worker", "local"), TaskInfo("worker:1", "worker", "local")]
+ASYNC = [TaskInfo("chief:0", "chief", "local"), TaskInfo("ps:0", "ps", "local"),
+         TaskInfo("worker:0", "worker", "local"), TaskInfo("worker:1", "worker", "local")]
+
+
+def status(task: str, state: str, **fields: Any) -> dict[str, Any]:
+    return events.make("status", task, state=state, **fields)
+
+
+def step(task: str, n: int, **fields: Any) -> dict[str, Any]:
+    return events.make("step", task, replica=0, step=n, loss=1.0, **fields)
+
+
+def feed(policy: Lifecycle, items: list[Any], now: float = 0.0) -> list[lc.Action]:
+    """Feed decoded events (dicts, through the real decoder) or policy inputs; every action, in order."""
+    out: list[lc.Action] = []
+    for item in items:
+        if isinstance(item, dict):
+            decoded = events.decode(events.encode(item))
+            assert decoded is not None, item
+            policy_input = lc.from_event(decoded)
+            if policy_input is None:
+                continue
+            item = policy_input
+        out += policy.feed(item, now)
+    return out
+
+
+def started(tasks: list[TaskInfo] = DATA, mode: str = "data", **kw: Any) -> Lifecycle:
+    policy = Lifecycle(tasks, mode=mode, **kw)
+    feed(policy, [status(t.name, "starting") for t in tasks])
+    policy.started()
+    return policy
+
+
+def test_a_run_finishes_once_every_primary_task_finished() -> None:
+    policy = started()
+    assert feed(policy, [status("worker:0", "finished")]) == []
+    actions = feed(policy, [status("worker:1", "finished")])
+    assert actions == [lc.StopRun(Outcome(EndState.FINISHED))]
+    assert policy.final() == Outcome(EndState.FINISHED)
+    # what the tasks still running are reported as: finished, never "stopped by the user"
+    assert policy.final().task_state is TaskPhase.FINISHED and policy.final().task_reason == ""
+
+
+def test_async_runs_finish_with_their_chief_and_the_servers_read_finished() -> None:
+    policy = started(ASYNC, "async")
+    (action,) = feed(policy, [status("chief:0", "finished")])
+    assert isinstance(action, lc.StopRun) and action.outcome.state is EndState.FINISHED
+    assert action.outcome.task_state is TaskPhase.FINISHED
+
+
+def test_a_failed_task_fails_the_run_and_the_others_read_stopped_because_it_failed() -> None:
+    policy = started()
+    (action,) = feed(policy, [status("worker:1", "failed", reason="killed by SIGKILL")])
+    assert action == lc.StopRun(Outcome(EndState.FAILED, "killed by SIGKILL", "worker:1"))
+    assert action.outcome.task_state is TaskPhase.STOPPED
+    assert action.outcome.task_reason == "stopped because worker:1 failed"
+    assert action.outcome.event_fields() == {"state": "failed", "reason": "killed by SIGKILL",
+                                             "failed_task": "worker:1"}
+    # later failures (the peers' collective errors) change nothing
+    assert feed(policy, [status("worker:0", "failed", reason="UnavailableError")]) == []
+    assert policy.final().failed_task == "worker:1"
+
+
+def test_the_reason_never_repeats_the_task_name() -> None:
+    policy = started()
+    (action,) = feed(policy, [status("worker:1", "failed", reason="worker:1: killed by SIGKILL")])
+    assert isinstance(action, lc.StopRun)
+    assert f"{action.outcome.failed_task}: {action.outcome.reason}" == "worker:1: killed by SIGKILL"
+
+
+def test_blame_names_the_task_tensorflow_found_unhealthy() -> None:
+    reason = ("UnavailableError: Collective ops is aborted by: Error reported from /job:worker/task:1: The "
+              "following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1")
+    policy = started()
+    (action,) = feed(policy, [status("worker:0", "failed", reason=reason)])
+    assert isinstance(action, lc.StopRun)
+    assert action.outcome.failed_task == "worker:1"
+    assert "stopped responding" in action.outcome.reason and "reported by worker:0" in action.outcome.reason
+    assert lc.blame("worker:0", "ValueError: bad shape") == ("worker:0", "ValueError: bad shape")
+
+
+def test_a_worker_its_supervisor_restarts_does_not_end_the_run() -> None:
+    policy = started(ASYNC, "async")
+    assert feed(policy, [status("worker:1", "failed", reason="killed by SIGKILL", will_restart=True),
+                         status("worker:1", "restarting"), status("worker:1", "starting")]) == []
+    assert not policy.ending
+
+
+def test_restarts_restart_the_whole_run_then_fail_it() -> None:
+    policy = started(restarts_allowed=1)
+    (action,) = feed(policy, [status("worker:1", "failed", reason="killed by SIGKILL")])
+    assert action == lc.RestartRun("worker:1: killed by SIGKILL", 1, 1)
+    policy.restart_started(now=1.0)
+    # the old generation's last words are not the new one's business
+    assert feed(policy, [status("worker:0", "failed", reason="UnavailableError")]) == []
+    assert policy.restart_done() == []
+    new = [dict(status(t.name, "starting"), generation=1) for t in DATA]
+    feed(policy, new)
+    (end,) = feed(policy, [dict(status("worker:0", "failed", reason="exited with code 1"), generation=1)])
+    assert isinstance(end, lc.StopRun) and end.outcome == Outcome(EndState.FAILED, "exited with code 1", "worker:0")
+
+
+def test_a_failure_met_while_restarting_fails_the_run_once_it_is_up() -> None:
+    policy = started(restarts_allowed=1)
+    feed(policy, [status("worker:1", "failed", reason="killed")])
+    policy.restart_started(now=1.0)
+    assert policy.feed(lc.LauncherFailed("disk full"), 1.0)  # the launcher's own failure ends it at once
+    policy2 = started(restarts_allowed=1)
+    feed(policy2, [status("worker:1", "failed", reason="killed")])
+    policy2.restart_started(now=1.0)
+    assert policy2.feed(lc.SupervisorExited("localhost", -9, "the supervisor was killed by SIGKILL",
+                                            ("worker:0",), 1), 1.0) == []
+    (action,) = policy2.restart_done()
+    assert isinstance(action, lc.StopRun) and action.outcome.failed_task == "supervisor@localhost"
+
+
+def test_the_user_stop_wins_and_the_tasks_read_stopped_by_the_user() -> None:
+    policy = started()
+    (action,) = policy.feed(lc.StopRequested(), 0.0)
+    assert action == lc.StopRun(Outcome(EndState.STOPPED, "stopped by the user"))
+    assert action.outcome.task_reason == "stopped by the user"
+    assert feed(policy, [status("worker:0", "finished"), status("worker:1", "finished")]) == []
+    assert policy.final().state is EndState.STOPPED
+    assert policy.feed(lc.StopRequested("again"), 0.0) == []
+
+
+def test_a_killed_supervisor_is_blamed_with_its_own_message() -> None:
+    policy = started()
+    (action,) = policy.feed(lc.SupervisorExited("localhost", -9, "the supervisor was killed by SIGKILL",
+                                                ("worker:0", "worker:1")), 0.0)
+    assert isinstance(action, lc.StopRun)
+    assert action.outcome == Outcome(EndState.FAILED, "the supervisor was killed by SIGKILL", "supervisor@localhost")
+
+
+def test_a_supervisor_that_ends_after_its_tasks_is_no_failure() -> None:
+    policy = started()
+    feed(policy, [status("worker:0", "finished"), status("worker:1", "finished")])
+    assert policy.feed(lc.SupervisorExited("localhost", 0, "", ("worker:0", "worker:1")), 0.0) == []
+    assert policy.final().state is EndState.FINISHED
+
+
+def test_without_any_decision_the_end_names_the_task_that_did_not_finish() -> None:
+    policy = started()
+    feed(policy, [status("worker:0", "finished")])
+    assert policy.final() == Outcome(EndState.FAILED, "ended without finishing", "worker:1")
+
+
+def test_a_folder_or_transport_failure_fails_the_run() -> None:
+    policy = started(restarts_allowed=3)
+    (action,) = policy.feed(lc.LauncherFailed("the run folder cannot be written (No space left on device)"), 0.0)
+    assert isinstance(action, lc.StopRun)
+    assert action.outcome.failed_task == "launcher" and "No space left" in action.outcome.reason
+    policy = started()
+    (action,) = policy.feed(lc.TransportFailed("gpu", "job killed by its time limit"), 0.0)
+    assert isinstance(action, lc.StopRun)
+    assert action.outcome == Outcome(EndState.FAILED, "job killed by its time limit", "supervisor@gpu")
+
+
+def test_a_synchronous_run_without_progress_fails_naming_the_spinning_task() -> None:
+    policy = started(progress_timeout_s=10.0)
+    feed(policy, [step("worker:0", 1), step("worker:1", 1)], now=1.0)
+    assert policy.feed(lc.Tick(), 10.5) == []
+    feed(policy, [events.make("device", "worker:0", cpu_percent=2.0),
+                  events.make("device", "worker:1", cpu_percent=99.0)], now=5.0)
+    (action,) = policy.feed(lc.Tick(), 11.5)
+    assert isinstance(action, lc.StopRun) and action.outcome.failed_task == "worker:1"
+    assert "no progress for 10 s" in action.outcome.reason and "last step 1" in action.outcome.reason
+
+
+def test_the_first_step_gets_longer_and_a_task_behind_is_blamed_when_none_spins() -> None:
+    policy = started(progress_timeout_s=10.0)
+    assert policy.feed(lc.Tick(), 29.0) == []  # 3x for the first step
+    feed(policy, [step("worker:0", 5)], now=29.5)
+    assert policy.feed(lc.Tick(), 39.0) == []
+    (action,) = policy.feed(lc.Tick(), 40.0)
+    assert isinstance(action, lc.StopRun) and action.outcome.failed_task == "worker:1"
+    never = started(progress_timeout_s=10.0)
+    (action,) = never.feed(lc.Tick(), 31.0)
+    assert isinstance(action, lc.StopRun) and "no first step within 30 s" in action.outcome.reason
+
+
+def test_zero_disables_the_progress_check() -> None:
+    policy = started(progress_timeout_s=0.0)
+    assert policy.feed(lc.Tick(), 1e9) == []
+
+
+def test_an_async_worker_without_steps_is_restarted_and_a_hung_chief_fails_the_run() -> None:
+    policy = started(ASYNC, "async", progress_timeout_s=10.0)
+    for t in range(1, 40):
+        feed(policy, [step("chief:0", t, worker=0)], now=float(t))
+        actions = policy.feed(lc.Tick(), float(t))
+        if actions:
+            break
+    assert actions == [lc.RestartTask("worker:1", actions[0].reason)]  # type: ignore[union-attr]
+    assert t == 31 and "no first step" in actions[0].reason  # type: ignore[union-attr]
+    assert policy.feed(lc.Tick(), 32.0) == []  # its restart has a fresh clock
+    (end,) = policy.feed(lc.Tick(), 39.0 + 10.5)
+    assert isinstance(end, lc.StopRun) and end.outcome.failed_task == "chief:0"
+
+
+def test_events_of_every_kind_pass_the_real_decoder() -> None:
+    for event in (status("worker:0", "failed", reason="x", will_restart=True), step("chief:0", 3, worker=1),
+                  events.make("device", "worker:0", cpu_percent=3.5)):
+        decoded = events.decode(events.encode(event))
+        assert decoded is not None and lc.from_event(decoded) is not None
+    assert lc.from_event({"kind": "status", "task": "w", "state": "bogus"}) is None
+
+
+@pytest.mark.parametrize("reason,expected", [("worker:1: worker:1: boom", "boom"), ("boom", "boom"),
+                                             ("worker:10: x", "worker:10: x")])
+def test_without_name(reason: str, expected: str) -> None:
+    assert lc.without_name("worker:1", reason) == expected
