@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import psutil
@@ -86,3 +86,22 @@ def no_leftover_processes() -> Iterator[None]:
 @pytest.fixture(autouse=True, scope="session")
 def _quiet_tf() -> None:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+IN_CI = os.environ.get("CI", "").lower() == "true"
+
+
+def require(condition: bool, why: str, *, needed_in_ci: bool = True) -> None:
+    """Skip the calling test when ``condition`` is false; with ``CI=true`` fail it instead (for what CI
+    must provide: sshd, network namespaces), so a missing service never hides behind a skip."""
+    if condition:
+        return
+    if IN_CI and needed_in_ci:
+        pytest.fail(f"CI=true and {why}: CI must provide it (.ci/run installs it)")
+    pytest.skip(why)
+
+
+@pytest.fixture
+def needs() -> Callable[..., None]:
+    """``needs(condition, why)``: :func:`require` as a fixture (skips here, fails with ``CI=true``)."""
+    return require
