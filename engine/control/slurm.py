@@ -579,11 +579,12 @@ class SlurmTransport(transports.BaseTransport):
 
             def report(status: JobStatus, group: str = h.name) -> None:
                 message = status.explain()
-                ctx.report(job_id=status.job_id, reason=status.reason, slurm_state=status.state, host=group,
-                           message=message)
+                # the message first (the CLI prints info events), then the run's state
                 ctx.emit(_info(message, job_id=status.job_id, slurm_state=status.state, slurm_reason=status.reason,
                                host=group, **({"warning": "slurm-hopeless"}
                                              if status.reason in HOPELESS_REASONS else {})))
+                ctx.report(job_id=status.job_id, reason=status.reason, slurm_state=status.state, host=group,
+                           message=message)
 
             nodes = alloc.wait_running(report, ctx.stop)
             placement = slurm_placement(h, nodes)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -238,9 +239,28 @@ def test_a_job_whose_partition_is_down_is_shown_pending_with_slurm_s_reason(clus
 # --------------------------------------------------------------------------- runs
 
 
-def test_data_parallel_preset_runs_through_slurm(cluster: slurm_cluster.Cluster, runs_root: Path) -> None:
-    run, rec = launch(preset("slurm-data.yaml", steps=30, checkpoint_every=0), runs_root)
+def test_data_parallel_preset_runs_through_slurm_and_a_restart_resubmits(cluster: slurm_cluster.Cluster,
+                                                                         runs_root: Path) -> None:
+    run = Run(preset("slurm-data.yaml", steps=30, checkpoint_every=10, restarts=1), runs_root=runs_root)
+    rec = Recorder()
+    killed: list[int] = []
+
+    def kill_worker_1_once(event: dict[str, Any]) -> None:
+        # worker 1 dies once it has trained a little: the whole run restarts in a new allocation
+        if not killed and event["kind"] == "step" and event.get("replica") == 1 and event["step"] >= 12:
+            pid = run.state.tasks["worker:1"].pid
+            if pid:
+                killed.append(pid)
+                os.kill(pid, signal.SIGKILL)
+
+    run.add_listener(rec)
+    run.add_listener(kill_worker_1_once)
+    run.start()
     assert run.wait(RUN_TIMEOUT) == "finished", rec.summary()
+    assert killed, "worker:1 was never seen training"
+    submitted = [e["job_id"] for e in rec.of("info") if "submitted" in str(e.get("message"))]
+    assert len(submitted) == 2 and submitted[0] != submitted[1], "the restart did not submit a new job"
+    assert rec.of("run", state="restarting")
     steps = rec.of("step")
     assert {e["replica"] for e in steps} == {0, 1}, "both replicas report their steps"
     assert max(e["step"] for e in steps) >= 29
@@ -248,10 +268,11 @@ def test_data_parallel_preset_runs_through_slurm(cluster: slurm_cluster.Cluster,
     assert {e["host"] for e in rec.of("status", state="starting")} == {f"slurm@{slurm_cluster.NODE}"}
     assert rec.of("device"), "the supervisor's device figures come back over srun"
     running = [e for e in rec.of("info") if "running on" in str(e.get("message"))]
-    assert running and running[0]["nodes"] == [slurm_cluster.NODE]
+    assert running and running[-1]["nodes"] == [slurm_cluster.NODE]
     tf_config = json.loads(next(p.env["TF_CONFIG"] for p in run.plans if p.name == "worker:1"))
     assert tf_config["task"] == {"type": "worker", "index": 1}
-    assert all(a.startswith(f"{slurm_cluster.NODE}:") for a in tf_config["cluster"]["worker"])
+    chosen = running[-1]["message"]  # the ports chosen on the node are those in TF_CONFIG
+    assert all(a.startswith(f"{slurm_cluster.NODE}:") and a in chosen for a in tf_config["cluster"]["worker"])
     written = [json.loads(line) for line in (run.run_dir / "events.jsonl").read_text().splitlines()]
     assert {e["replica"] for e in written if e["kind"] == "step"} == {0, 1}
     assert_nothing_left(run, rec)
