@@ -28,7 +28,6 @@ cProfile of the CLI process and the start-up costs measured alone.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
