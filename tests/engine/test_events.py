@@ -249,3 +249,21 @@ def test_encoded_floats_stay_exact() -> None:
         back = decode(encode(step(loss=value)))
         assert back is not None and back["loss"] == value
         assert math.copysign(1, back["loss"]) == math.copysign(1, value)
+
+
+# -- commands to supervisors
+
+
+def test_commands_are_versioned_json_lines_read_strictly() -> None:
+    line = events.make_command("stop", state="finished", reason="", grace_s=3.0)
+    assert line.endswith("\n") and events.decode_command(line) == {"v": 1, "command": "stop", "state": "finished",
+                                                                   "reason": "", "grace_s": 3.0}
+    assert events.decode_command(events.make_command("restart", task="worker:1", reason="hung"))["task"] == "worker:1"
+    assert events.decode_command(events.make_command("signal", task="worker:1", signal="SIGKILL")) is not None
+    bad = ["stop", "restart worker:1", '{"v": 2, "command": "stop"}', '{"v": 1, "command": "format"}',
+           '{"v": 1, "command": "restart"}', '{"v": 1, "command": "restart", "task": 3}',
+           '{"v": 1, "command": "stop", "extra": 1}', '{"v": true, "command": "stop"}', "[]", b"\xff\xfe",
+           '{"v": 1, "command": "stop", "grace_s": true}']
+    assert [events.decode_command(b) for b in bad] == [None] * len(bad)
+    with pytest.raises(ValueError, match="unknown command"):
+        events.make_command("reboot")

@@ -16,8 +16,9 @@ import pytest
 from engine.contract import config as config_mod
 from engine.contract.config import Cluster, Host, Task, replace
 from engine.contract.plan import free_port
-from engine.control.launcher import Run, ssh_command
-from tests.conftest import wait_gone
+from engine.control.launcher import Run
+from engine.control.transports import SshTransport, SupervisorLaunch, log_tail, ssh_command
+from tests.conftest import require, wait_gone
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -28,10 +29,10 @@ def test_ssh_command_quotes_the_remote_command_and_uses_the_users_client() -> No
     cmd = ssh_command(host, [host.python, "-m", "engine.control.supervisor"])
     assert cmd[0] == "ssh" and "BatchMode=yes" in cmd
     assert cmd[cmd.index("-l") + 1] == "ana" and cmd[cmd.index("-p") + 1] == "2200"
-    assert cmd[-2] == "gpubox"
+    assert cmd[-3:-1] == ["--", "gpubox"]  # "--" ends ssh's options: the destination is never one
     assert cmd[-1] == "'/opt/my env/bin/python' -m engine.control.supervisor"
     plain = Host(name="b", address="10.0.0.6")
-    assert ssh_command(plain, ["python3"])[-2] == "10.0.0.6"
+    assert ssh_command(plain, ["python3"])[-3:-1] == ["--", "10.0.0.6"]
     assert not plain.is_local and not host.is_local
     assert Host(name="c", address="localhost").is_local
     assert not Host(name="d", address="127.0.0.1", ssh_host="alias").is_local
@@ -40,8 +41,8 @@ def test_ssh_command_quotes_the_remote_command_and_uses_the_users_client() -> No
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Path]:
     """An sshd on 127.0.0.1 that accepts one throw-away key; yields an ssh config naming it 'cdtest'."""
-    if not os.path.exists(SSHD) or shutil.which("ssh") is None:
-        pytest.skip("OpenSSH server/client not installed (.ci/run installs them)")
+    require(os.path.exists(SSHD) and shutil.which("ssh") is not None,
+            "OpenSSH server/client not installed (.ci/run installs them)")
     d = tmp_path / "ssh"
     d.mkdir()
     subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(d / "host_key")], check=True)
@@ -107,3 +108,45 @@ def test_run_on_a_remote_host_over_ssh(sshd: Path, runs_root: Path, monkeypatch:
     assert wait_gone(pids, 5) == [], "remote tasks left running after stop"
     assert time.monotonic() - t0 < 6
     assert run.wait(5) == "stopped"
+
+
+FAKE_SSH = """#!/bin/sh
+# a stand-in ssh: logs its argv, one word per line, then fails as ssh does when it cannot connect
+for word in "$@"; do printf '%s\\n' "$word"; done > "$FAKE_SSH_LOG"
+echo "ssh: Could not resolve hostname: Name or service not known" >&2
+exit 255
+"""
+
+
+def test_a_host_named_like_an_option_reaches_ssh_after_double_dash(runs_root: Path, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shared preset's ``ssh_host: "-oProxyCommand=..."`` must never be read by ssh as an option."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "ssh").write_text(FAKE_SSH)
+    (bin_dir / "ssh").chmod(0o755)
+    log = tmp_path / "argv.txt"
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("FAKE_SSH_LOG", str(log))
+    hostile = "-oProxyCommand=touch /tmp/x"
+    host = Host(name="remote", address="10.0.0.7", ssh_host=hostile, tasks=(Task("worker", 0), Task("worker", 1)))
+    # the transport itself, whatever the config lets through
+    launch = SupervisorLaunch(group="remote", host=host, command=["python3", "-m", "engine.control.supervisor"],
+                              env=dict(os.environ), log=tmp_path / "supervisor.log")
+    transport = SshTransport()
+    proc = transport.start(launch)
+    assert proc.wait(10) == 255
+    argv = log.read_text().splitlines()
+    assert argv[-3:] == ["--", hostile, "python3 -m engine.control.supervisor"]
+    why = transport.failure(launch, 255, log_tail(launch.log))
+    assert why.startswith(f"ssh to {hostile} failed") and "Could not resolve" in why
+    # and a whole run, where the config lets such a name through (the config's own check is the first defence)
+    cfg = config_mod.default_config()
+    cfg = replace(cfg, cluster=Cluster(hosts=(host,)))
+    if config_mod.validate(cfg):
+        return
+    run = Run(cfg, runs_root=runs_root, checked=True)
+    run.start()
+    assert run.wait(20) == "failed"
+    assert log.read_text().splitlines()[-2] == hostile
+    assert run.state.failed_task == "supervisor@remote" and "Could not resolve" in run.state.reason
