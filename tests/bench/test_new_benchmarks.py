@@ -1,0 +1,122 @@
+"""The method's statistics, and smoke runs of the whole-run, modes, ingest, GPU and large-app benchmarks.
+
+Smoke runs prove the scripts work end to end; their figures mean nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import _handwritten  # noqa: E402
+import _stats  # noqa: E402
+
+
+def run_bench(name: str, tmp_path: Path, *args: str, timeout: float = 900, section: str | None = None
+              ) -> tuple[str, str]:
+    doc = tmp_path / "benchmarks.md"
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--quick", "--write-doc",
+                           "--doc", str(doc), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    text = doc.read_text(encoding="utf-8")
+    section = section or name
+    assert f"<!-- bench:{section} -->" in text and f"<!-- /bench:{section} -->" in text
+    return proc.stdout, text
+
+
+# -- the method
+
+
+def test_paired_ratio_is_the_median_of_round_ratios_with_a_seeded_interval() -> None:
+    sides = [11.0, 10.5, 12.0, 10.0, 10.2, 10.8, 11.5, 10.1, 10.9, 10.4]
+    bases = [10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0, 10.0]
+    r = _stats.paired_ratio(sides, bases)
+    assert r.median == pytest.approx(1.065)
+    assert r.low <= r.median <= r.high and r.low < r.high
+    assert _stats.paired_ratio(sides, bases) == r  # seeded: the same figures give the same interval
+    # a ratio of medians would differ from the median of paired ratios when rounds drift
+    drift = _stats.paired_ratio([2.0, 4.0, 8.0], [1.0, 4.0, 10.0])
+    assert drift.median == pytest.approx(1.0)
+
+
+def test_a_goal_is_met_only_when_the_whole_interval_clears_it() -> None:
+    inside = _stats.Ratio(1.01, 0.99, 1.02)
+    straddling = _stats.Ratio(1.02, 1.00, 1.05)
+    above = _stats.Ratio(1.08, 1.05, 1.10)
+    assert _stats.goal_verdict(inside, 1.03, at_most=True) == "met"
+    assert "not shown" in _stats.goal_verdict(straddling, 1.03, at_most=True)
+    assert "not met" in _stats.goal_verdict(above, 1.03, at_most=True)
+    assert _stats.goal_met(_stats.Ratio(0.99, 0.975, 1.0), 0.97, at_most=False)
+    assert not _stats.goal_met(_stats.Ratio(0.99, 0.96, 1.0), 0.97, at_most=False)
+
+
+def test_rounds_rotate_the_order_of_the_sides() -> None:
+    assert [_stats.rotated(["a", "b"], r) for r in range(3)] == [["a", "b"], ["b", "a"], ["a", "b"]]
+    calls: list[str] = []
+    out = _stats.interleaved(["a", "b", "c"], 3, lambda side, r: calls.append(side) or len(calls))
+    assert calls == ["a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert out["a"] == [1, 6, 8]
+
+
+def test_the_hand_written_launcher_is_about_ten_lines_and_sets_tf_config(tmp_path: Path) -> None:
+    files = _handwritten.write_all(tmp_path)
+    assert _handwritten.launch_lines("launch_data.sh") <= 12
+    text = files["launch_data.sh"].read_text()
+    assert "TF_CONFIG=" in text and "clusterdeck" not in text.lower()
+    assert os.access(files["launch_data.sh"], os.X_OK)
+    for script in ("mwms_loop.py", "pss_chief.py", "pss_server.py", "dtensor_loop.py"):
+        source = files[script].read_text()
+        compile(source, script, "exec")
+        assert "engine" not in source  # plain TensorFlow: no ClusterDeck code
+
+
+# -- smoke runs
+
+
+def test_ingest_takes_every_event(tmp_path: Path) -> None:
+    out, doc = run_bench("ingest", tmp_path, "--replicas", "8", "--seconds", "1", timeout=300)
+    assert "0 not folded, 0 not written" in out
+    assert "every replica at its last step: True" in out
+    assert "What limits the next factor of ten" in doc and "<!-- bench:scale_design -->" in doc
+
+
+def test_gpu_check_says_skipped_without_gpus(tmp_path: Path) -> None:
+    sys.path.insert(0, str(ROOT / "bench"))
+    from gpu_check import gpu_inventory
+
+    if gpu_inventory()[0] > 0:
+        pytest.skip("this machine has GPUs: the check itself runs for minutes")
+    out, doc = run_bench("gpu_check", tmp_path, timeout=120)
+    assert "skipped" in out and "skipped" in doc
+
+
+def test_gui_scale_large_at_reduced_duration(tmp_path: Path) -> None:
+    out, doc = run_bench("gui_scale", tmp_path, "--large", "--minutes", "0.1", "--live", "1", timeout=600,
+                         section="gui_scale_large")
+    assert out.startswith("128 replicas") or "128 replicas" in out
+    assert "history: 0 points lost" in out
+    assert "toward hundreds of replicas" in doc
+
+
+@pytest.mark.cluster
+def test_whole_run_against_the_hand_written_launch(tmp_path: Path) -> None:
+    out, doc = run_bench("whole_run", tmp_path, "--modes", "data", "--steps", "30")
+    assert "wall ratio" in out and "CPU ratio" in out
+    assert "TF_CONFIG=" in doc and "Whole-run cost" in doc
+
+
+@pytest.mark.cluster
+def test_every_mode_against_its_bare_loop(tmp_path: Path) -> None:
+    out, doc = run_bench("modes", tmp_path, "--steps", "40")
+    for mode in ("data", "async", "model"):
+        assert f"{mode}: clusterdeck / bare" in out
+    assert "Every mode against its own bare loop" in doc
