@@ -40,6 +40,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -62,6 +63,15 @@ TFJOB_CONTAINER = "tensorflow"
 TFJOB_RUN_DIR = "/clusterdeck/run"
 #: TFJob replica types, in manifest order, for each ClusterDeck role.
 TFJOB_REPLICA_TYPES = {"chief": "Chief", "worker": "Worker", "ps": "PS", "evaluator": "Evaluator"}
+#: The volume of the run folder in every TFJob pod (a PersistentVolumeClaim, when one is named).
+RUN_VOLUME = "run-folder"
+#: Annotations of every TFJob pod: no Istio sidecar (Kubeflow's advice: it keeps pods from finishing
+#: and intercepts the tasks' gRPC traffic).
+POD_ANNOTATIONS = {"sidecar.istio.io/inject": "false"}
+#: Where the image holds the user's files (script, data) named by the config.
+IMAGE_USER_DIR = "/opt/clusterdeck-user"
+#: What a task process imports besides TensorFlow (pyproject's dependencies, less the app's).
+IMAGE_DEPENDENCIES = ("tensorboard>=2.16", "pyyaml>=6.0", "numpy>=1.26", "psutil>=5.9", "platformdirs>=3.0")
 #: Restarts allowed in ``async`` mode even when ``training.restarts`` is 0 (as the launcher allows).
 ASYNC_WORKER_RESTARTS = 10
 
@@ -122,6 +132,13 @@ def _check_reachable(config: RunConfig) -> None:
 
 def _resolved(config: RunConfig) -> RunConfig:
     config = _checked(config)
+    slurm = [Problem(f"cluster.hosts[{i}].kind", f"host {h.name!r} is a Slurm group: its nodes are known only once "
+                                                 "Slurm allocates them, so no launch script or TF_CONFIG can be "
+                                                 "written ahead; run it with `clusterdeck run` (salloc/srun), or draw "
+                                                 "machines (kind: machine) to export scripts")
+             for i, h in enumerate(config.cluster.hosts) if h.is_slurm]
+    if slurm:
+        raise ConfigError(slurm, "export")
     _check_reachable(config)
     return export_ports(config)
 
@@ -299,7 +316,10 @@ def _role_gpus(config: RunConfig, role: str) -> int:
     """GPUs of each task of ``role``; a TFJob gives every replica of a role the same, so they must agree."""
     counts: dict[str, int] = {}
     for h in config.cluster.hosts:
-        assigned = gpu_assignment(h)
+        assigned: dict[str, list[int]] = {}
+        for group in h.node_tasks():  # a Slurm group: GPUs per node
+            if group:
+                assigned.update(gpu_assignment(h.node_of(group[0])))
         for t in h.tasks:
             if t.role == role:
                 counts[t.name] = len(assigned.get(t.name, []))
@@ -347,19 +367,36 @@ def default_command(python: str = "python3") -> list[str]:
     return ["/bin/sh", "-c", script]
 
 
+def _check_claim(pvc: str) -> None:
+    if pvc and not (len(pvc) <= 253 and re.fullmatch(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?", pvc)):
+        raise ConfigError([Problem("pvc", f"expected the name of a PersistentVolumeClaim (lower-case letters, digits, "
+                                          f"'-' and '.'), got {pvc!r}")], "export")
+
+
 def tfjob_manifest(config: RunConfig, *, image: str, command: Sequence[str] | None = None,
-                   namespace: str = "default") -> dict[str, Any]:
+                   namespace: str = "default", pvc: str = "", python: str = "python3") -> dict[str, Any]:
     """A Kubeflow ``TFJob`` for ``config`` (see the module docstring for the restart policies).
 
     One replica spec per role present (Chief, Worker, PS, Evaluator), ``replicas`` = its task count,
     ``nvidia.com/gpu`` limit = GPUs per task of that role (omitted when 0; roles without GPUs also get
-    an empty ``CUDA_VISIBLE_DEVICES``). ``command`` replaces :func:`default_command`.
+    an empty ``CUDA_VISIBLE_DEVICES``). Every pod carries ``sidecar.istio.io/inject: "false"`` (an Istio
+    sidecar keeps the pods from ending and from reaching each other's gRPC ports). ``pvc`` names a
+    PersistentVolumeClaim (ReadWriteMany) mounted at :data:`TFJOB_RUN_DIR` in every replica, the run's
+    own folder of the claim (``subPath``: the job's name): checkpoints, logs and events outlive the pods
+    and the evaluator reads the chief's checkpoints. Without it the run folder dies with each container.
+    ``python`` runs the task in the image (:func:`dockerfile` installs ClusterDeck for it); the user's
+    files (``model.script``, ``data.path``) are read from :data:`IMAGE_USER_DIR`, where the image
+    recipe puts them. ``command`` replaces :func:`default_command`.
     """
     config = _checked(config)
     if not image.strip():
         raise ConfigError([Problem("image", "expected a container image name, got ''")], "export")
-    config_yaml = config_mod.dumps(export_ports(config))
-    cmd = list(command) if command is not None else default_command()
+    _check_claim(pvc)
+    if not python.strip() or any(c.isspace() or not c.isprintable() for c in python.strip()):
+        raise ConfigError([Problem("python", f"expected a Python command (one word), got {python!r}")], "export")
+    name = dns1123_name(config.name)
+    config_yaml = config_mod.dumps(config_in_image(export_ports(config)))
+    cmd = list(command) if command is not None else default_command(python.strip())
     specs: dict[str, Any] = {}
     for role, replica_type in TFJOB_REPLICA_TYPES.items():
         count = len(config.cluster.tasks_of(role))
@@ -386,10 +423,14 @@ def tfjob_manifest(config: RunConfig, *, image: str, command: Sequence[str] | No
             container["resources"] = {"limits": {"nvidia.com/gpu": gpus}}
         else:
             env.append({"name": "CUDA_VISIBLE_DEVICES", "value": ""})  # never grab a GPU's memory
+        pod: dict[str, Any] = {"containers": [container]}
+        if pvc:
+            container["volumeMounts"] = [{"name": RUN_VOLUME, "mountPath": TFJOB_RUN_DIR, "subPath": name}]
+            pod["volumes"] = [{"name": RUN_VOLUME, "persistentVolumeClaim": {"claimName": pvc}}]
         specs[replica_type] = {
             "replicas": count,
             "restartPolicy": _restart_policy(config, role),
-            "template": {"spec": {"containers": [container]}},
+            "template": {"metadata": {"annotations": dict(POD_ANNOTATIONS)}, "spec": pod},
         }
     run_policy: dict[str, Any] = {"cleanPodPolicy": "Running"}
     backoff = config.training.restarts
@@ -397,14 +438,13 @@ def tfjob_manifest(config: RunConfig, *, image: str, command: Sequence[str] | No
         backoff = max(backoff, ASYNC_WORKER_RESTARTS)
     if backoff > 0:
         run_policy["backoffLimit"] = backoff
+    annotations = {"clusterdeck/run-name": config.name}
+    if pvc:
+        annotations["clusterdeck/run-folder"] = f"pvc {pvc}, folder {name}"
     return {
         "apiVersion": "kubeflow.org/v1",
         "kind": "TFJob",
-        "metadata": {
-            "name": dns1123_name(config.name),
-            "namespace": namespace,
-            "annotations": {"clusterdeck/run-name": config.name},
-        },
+        "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
         "spec": {
             "runPolicy": run_policy,
             "tfReplicaSpecs": specs,
@@ -413,9 +453,80 @@ def tfjob_manifest(config: RunConfig, *, image: str, command: Sequence[str] | No
 
 
 def tfjob_yaml(config: RunConfig, *, image: str, command: Sequence[str] | None = None,
-               namespace: str = "default") -> str:
+               namespace: str = "default", pvc: str = "", python: str = "python3") -> str:
     """:func:`tfjob_manifest` as YAML text."""
-    manifest = tfjob_manifest(config, image=image, command=command, namespace=namespace)
+    manifest = tfjob_manifest(config, image=image, command=command, namespace=namespace, pvc=pvc, python=python)
+    return _yaml(manifest)
+
+
+def pvc_manifest(name: str, *, namespace: str = "default", size: str = "10Gi", storage_class: str = "") -> dict[str, Any]:
+    """A PersistentVolumeClaim for run folders (``ReadWriteMany``: every replica mounts it at once)."""
+    _check_claim(name)
+    if not re.fullmatch(r"\d+(\.\d+)?(Ki|Mi|Gi|Ti|Pi|k|M|G|T|P)?", size):
+        raise ConfigError([Problem("pvc size", f"expected a Kubernetes quantity such as 10Gi, got {size!r}")], "export")
+    spec: dict[str, Any] = {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": size}}}
+    if storage_class:
+        spec["storageClassName"] = storage_class
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim",
+            "metadata": {"name": name, "namespace": namespace}, "spec": spec}
+
+
+# --------------------------------------------------------------------------- the image
+
+
+def user_files(config: RunConfig) -> dict[str, str]:
+    """The user's files a run reads (``model.script``, ``data.path``): local path -> path in the image."""
+    out: dict[str, str] = {}
+    used: set[str] = set()
+    for value in (config.model.script, config.data.path):
+        if not value.strip() or value in out:
+            continue
+        base = _file_part(Path(value).name) or "file"
+        name, n = base, 2
+        while name in used:
+            name, n = f"{n}-{base}", n + 1
+        used.add(name)
+        out[value] = f"{IMAGE_USER_DIR}/{name}"
+    return out
+
+
+def config_in_image(config: RunConfig) -> RunConfig:
+    """``config`` with the user's files named where the image holds them (:func:`user_files`)."""
+    files = user_files(config)
+    if not files:
+        return config
+    data = replace(config.data, path=files.get(config.data.path, config.data.path))
+    model = replace(config.model, script=files.get(config.model.script, config.model.script))
+    return replace(config, data=data, model=model)
+
+
+def dockerfile(config: RunConfig, *, python: str = "python3", base_image: str = "python:3.11-slim") -> str:
+    """A Dockerfile for the TFJob's image: ClusterDeck's engine (from ``clusterdeck/engine`` of the build
+    folder :func:`write_export` writes) with its task dependencies installed for ``python``, and the
+    user's files of the run (from ``user/``) where the manifest's config names them."""
+    gpus = any(_role_gpus(config, role) for role in TFJOB_REPLICA_TYPES if config.cluster.tasks_of(role))
+    tensorflow = "tensorflow[and-cuda]==2.21.*" if gpus else "tensorflow==2.21.*"
+    deps = " ".join(shlex.quote(d) for d in (tensorflow, *IMAGE_DEPENDENCIES))
+    py = shlex.quote(python)
+    lines = [
+        f"# Image of ClusterDeck's tasks for run {_comment(config.name)}. Build it in the export folder:",
+        "#   docker build -t <registry>/<image>:<tag> .   then push it and apply tfjob.yaml",
+        f"FROM {base_image}",
+        "ENV PYTHONUNBUFFERED=1 PYTHONPATH=/opt/clusterdeck",
+        f"RUN {py} -m pip install --no-cache-dir {deps}",
+        "COPY clusterdeck/engine /opt/clusterdeck/engine",
+    ]
+    if user_files(config):
+        lines.append(f"COPY user/ {IMAGE_USER_DIR}/")
+    lines += [
+        "WORKDIR /opt/clusterdeck",
+        f"RUN {py} -c 'import engine.runtime.task'",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def _yaml(manifest: dict[str, Any]) -> str:
     return yaml.dump(manifest, Dumper=_ManifestDumper, sort_keys=False, default_flow_style=False, width=120)
 
 
@@ -439,9 +550,12 @@ _ManifestDumper.add_representer(str, _represent_str)
 
 def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: str | None = None,
                  python: str = "python3", workdir: str | None = None, run_dir: str | None = None,
-                 namespace: str = "default") -> list[Path]:
+                 namespace: str = "default", pvc: str = "", pvc_size: str = "") -> list[Path]:
     """Write ``config.yaml`` (ports fixed), ``tf_config/<role>-<index>.json``, ``launch-<host>.sh``
-    (executable) and, given an ``image``, ``tfjob.yaml`` into ``out_dir``; return the paths written.
+    (executable) into ``out_dir``; given an ``image``, also Kubernetes' files: ``tfjob.yaml`` (the run
+    folder on claim ``pvc`` when named), ``Dockerfile`` with its build folder (``clusterdeck/engine``,
+    ``user/`` with the run's script and data files) and, with ``pvc_size``, ``pvc.yaml`` creating the
+    claim. Return the paths written (a copied folder counts as one).
 
     Everything is computed before the first file is written, so an invalid config writes nothing.
     """
@@ -451,8 +565,19 @@ def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: s
         files[f"tf_config/{name.replace(':', '-')}.json"] = json.dumps(tfc, indent=2, sort_keys=True) + "\n"
     scripts = launch_scripts(config, python=python, workdir=workdir, run_dir=run_dir)
     files.update(scripts)
+    copies: dict[str, Path] = {}
     if image is not None:
-        files["tfjob.yaml"] = tfjob_yaml(config, image=image, namespace=namespace)
+        files["tfjob.yaml"] = tfjob_yaml(config, image=image, namespace=namespace, pvc=pvc, python=python)
+        files["Dockerfile"] = dockerfile(config, python=python)
+        if pvc and pvc_size:
+            files["pvc.yaml"] = _yaml(pvc_manifest(pvc, namespace=namespace, size=pvc_size))
+        copies["clusterdeck/engine"] = Path(__file__).resolve().parents[1]
+        for local, in_image in user_files(config).items():
+            source = Path(local).expanduser()
+            if not source.exists():
+                raise ConfigError([Problem("data.path" if local == config.data.path else "model.script",
+                                           f"{local!r} does not exist; the image needs it")], "export")
+            copies[f"user/{Path(in_image).name}"] = source
     out = Path(out_dir)
     paths = []
     for rel, text in files.items():
@@ -462,10 +587,20 @@ def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: s
         if rel in scripts:
             path.chmod(0o755)
         paths.append(path)
+    for rel, source in copies.items():
+        target = out / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if source.is_dir():
+            shutil.copytree(source, target, dirs_exist_ok=True,
+                            ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        else:
+            shutil.copy2(source, target)
+        paths.append(target)
     return paths
 
 
 __all__ = [
-    "DEFAULT_BASE_PORT", "TFJOB_PORT", "default_command", "dns1123_name", "export_ports", "launch_scripts",
-    "primary_roles", "script_names", "tf_configs", "tfjob_manifest", "tfjob_yaml", "write_export",
+    "DEFAULT_BASE_PORT", "TFJOB_PORT", "config_in_image", "default_command", "dns1123_name", "dockerfile",
+    "export_ports", "launch_scripts", "primary_roles", "pvc_manifest", "script_names", "tf_configs",
+    "tfjob_manifest", "tfjob_yaml", "user_files", "write_export",
 ]

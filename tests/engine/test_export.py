@@ -309,7 +309,9 @@ def test_sigterm_stops_every_task_of_the_host(tmp_path: Path) -> None:
 @needs_bash
 def test_quoting_survives_hostile_host_names_addresses_and_paths(tmp_path: Path) -> None:
     name = "it's a \"gpu\" box; touch pwned-name $(touch pwned-sub) `touch pwned-tick`"
-    address = "10.0.0.1$(touch${IFS}pwned-addr)"
+    with pytest.raises(ConfigError, match="address"):  # the config itself refuses shell text as an address
+        make([{"name": "x", "address": "10.0.0.1$(touch${IFS}pwned-addr)", "tasks": [{"role": "worker"}]}])
+    address = "10.0.0.1"
     cfg = make([
         {"name": name, "address": address, "tasks": [{"role": "chief"}, {"role": "ps", "index": 0}]},
         {"name": "w", "address": "10.0.0.2", "tasks": [{"role": "worker", "index": 0}]},
@@ -445,10 +447,12 @@ def test_write_export_writes_every_file(tmp_path: Path) -> None:
     cfg = async_config()
     paths = export.write_export(cfg, tmp_path, image="img:1")
     rel = sorted(str(p.relative_to(tmp_path)) for p in paths)
-    assert rel == ["config.yaml", "launch-coord.sh", "launch-gpus.sh", "tf_config/chief-0.json",
-                   "tf_config/ps-0.json", "tf_config/ps-1.json", "tf_config/worker-0.json",
+    assert rel == ["Dockerfile", "clusterdeck/engine", "config.yaml", "launch-coord.sh", "launch-gpus.sh",
+                   "tf_config/chief-0.json", "tf_config/ps-0.json", "tf_config/ps-1.json", "tf_config/worker-0.json",
                    "tf_config/worker-1.json", "tfjob.yaml"]
-    assert all(p.is_file() for p in paths)
+    assert all(p.is_file() for p in paths if p.name != "engine")
+    assert (tmp_path / "clusterdeck" / "engine" / "runtime" / "task.py").is_file()
+    assert not list((tmp_path / "clusterdeck").rglob("__pycache__"))
     for name in ("launch-coord.sh", "launch-gpus.sh"):
         assert os.access(tmp_path / name, os.X_OK)
     expected = export.tf_configs(cfg)
@@ -466,9 +470,145 @@ def test_write_export_of_an_invalid_config_writes_nothing(tmp_path: Path) -> Non
 
 
 def test_the_export_imports_no_tensorflow_and_no_qt() -> None:
-    from tests.engine.test_boundaries import HEAVY
-
-    code = f"import sys, engine.control.export\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {HEAVY!r}))"
+    heavy = ("tensorflow", "keras", "PySide6", "pyqtgraph")
+    code = f"import sys, engine.control.export\nprint(sorted(m for m in sys.modules if m.split('.')[0] in {heavy!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- TFJob v1 schema, volume, image
+
+#: Fields of Kubeflow's TFJob v1 API (kubeflow.org/v1, training-operator): TFJobSpec, RunPolicy, ReplicaSpec.
+TFJOB_SPEC_FIELDS = {"runPolicy", "successPolicy", "tfReplicaSpecs", "enableDynamicWorker"}
+RUN_POLICY_FIELDS = {"cleanPodPolicy", "ttlSecondsAfterFinished", "activeDeadlineSeconds", "backoffLimit",
+                     "schedulingPolicy", "suspend", "managedBy"}
+CLEAN_POD_POLICIES = {"All", "Running", "None"}
+REPLICA_TYPES = {"Chief", "Master", "Worker", "PS", "Evaluator"}
+REPLICA_SPEC_FIELDS = {"replicas", "template", "restartPolicy"}
+RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
+# Kubernetes core v1: the PodTemplateSpec, PodSpec, Container and Volume fields a manifest here may use
+POD_TEMPLATE_FIELDS = {"metadata", "spec"}
+POD_SPEC_FIELDS = {"containers", "volumes", "initContainers", "nodeSelector", "tolerations", "affinity",
+                   "serviceAccountName", "securityContext", "restartPolicy", "schedulerName", "priorityClassName"}
+CONTAINER_FIELDS = {"name", "image", "command", "args", "env", "envFrom", "ports", "resources", "volumeMounts",
+                    "workingDir", "imagePullPolicy", "securityContext", "livenessProbe", "readinessProbe"}
+
+
+def check_tfjob_v1(manifest: dict[str, Any]) -> None:
+    """The manifest against TFJob v1's field names, types and enums (what ``kubectl apply`` would reject)."""
+    assert set(manifest) == {"apiVersion", "kind", "metadata", "spec"}
+    assert manifest["apiVersion"] == "kubeflow.org/v1" and manifest["kind"] == "TFJob"
+    meta = manifest["metadata"]
+    assert DNS1123.match(meta["name"]) and len(meta["name"]) <= 63
+    assert set(meta) <= {"name", "namespace", "labels", "annotations"}
+    assert all(isinstance(v, str) for v in meta.get("annotations", {}).values())
+    spec = manifest["spec"]
+    assert set(spec) <= TFJOB_SPEC_FIELDS and "tfReplicaSpecs" in spec
+    run_policy = spec.get("runPolicy", {})
+    assert set(run_policy) <= RUN_POLICY_FIELDS
+    assert run_policy.get("cleanPodPolicy", "Running") in CLEAN_POD_POLICIES
+    assert isinstance(run_policy.get("backoffLimit", 0), int)
+    assert spec["tfReplicaSpecs"] and set(spec["tfReplicaSpecs"]) <= REPLICA_TYPES
+    for replica in spec["tfReplicaSpecs"].values():
+        assert set(replica) <= REPLICA_SPEC_FIELDS
+        assert isinstance(replica["replicas"], int) and replica["replicas"] >= 1
+        assert replica["restartPolicy"] in RESTART_POLICIES
+        template = replica["template"]
+        assert set(template) <= POD_TEMPLATE_FIELDS
+        assert all(isinstance(v, str) for v in template.get("metadata", {}).get("annotations", {}).values())
+        pod = template["spec"]
+        assert set(pod) <= POD_SPEC_FIELDS
+        names = [c["name"] for c in pod["containers"]]
+        assert names.count("tensorflow") == 1, "the operator finds its container by the name 'tensorflow'"
+        volumes = {v["name"]: v for v in pod.get("volumes", [])}
+        for v in volumes.values():
+            assert set(v) == {"name", "persistentVolumeClaim"} and set(v["persistentVolumeClaim"]) == {"claimName"}
+        for c in pod["containers"]:
+            assert set(c) <= CONTAINER_FIELDS
+            assert isinstance(c["image"], str) and c["image"]
+            assert all(isinstance(w, str) for w in c.get("command", []))
+            assert all(set(e) == {"name", "value"} and isinstance(e["value"], str) for e in c.get("env", []))
+            assert all(set(p) <= {"name", "containerPort", "protocol"} for p in c.get("ports", []))
+            assert any(p.get("name") == "tfjob-port" for p in c["ports"])
+            for m in c.get("volumeMounts", []):
+                assert set(m) <= {"name", "mountPath", "subPath", "readOnly"} and m["name"] in volumes
+
+
+@pytest.mark.parametrize("make_config", [data_config, async_config, evaluator_config, model_config])
+def test_every_tfjob_matches_the_v1_schema_and_skips_the_istio_sidecar(make_config: Any) -> None:
+    manifest = yaml.safe_load(export.tfjob_yaml(make_config(), image="img:1", pvc="runs"))
+    check_tfjob_v1(manifest)
+    for spec in manifest["spec"]["tfReplicaSpecs"].values():
+        assert spec["template"]["metadata"]["annotations"]["sidecar.istio.io/inject"] == "false"
+
+
+def test_a_named_claim_holds_the_run_folder_in_every_replica() -> None:
+    cfg = evaluator_config()
+    manifest = export.tfjob_manifest(cfg, image="img:1", pvc="team-runs")
+    name = manifest["metadata"]["name"]
+    for spec in manifest["spec"]["tfReplicaSpecs"].values():
+        pod = spec["template"]["spec"]
+        assert pod["volumes"] == [{"name": "run-folder", "persistentVolumeClaim": {"claimName": "team-runs"}}]
+        (container,) = pod["containers"]
+        assert container["volumeMounts"] == [{"name": "run-folder", "mountPath": export.TFJOB_RUN_DIR, "subPath": name}]
+        env = {e["name"]: e["value"] for e in container["env"]}
+        assert env["CLUSTERDECK_RUN_DIR"] == export.TFJOB_RUN_DIR
+    plain = export.tfjob_manifest(cfg, image="img:1")
+    assert all("volumes" not in s["template"]["spec"] for s in plain["spec"]["tfReplicaSpecs"].values())
+    with pytest.raises(ConfigError, match="pvc: expected the name of a PersistentVolumeClaim"):
+        export.tfjob_manifest(cfg, image="img:1", pvc="Bad Claim")
+    claim = export.pvc_manifest("team-runs", size="20Gi", namespace="ml")
+    assert claim["kind"] == "PersistentVolumeClaim" and claim["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert claim["spec"]["resources"]["requests"]["storage"] == "20Gi" and claim["metadata"]["namespace"] == "ml"
+    with pytest.raises(ConfigError, match="quantity"):
+        export.pvc_manifest("team-runs", size="lots")
+
+
+def test_the_chosen_python_runs_the_task_and_is_the_one_the_image_installs_for() -> None:
+    manifest = export.tfjob_manifest(data_config(), image="img:1", python="/opt/venv/bin/python")
+    (container,) = manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    script = container["command"][-1]
+    assert "exec /opt/venv/bin/python -m engine.runtime.task" in script
+    assert "python3" not in script
+    recipe = export.dockerfile(data_config(), python="/opt/venv/bin/python")
+    assert "RUN /opt/venv/bin/python -m pip install --no-cache-dir" in recipe
+    assert "'tensorflow[and-cuda]==2.21.*'" in recipe  # the workers have GPUs
+    assert "tensorflow==2.21.*" in export.dockerfile(evaluator_config())
+    with pytest.raises(ConfigError, match="python"):
+        export.tfjob_manifest(data_config(), image="img:1", python="python3; rm -rf /")
+
+
+def test_the_image_holds_clusterdeck_and_the_user_s_script(tmp_path: Path) -> None:
+    script = tmp_path / "my model.py"
+    script.write_text("def build_model(config):\n    raise NotImplementedError\n", encoding="utf-8")
+    cfg = config_mod.replace(evaluator_config(), model=config_mod.replace(evaluator_config().model, name="script",
+                                                                         script=str(script)))
+    out = tmp_path / "export"
+    export.write_export(cfg, out, image="img:1", pvc="team-runs", pvc_size="5Gi", python="python3")
+    recipe = (out / "Dockerfile").read_text()
+    assert recipe.startswith("# Image of ClusterDeck's tasks") and "\nFROM " in recipe
+    assert "COPY clusterdeck/engine /opt/clusterdeck/engine" in recipe
+    assert f"COPY user/ {export.IMAGE_USER_DIR}/" in recipe
+    assert "ENV PYTHONUNBUFFERED=1 PYTHONPATH=/opt/clusterdeck" in recipe
+    assert (out / "user" / "my-model.py").read_text() == script.read_text()
+    assert (out / "clusterdeck" / "engine" / "runtime" / "task.py").is_file()
+    manifest = yaml.safe_load((out / "tfjob.yaml").read_text())
+    check_tfjob_v1(manifest)
+    env = {e["name"]: e["value"] for e in manifest["spec"]["tfReplicaSpecs"]["Worker"]["template"]["spec"]
+           ["containers"][0]["env"]}
+    assert config_mod.loads(env["CLUSTERDECK_CONFIG"]).model.script == f"{export.IMAGE_USER_DIR}/my-model.py"
+    assert yaml.safe_load((out / "pvc.yaml").read_text())["metadata"]["name"] == "team-runs"
+    missing = config_mod.replace(cfg, model=config_mod.replace(cfg.model, script=str(tmp_path / "gone.py")))
+    with pytest.raises(ConfigError, match="gone.py"):
+        export.write_export(missing, tmp_path / "other", image="img:1")
+
+
+def test_a_slurm_group_exports_a_tfjob_but_no_launch_script() -> None:
+    cfg = config_mod.load(ROOT / "presets" / "slurm-async.yaml")
+    manifest = export.tfjob_manifest(cfg, image="img:1")
+    check_tfjob_v1(manifest)
+    assert {k: v["replicas"] for k, v in manifest["spec"]["tfReplicaSpecs"].items()} == \
+        {"Chief": 1, "Worker": 2, "PS": 1}
+    with pytest.raises(ConfigError, match=r"cluster.hosts\[0\].kind: host 'slurm' is a Slurm group"):
+        export.launch_scripts(cfg)
