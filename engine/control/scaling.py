@@ -36,6 +36,7 @@ from typing import Any
 
 from engine.contract import config as config_mod
 from engine.contract.config import ConfigError, Host, Problem, RunConfig, Task
+from engine.control.lifecycle import RunHandle
 
 __all__ = [
     "CSV_COLUMNS", "HOROVOD_EFFICIENCY", "ScalingPoint", "ScalingProgress", "ScalingReport", "ScalingSession",
@@ -325,7 +326,7 @@ class ScalingProgress:
 
 @dataclass
 class _Current:
-    run: Any
+    run: RunHandle
     config: RunConfig
     events: list[dict[str, Any]] = field(default_factory=list)
     started: float = 0.0
@@ -336,7 +337,7 @@ class ScalingSession:
 
     def __init__(self, config: RunConfig, workers: Iterable[int] | str = DEFAULT_WORKERS, steps: int | None = None,
                  runs_root: str | os.PathLike[str] | None = None, *, strong: bool = False,
-                 run_factory: Callable[..., Any] | None = None, run_options: dict[str, Any] | None = None) -> None:
+                 run_factory: Callable[..., RunHandle] | None = None, run_options: dict[str, Any] | None = None) -> None:
         self.base = config
         self.configs = scaling_configs(config, workers, strong=strong, steps=steps)
         self.strong = strong
@@ -355,10 +356,6 @@ class ScalingSession:
     @property
     def done(self) -> bool:
         return self.state in ("finished", "cancelled", "failed")
-
-    @property
-    def current_run(self) -> Any:
-        return self._current.run if self._current is not None else None
 
     def cancel(self) -> None:
         """Stop the run in progress (without waiting) and start no other; ``poll()`` until ``done``."""
@@ -394,7 +391,7 @@ class ScalingSession:
     def _start(self, config: RunConfig) -> None:
         from engine.control.launcher import Run  # the launcher pulls in psutil and the supervisor plumbing
 
-        factory = self._run_factory or Run
+        factory: Callable[..., RunHandle] = self._run_factory or Run
         run = factory(config, runs_root=self.runs_root, **self._run_options)
         cur = _Current(run=run, config=config, started=time.monotonic())
         run.add_listener(cur.events.append)  # on the run's dispatcher thread; read only once it is done

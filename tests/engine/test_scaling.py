@@ -6,16 +6,19 @@ import csv
 import math
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from engine.contract import config as config_mod
+from engine.contract import events
 from engine.contract.config import Cluster, ConfigError, Host, RunConfig, Task, replace
 from engine.control import scaling
+from engine.control.lifecycle import RunHandle
 from engine.control.scaling import ScalingPoint, ScalingReport, ScalingSession
-from engine.observe.telemetry import RunState
+from engine.observe.telemetry import TERMINAL, RunState
 from tests.conftest import PRESETS, ROOT
 
 
@@ -135,46 +138,73 @@ def test_a_file_that_is_no_report_is_refused(tmp_path: Path) -> None:
 
 
 class FakeRun:
-    """Stands in for engine.control.launcher.Run: finishes after ``polls`` polls with a window figure per worker."""
+    """Stands in for engine.control.launcher.Run as a :class:`~engine.control.lifecycle.RunHandle`: its events
+    are made by ``events.make`` and pass the real decoder; it finishes after ``polls`` looks at ``done``, each
+    trainer reporting a window figure."""
 
     made: list[FakeRun] = []
 
     def __init__(self, config: RunConfig, *, runs_root: Any = None, rate: float = 1000.0, polls: int = 3) -> None:
         self.config = config
-        self.listeners: list[Any] = []
-        self.state = RunState(total_steps=config.total_steps())
+        self.listeners: list[Callable[[dict[str, Any]], None]] = []
+        self.state = RunState(total_steps=config.total_steps(),
+                              tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()])
         self.polls = polls
         self.rate = rate
         self.stopped = ""
-        self.run_dir = Path("/nonexistent") / config.name
+        self._run_dir = Path(runs_root or "/nonexistent") / config.name
         FakeRun.made.append(self)
 
-    def add_listener(self, fn: Any) -> None:
-        self.listeners.append(fn)
+    def _emit(self, kind: str, task: str, **fields: Any) -> None:
+        event = events.decode(events.encode(events.make(kind, task, **fields)))
+        assert event is not None, "the real decoder rejects this stand-in's event"
+        self.state.apply(event)
+        for fn in self.listeners:
+            fn(event)
+
+    @property
+    def run_dir(self) -> Path:
+        return self._run_dir
+
+    def add_listener(self, listener: Callable[[dict[str, Any]], None]) -> None:
+        self.listeners.append(listener)
 
     def start(self) -> Path:
+        self._emit("run", "launcher", state="running")
         return self.run_dir
 
-    def stop(self, reason: str = "", wait: bool = True) -> None:
+    def stop(self, reason: str = "stopped by the user", wait: bool = True) -> None:
         self.stopped = reason
-        self.state.state = "stopped"
-        self.polls = 0
+        if not self.done:
+            self._emit("run", "launcher", state="stopped", reason=reason)
+
+    def wait(self, timeout: float | None = None) -> str:
+        return self.state.state
 
     @property
     def done(self) -> bool:
+        if self.state.state in TERMINAL:
+            return True
         self.polls -= 1
         if self.polls > 0:
-            self.state.replicas.clear()
-            self.state.apply({"kind": "step", "task": "worker:0", "replica": 0, "step": 5, "t": 1.0})
+            self._emit("step", "worker:0", replica=0, step=5, loss=1.0)
             return False
-        if self.state.state != "stopped":
-            n = len(self.config.cluster.tasks_of("worker"))
-            for i in range(n):
-                for fn in self.listeners:
-                    fn({"kind": "status", "task": f"worker:{i}", "state": "finished",
-                        "window_examples_per_sec": self.rate * n ** 0.5})
-            self.state.state = "finished"
+        n = len(self.config.cluster.tasks_of("worker"))
+        for i in range(n):
+            self._emit("status", f"worker:{i}", state="finished", window_examples_per_sec=self.rate * n ** 0.5)
+        self._emit("run", "launcher", state="finished")
         return True
+
+
+def test_the_stand_in_run_is_a_run_handle_as_the_real_one_is() -> None:
+    from engine.control.launcher import Run
+
+    fake = FakeRun(preset())
+    fake.start()
+    assert isinstance(fake, RunHandle)
+    members = ("start", "stop", "wait", "done", "add_listener", "run_dir")
+    assert all(callable(getattr(Run, m, None)) or isinstance(getattr(Run, m, None), property) for m in members)
+    assert "state" in vars(Run(preset()))  # (mypy checks Run against RunHandle where ScalingSession uses it)
 
 
 def test_a_session_runs_each_count_in_turn_with_progress_and_eta(tmp_path: Path) -> None:
