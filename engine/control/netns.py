@@ -7,7 +7,8 @@ namespace (``unshare -rn``) whose only interface is its own loopback: the tasks
 reach each other, and nothing outside the namespace reaches them. Events still
 flow through pipes, which namespaces do not affect.
 
-``python -m engine.control.netns PROGRAM ARGS...`` brings the loopback up and execs PROGRAM.
+``python -m engine.control.netns PROGRAM ARGS...`` brings the loopback up and execs PROGRAM;
+:class:`engine.control.transports.NetnsTransport` starts supervisors that way.
 """
 
 from __future__ import annotations
