@@ -6,6 +6,11 @@ updates the variables held by the ps tasks. Worker and ps tasks only serve:
 they start a gRPC ``tf.distribute.Server`` and sit in ``server.join()`` until
 the launcher ends them.
 
+The chief runs :class:`engine.runtime.loop.TrainingLoop` with :class:`CoordinatorAdapter`. Any
+model and data source of the run trains here: each worker reads its own shard of the examples
+through ``ClusterCoordinator.create_per_worker_dataset`` (:func:`worker_dataset`; the index of
+the worker is a tensor known only on the worker, see :class:`WorkerInputContext`).
+
 A custom loop only: Keras 3's ``model.fit`` does not run under this strategy.
 Each step returns its loss, the index of the worker that ran it and that
 worker's clock, so the chief reports every worker's loss, throughput and step
@@ -18,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import re
+import shutil
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -28,13 +34,17 @@ import keras
 import tensorflow as tf
 
 from engine.contract.config import RunConfig
+from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
-from engine.runtime import models
+from engine.runtime import models, tf_compat
 from engine.runtime.context import TaskContext
+from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
 #: Steps in flight per worker before the chief waits for the oldest one.
 WINDOW_PER_WORKER = 4
+#: Seconds a worker or ps task keeps serving after SIGTERM (the chief's last steps and checkpoint).
+SERVER_STOP_DELAY_S = 1.5
 _KEEP_ALIVE: list[Any] = []
 
 
@@ -42,7 +52,13 @@ _KEEP_ALIVE: list[Any] = []
 
 
 def serve(ctx: TaskContext) -> dict[str, Any]:
-    """A worker or ps task: start the gRPC server, say so, and serve until ended."""
+    """A worker or ps task: start the gRPC server, say so, and serve until ended.
+
+    A worker first writes the run's numpy-made examples into its run folder (``EXAMPLES_FOLDER``),
+    where the dataset function the chief sends it reads them.
+    """
+    if ctx.role == "worker" and ctx.config.data.source in ("synthetic", *data_mod.NUMPY_SOURCES):
+        data_mod.write_examples(ctx.config, RunFolder(ctx.run_dir).scratch(EXAMPLES_SCRATCH))
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc", start=True)
@@ -133,12 +149,15 @@ class Trainable:
     step_fn: Any
     variables: list[tuple[str, Any]]
     checkpoint_items: dict[str, Any]
-    examples: Any  # () -> (inputs, labels) tensors, the whole synthetic set, made where it is called
     notes: list[str] = field(default_factory=list)
 
 
 def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Trainable:
-    """Build the model under the current strategy scope, with its step function."""
+    """Build the model under the current strategy scope, with its step function.
+
+    Any model of the run (built-in or the user's script) with any optimizer: the optimizer's slots
+    are created here, under the strategy's scope, so they live on the ps tasks with the variables.
+    """
     loss_obj = models.loss_fn(config)
     optimizer = models.build_optimizer(config)
     notes: list[str] = []
@@ -161,7 +180,7 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
                          f"{config.training.optimizer!r} applies to the dense head")
         variables = [("embedding_table", model.table)] + [(v.path, v) for v in model.head.weights]
         items = {**model.checkpoint_items(), "optimizer": optimizer}
-        return Trainable(embedding_step, variables, items, token_examples(config), notes)
+        return Trainable(embedding_step, variables, items, notes)
 
     net = models.build_model(config)
     optimizer.build(net.trainable_variables)
@@ -176,35 +195,40 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
     if config.parallelism.partitioner != "none":
         notes.append(f"partitioner {config.parallelism.partitioner!r}: Keras 3 cannot train sharded variables, "
                      f"so the {config.model.name!r} model's variables stay whole (round-robin over the ps tasks)")
-    examples = (lambda: synthetic_tensors(config)) if config.model.name == "mlp" else shipped_examples(config)
-    return Trainable(dense_step, [(v.path, v) for v in net.weights], {"model": net, "optimizer": optimizer},
-                     examples, notes)
+    variables = [(v.path, v) for v in net.weights] + [(v.path, v) for v in optimizer.variables]
+    return Trainable(dense_step, variables, {"model": net, "optimizer": optimizer}, notes)
 
 
-def token_examples(config: RunConfig) -> Any:
-    """The token task of :func:`engine.runtime.data.synthetic_tokens` (small: shipped to the workers)."""
-    ids, labels = data_mod.synthetic_tokens(config)
-    return lambda: (tf.constant(ids), tf.constant(labels))
+# --------------------------------------------------------------------------- input
 
 
-def shipped_examples(config: RunConfig) -> Any:
-    """Any other built-in model's synthetic set, made here and shipped to the workers with the dataset."""
-    x, y = data_mod.arrays(config)
-    return lambda: (tf.constant(x), tf.constant(y))
+class WorkerInputContext(tf.distribute.InputContext):
+    """The input context a worker's dataset function gets under ParameterServerStrategy.
+
+    The dataset function is traced once, on the chief, and run on every worker, so the index of
+    the worker reading (``input_pipeline_id``) is a scalar int64 *tensor*, known only on the
+    worker: use it in TensorFlow ops (``ds.shard(n, input_pipeline_id)``, a seed made with
+    ``tf.random``), not in Python arithmetic. ``num_input_pipelines`` is the number of workers
+    and ``get_per_replica_batch_size(global_batch_size)`` the batch of one worker step.
+    """
+
+    def __init__(self, workers: int) -> None:
+        index = tf.cast(tf_compat.current_worker_index(), tf.int64) if workers > 1 else tf.constant(0, tf.int64)
+        super().__init__(num_input_pipelines=workers, input_pipeline_id=index, num_replicas_in_sync=workers)
 
 
-def synthetic_tensors(config: RunConfig) -> tuple[tf.Tensor, tf.Tensor]:
-    """The synthetic task of :func:`engine.runtime.data.synthetic_arrays` (Gaussian inputs labelled by a
-    fixed random teacher), drawn with TF's stateless RNG so each worker makes the same set itself
-    instead of receiving it from the chief."""
-    d = config.data
-    seed = tf.constant([config.training.seed, 0], dtype=tf.int64)
-    x = tf.random.stateless_normal((d.size, *d.shape), seed=seed)
-    flat = tf.reshape(x, (d.size, -1))
-    teacher = tf.random.stateless_normal((flat.shape[1], d.classes), seed=seed + [0, 1])
-    noise = tf.random.stateless_normal((d.size, d.classes), seed=seed + [0, 2])
-    y = tf.argmax(tf.matmul(flat, teacher) + 0.5 * noise, axis=1, output_type=tf.int32)
-    return x, y
+#: Where each worker host keeps the numpy-made examples (synthetic, bundled, Keras' cache, npz, csv):
+#: ``RUN/scratch/examples``, written by every worker task before it serves (:func:`serve`) and read by
+#: the dataset function through a path relative to the task's working folder, its run folder. Embedded
+#: as constants instead, the examples would travel inside the function to every worker (seconds of
+#: start-up for 25 MB, and a 2 GiB limit).
+EXAMPLES_SCRATCH = "examples"
+EXAMPLES_FOLDER = f"scratch/{EXAMPLES_SCRATCH}"
+
+
+def worker_dataset(config: RunConfig, workers: int) -> tf.data.Dataset:
+    """One worker's stream: its shard of the run's examples (any source), batched per worker step."""
+    return data_mod.make_dataset(config, WorkerInputContext(workers), examples_folder=EXAMPLES_FOLDER)
 
 
 # --------------------------------------------------------------------------- telemetry
@@ -272,85 +296,68 @@ class WorkerReporter:
 # --------------------------------------------------------------------------- the coordinator
 
 
-def train(ctx: TaskContext) -> dict[str, Any]:
-    """The chief: build the strategy and model, schedule ``config.total_steps()`` steps, checkpoint."""
-    config = ctx.config
-    if config.data.source != "synthetic":
-        raise ValueError(f"data.source: parallelism 'async' trains on the built-in 'synthetic' data only for now, "
-                         f"got {config.data.source!r}")
-    workers = len(config.cluster.tasks_of("worker"))
-    num_ps = len(config.cluster.tasks_of("ps"))
-    resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
-    partitioner = SelectivePartitioner(make_partitioner(config))
-    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
-    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
-    # tearing the coordinator (and its per-worker iterators) down waits on its threads for seconds; the
-    # task process exits right after training (os._exit), so they are kept alive instead
-    _KEEP_ALIVE.append(coordinator)
-    global_batch = config.training.global_batch_size
-    if global_batch % workers:
-        raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the {workers} workers")
-    per_worker_batch = global_batch // workers
-    ctx.emitter.info(f"ParameterServerStrategy: {workers} worker(s), {num_ps} ps, "
-                     f"{per_worker_batch} examples per worker step", strategy="ParameterServerStrategy",
-                     workers=workers, ps=num_ps, per_worker_batch=per_worker_batch)
+class CoordinatorAdapter:
+    """The chief's side of :class:`engine.runtime.loop.TrainingLoop`: a step is scheduled on whichever
+    worker is free; figures come back with each step's result, fetched oldest first."""
 
-    keras.utils.set_random_seed(config.training.seed)
-    with strategy.scope():
-        trainable = build_trainable(config, partitioner)
-    for note in trainable.notes:
-        ctx.emitter.info(note)
-    ctx.emitter.emit("placement", partitioner=config.parallelism.partitioner, ps=num_ps,
-                     variables=placement(trainable.variables))
+    def __init__(self, ctx: TaskContext) -> None:
+        config = self.config = ctx.config
+        self.ctx = ctx
+        workers = self.workers = len(config.cluster.tasks_of("worker"))
+        num_ps = len(config.cluster.tasks_of("ps"))
+        resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+        partitioner = SelectivePartitioner(make_partitioner(config))
+        strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
+        coordinator = self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+        # tearing the coordinator (and its per-worker iterators) down waits on its threads for seconds; the
+        # task process exits right after training (os._exit), so they are kept alive instead
+        _KEEP_ALIVE.append(coordinator)
+        global_batch = self.global_batch = config.training.global_batch_size
+        if global_batch % workers:
+            raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the {workers} workers")
+        per_worker_batch = global_batch // workers
+        ctx.emitter.info(f"ParameterServerStrategy: {workers} worker(s), {num_ps} ps, "
+                         f"{per_worker_batch} examples per worker step", strategy="ParameterServerStrategy",
+                         workers=workers, ps=num_ps, per_worker_batch=per_worker_batch)
 
-    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # on the chief, not a ps
-    ckpt = tf.train.Checkpoint(step=step_var, **trainable.checkpoint_items)
-    manager = tf.train.CheckpointManager(ckpt, str(ctx.checkpoint_dir), max_to_keep=2)
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint)
-        ctx.emitter.info(f"restored checkpoint {os.path.basename(manager.latest_checkpoint)} "
-                         f"at step {int(step_var.numpy())}", checkpoint=manager.latest_checkpoint,
-                         step=int(step_var.numpy()))
-    start = int(step_var.numpy())
+        keras.utils.set_random_seed(config.training.seed)
+        with strategy.scope():
+            trainable = build_trainable(config, partitioner)
+        for note in trainable.notes:
+            ctx.emitter.info(note)
+        ctx.emitter.emit("placement", partitioner=config.parallelism.partitioner, ps=num_ps,
+                         variables=placement(trainable.variables))
 
-    make_examples = trainable.examples
-    seed = config.training.seed
-    size = config.data.size
+        self.step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")  # on the chief, not a ps
+        self.checkpoints = Checkpoints(ctx, tf.train.Checkpoint(step=self.step_var, **trainable.checkpoint_items),
+                                       primary=True)
 
-    def dataset_fn(_: tf.distribute.InputContext) -> tf.data.Dataset:
-        # traced once, run on every worker: each makes the examples itself and reads its own shard
-        ds = tf.data.Dataset.from_tensor_slices(make_examples())
-        if workers > 1:
-            index = tf.distribute.coordinator.experimental_get_current_worker_index()
-            ds = ds.shard(workers, tf.cast(index, tf.int64))
-        ds = ds.shuffle(min(size, 10_000), seed=seed, reshuffle_each_iteration=True)
-        return ds.repeat().batch(per_worker_batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+        @tf.function
+        def per_worker_dataset() -> Any:
+            return strategy.distribute_datasets_from_function(lambda _: worker_dataset(config, workers))
 
-    @tf.function
-    def per_worker_dataset() -> Any:
-        return strategy.distribute_datasets_from_function(dataset_fn)
+        self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
+        _KEEP_ALIVE.append(self.iterator)
 
-    iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
-    _KEEP_ALIVE.append(iterator)
+        @tf.function
+        def train_step(it: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
+            loss = strategy.run(trainable.step_fn, args=next(it))
+            return loss, tf_compat.current_worker_index(), tf.timestamp()
 
-    @tf.function
-    def train_step(it: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-        loss = strategy.run(trainable.step_fn, args=next(it))
-        return loss, tf.distribute.coordinator.experimental_get_current_worker_index(), tf.timestamp()
+        self.train_step = train_step
+        self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
+        self.window: deque[tuple[int, Any]] = deque()
+        self.cap = max(2, WINDOW_PER_WORKER * workers)
+        # steps scheduled and completed so far, counted from step 0 across restarts (fetched in order, so
+        # ``completed`` is also the last finished step)
+        self.scheduled = self.completed = 0
+        self.lost_results = 0
+        self.t0 = time.perf_counter()
 
-    total = config.total_steps()
-    reporter = WorkerReporter(ctx, per_worker_batch, total, config.training.metrics_hz)
-    window: deque[tuple[int, Any]] = deque()
-    cap = max(2, WINDOW_PER_WORKER * workers)
-    # steps scheduled and completed so far, counted from step 0 across restarts (fetched in order, so
-    # ``completed`` is also the last finished step)
-    scheduled = completed = start
+    # -- fetching
 
-    lost_results = 0
-
-    def fetch_oldest() -> None:
-        nonlocal completed, lost_results
-        step, remote = window.popleft()
+    def _fetch_oldest(self) -> None:
+        step, remote = self.window.popleft()
         try:
             loss, worker, ts = remote.fetch()
         except (tf.errors.UnavailableError, tf.errors.CancelledError) as exc:
@@ -358,47 +365,64 @@ def train(ctx: TaskContext) -> dict[str, Any]:
             # the chief copied it: only that step's figures are lost. A lost ps is fatal: re-raise.
             if "/job:ps" in str(exc) or "/job:worker" not in str(exc):
                 raise
-            completed += 1
-            lost_results += 1
-            if lost_results <= 3:
-                ctx.emitter.info(f"step {step}: its worker died before its figures were read; training goes on",
-                                 lost_step=step)
+            self.completed += 1
+            self.lost_results += 1
+            if self.lost_results <= 3:
+                self.ctx.emitter.info(f"step {step}: its worker died before its figures were read; "
+                                      "training goes on", lost_step=step)
             return
-        completed += 1
-        reporter.step_done(step, float(loss), int(worker), float(ts))
+        self.completed += 1
+        self.reporter.step_done(step, float(loss), int(worker), float(ts))
 
-    def drain() -> None:
-        while window:
-            fetch_oldest()
+    # -- the adapter
 
-    every = config.training.checkpoint_every
-    if start < total:
-        ctx.emitter.status("running", step=start, total=total)
-    t0 = time.perf_counter()
-    for step in range(start + 1, total + 1):
-        window.append((step, coordinator.schedule(train_step, args=(iterator,))))
-        scheduled += 1
-        while len(window) > cap:
-            fetch_oldest()
-        reporter.maybe_report(scheduled, completed)
-        if every and step % every == 0 and step < total:
-            drain()  # a checkpoint holds exactly the steps before it
-            coordinator.join()
-            step_var.assign(step)
-            manager.save(checkpoint_number=step)
-    drain()
-    coordinator.join()
-    elapsed = time.perf_counter() - t0
-    reporter.maybe_report(scheduled, completed, force=True)
-    if start < total:
-        step_var.assign(total)
-        manager.save(checkpoint_number=total)
-    ran = scheduled - start
-    steps_per_sec = ran / elapsed if elapsed > 0 else 0.0
-    ctx.emitter.info(f"{ran} steps in {elapsed:.1f} s ({steps_per_sec:.1f} steps/s)",
+    def restore(self) -> Restored | None:
+        latest = self.checkpoints.restore()
+        step = int(self.step_var.numpy())
+        self.scheduled = self.completed = step
+        return Restored(step, latest) if latest else None
+
+    def run_step(self, step: int) -> None:
+        self.window.append((step, self.coordinator.schedule(self.train_step, args=(self.iterator,))))
+        self.scheduled += 1
+        while len(self.window) > self.cap:
+            self._fetch_oldest()
+
+    def report(self, step: int, *, force: bool) -> None:
+        self.reporter.maybe_report(self.scheduled, self.completed, force=force)
+
+    def settle(self) -> None:
+        while self.window:
+            self._fetch_oldest()
+        self.coordinator.join()
+
+    def flush(self, step: int) -> None:
+        self.reporter.maybe_report(self.scheduled, self.completed, force=True)
+
+    def save(self, step: int) -> str | None:
+        self.settle()  # a checkpoint holds exactly the steps before it
+        self.step_var.assign(step)
+        return self.checkpoints.save(step)
+
+    def final_losses(self) -> list[float]:
+        return self.reporter.final_losses()
+
+    def close(self) -> None:
+        self.checkpoints.close()
+        shutil.rmtree(RunFolder(self.ctx.run_dir).scratch(EXAMPLES_SCRATCH), ignore_errors=True)
+
+
+def train(ctx: TaskContext) -> dict[str, Any]:
+    """The chief: build the strategy and model, schedule ``config.total_steps()`` steps, checkpoint."""
+    adapter = CoordinatorAdapter(ctx)
+    loop = TrainingLoop(ctx, adapter)
+    summary = loop.run()
+    ran = adapter.scheduled - loop.start
+    steps_per_sec = ran / loop.elapsed if loop.elapsed > 0 else 0.0
+    ctx.emitter.info(f"{ran} steps in {loop.elapsed:.1f} s ({steps_per_sec:.1f} steps/s)",
                      steps_per_sec=steps_per_sec, steps_run=ran)
-    return {"steps": total, "start": start, "final_loss": reporter.final_losses(), "reports": reporter.reports,
-            "steps_per_sec": steps_per_sec}
+    summary.update(reports=adapter.reporter.reports, steps_per_sec=steps_per_sec)
+    return summary
 
 
 def main(ctx: TaskContext) -> dict[str, Any]:
@@ -406,6 +430,9 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     # a lost peer fails the call at once instead of gRPC retrying it: a dead ps must end the chief's step
     os.environ.setdefault("GRPC_FAIL_FAST", "use_caller")
     if ctx.role in ("worker", "ps"):
+        # on SIGTERM a server keeps serving a moment, so the chief can finish its steps and save
+        ctx.stop.budget_s = SERVER_STOP_DELAY_S
+        ctx.stop.late_reason = None  # the supervisor says how it ended (a finished run ends its servers)
         return serve(ctx)
     if ctx.role == "chief":
         return train(ctx)

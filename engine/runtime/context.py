@@ -5,13 +5,14 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime.emitter import Emitter
+from engine.runtime.stop import StopSignal
 
 
 @dataclass
@@ -24,6 +25,7 @@ class TaskContext:
     emitter: Emitter
     devices: int  # devices asked for by the plan (real or emulated)
     gpus_assigned: bool
+    stop: StopSignal = field(default_factory=StopSignal)  # set on SIGTERM: checkpoint and leave
 
     @property
     def task_dir(self) -> Path:
@@ -31,7 +33,13 @@ class TaskContext:
 
     @property
     def checkpoint_dir(self) -> Path:
-        return self.run_dir / "checkpoints"
+        """The run's checkpoints (written by the primary task; every task restores from here)."""
+        return RunFolder(self.run_dir).checkpoints
+
+    @property
+    def scratch_dir(self) -> Path:
+        """This task's throw-away folder inside the run folder (never under /tmp)."""
+        return RunFolder(self.run_dir).scratch(self.task)
 
     def setup_devices(self) -> Any:
         """This task's training devices (real GPUs, or emulated ones: the run is told so)."""
@@ -44,12 +52,13 @@ class TaskContext:
         return setup
 
     @staticmethod
-    def from_env(config: RunConfig, run_dir: Path, emitter: Emitter) -> TaskContext:
+    def from_env(config: RunConfig, run_dir: Path, emitter: Emitter, stop: StopSignal | None = None) -> TaskContext:
         task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
         role, _, index = task.partition(":")
         return TaskContext(config=config, task=task, role=role, index=int(index or 0), run_dir=run_dir,
                            emitter=emitter, devices=int(os.environ.get("CLUSTERDECK_DEVICES", "1")),
-                           gpus_assigned=bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()))
+                           gpus_assigned=bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()),
+                           stop=stop or StopSignal())
 
 
 class StepReporter:
@@ -115,6 +124,12 @@ class StepReporter:
                 current, peak = self.memory(name)
                 if current is not None:
                     self.emitter.emit("device", device=name, device_index=i, tf_bytes=current, tf_peak_bytes=peak)
+
+    def flush(self, step: int, fetch: Callable[[], Sequence[Any]]) -> None:
+        """Report the steps counted since the last report (the last one of a run that stops)."""
+        if self.pending:
+            self.pending -= 1
+            self.step_done(step, fetch, force=True)
 
     def restart_clock(self) -> None:
         self.last = time.perf_counter()

@@ -11,6 +11,8 @@ image folders are read by TensorFlow here; ``script`` calls the user's
 from __future__ import annotations
 
 import math
+import os
+from pathlib import Path
 
 import numpy as np
 import tensorflow as tf
@@ -138,18 +140,25 @@ def _image_folder_examples(config: RunConfig) -> tf.data.Dataset:
     return ds.map(lambda x, y: (tf.cast(x, tf.float32) / 255.0, tf.cast(y, tf.int32)))
 
 
-def make_dataset(config: RunConfig, input_context: tf.distribute.InputContext | None = None) -> tf.data.Dataset:
+def make_dataset(config: RunConfig, input_context: tf.distribute.InputContext | None = None,
+                 examples_folder: str | None = None) -> tf.data.Dataset:
     """The training stream of one input pipeline, batched per replica, repeated forever.
 
     With several input pipelines (several workers) each reads its own shard. With source
     ``script`` the user's ``make_dataset(input_context, config)`` shards and batches itself.
+    ``examples_folder``: read the numpy-made examples from the files :func:`write_examples` wrote
+    there instead of embedding them in the pipeline (a pipeline traced on one task and run on
+    others carries its constants along).
     """
     if config.data.source == "script":
         return user_script.make_dataset(config, input_context).repeat()
-    ds = examples(config)
+    if examples_folder is not None and config.data.source in ("synthetic", *NUMPY_SOURCES):
+        ds = read_examples(config, examples_folder)
+    else:
+        ds = examples(config)
     batch = config.training.global_batch_size
     if input_context is not None:
-        if input_context.num_input_pipelines > 1:
+        if isinstance(input_context.input_pipeline_id, tf.Tensor) or input_context.num_input_pipelines > 1:
             ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
         batch = input_context.get_per_replica_batch_size(batch)
     if config.data.source not in ("synthetic", *NUMPY_SOURCES):
@@ -157,3 +166,31 @@ def make_dataset(config: RunConfig, input_context: tf.distribute.InputContext | 
     buffer = min(config.data.size, 10_000)
     ds = ds.shuffle(buffer, seed=config.training.seed, reshuffle_each_iteration=True)
     return ds.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
+
+
+def _examples_dtype(config: RunConfig) -> tf.DType:
+    return tf.int32 if config.model.name in TOKEN_MODELS else tf.float32
+
+
+def write_examples(config: RunConfig, folder: str | os.PathLike[str]) -> Path:
+    """Write the numpy-made training examples (synthetic or read with numpy) as raw arrays into
+    ``folder`` (``x.bin``, ``y.bin``); atomic, so tasks sharing the folder may all write it."""
+    x, y = arrays(config)
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    dtype = np.int32 if _examples_dtype(config) == tf.int32 else np.float32
+    for name, array in (("x.bin", np.ascontiguousarray(x, dtype=dtype)),
+                        ("y.bin", np.ascontiguousarray(y, dtype=np.int32).reshape(-1))):
+        tmp = out / f".{name}.{os.getpid()}.tmp"
+        array.tofile(tmp)
+        os.replace(tmp, out / name)
+    return out
+
+
+def read_examples(config: RunConfig, folder: str) -> tf.data.Dataset:
+    """The examples :func:`write_examples` wrote into ``folder`` (read where the pipeline runs; a
+    relative folder is relative to that task's working folder, its run folder)."""
+    shape = tuple(int(d) for d in config.data.shape)
+    x = tf.reshape(tf.io.decode_raw(tf.io.read_file(f"{folder}/x.bin"), _examples_dtype(config)), (-1, *shape))
+    y = tf.io.decode_raw(tf.io.read_file(f"{folder}/y.bin"), tf.int32)
+    return tf.data.Dataset.from_tensor_slices((x, y))

@@ -28,7 +28,9 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     model = models.build_model(config)
     optimizer = models.build_optimizer(config)
     optimizer.build(model.trainable_variables)
-    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    # async checkpoints also hold the chief's step count (the optimizer counts every update it applied)
+    step_var = tf.Variable(0, dtype=tf.int64, trainable=False, name="step")
+    ckpt = tf.train.Checkpoint(model=model, optimizer=optimizer, step=step_var)
     x, y = data_mod.arrays(config, split="eval")
     loss_obj = models.loss_fn(config)
     total = config.total_steps()
@@ -48,7 +50,7 @@ def main(ctx: TaskContext) -> dict[str, Any]:
             time.sleep(POLL_S)  # caught mid-write: the next poll sees it whole
             last_seen = ""
             continue
-        step = int(optimizer.iterations.numpy())
+        step = int(step_var.numpy()) or int(optimizer.iterations.numpy())
         logits = model.predict(x, batch_size=512, verbose=0)
         loss = float(np.mean(loss_obj(y, logits)))
         accuracy = float(np.mean(np.argmax(logits, axis=1) == y))

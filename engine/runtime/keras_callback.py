@@ -38,6 +38,7 @@ from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.run_folder import RunFolder, default_runs_root
 from engine.observe.telemetry import RunState
+from engine.runtime import tf_compat
 from engine.runtime.emitter import Emitter
 
 
@@ -104,11 +105,9 @@ class ClusterDeckCallback(keras.callbacks.Callback):
         """Record each replica's own mean loss and batch size where ``train_step`` computes the loss."""
         if getattr(model, "_clusterdeck_wrapped", None) is self:
             return
-        original = getattr(model, "_clusterdeck_original_loss", None) or model._compute_loss
         loss_var, rows_var = self._loss_var, self._rows_var
 
-        def compute_loss(*args: Any, **kwargs: Any) -> Any:
-            loss = original(*args, **kwargs)
+        def record(loss: Any, kwargs: dict[str, Any], args: tuple[Any, ...]) -> None:
             if kwargs.get("training", True) and loss is not None and not tf.distribute.in_cross_replica_context():
                 y_pred = kwargs.get("y_pred", args[2] if len(args) > 2 else None)
                 # the trainer divides the loss by the replicas in sync; undo it to read this replica's mean
@@ -116,11 +115,8 @@ class ClusterDeckCallback(keras.callbacks.Callback):
                 loss_var.assign(tf.cast(loss, tf.float32) * float(in_sync))
                 if y_pred is not None:
                     rows_var.assign(tf.cast(tf.shape(tf.nest.flatten(y_pred)[0])[0], tf.float32))
-            return loss
 
-        # plain attributes: Keras tracks layers and variables assigned to a model, not functions
-        object.__setattr__(model, "_clusterdeck_original_loss", original)
-        object.__setattr__(model, "_compute_loss", compute_loss)
+        tf_compat.wrap_compute_loss(model, record)
         object.__setattr__(model, "_clusterdeck_wrapped", self)
 
     def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:

@@ -5,6 +5,11 @@ worker tasks are one client each (``DTENSOR_*`` set by the launcher), and the
 mesh spans their devices in task order. Inputs and labels are sharded on
 ``batch``; parameters as :mod:`engine.runtime.dtensor_layers` lays them out.
 
+The adapter of :class:`engine.runtime.loop.TrainingLoop` for DTensor is :class:`MeshAdapter`; the
+data is the run's stream of global batches (:func:`engine.runtime.data.make_dataset` without an
+input context: any source, the user's ``make_dataset(None, config)`` included), of which each
+client packs the rows of its own devices.
+
 Telemetry: a ``step`` event per data-parallel replica (an index on the
 ``batch`` axis) with the mean loss over its batch shard, reported by the
 client holding that replica's ``model``-index-0 device; ``device`` events per
@@ -13,9 +18,7 @@ local device; a ``placement`` event with every parameter's live layout.
 
 from __future__ import annotations
 
-import functools
 import os
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +34,7 @@ from engine.runtime import dtensor_layers as layers
 from engine.runtime import sharded
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
+from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 from engine.runtime.summaries import Summaries
 
 
@@ -92,101 +96,130 @@ def _ckpt_key(name: str) -> str:
     return name.replace("/", "__")
 
 
+class MeshAdapter:
+    """DTensor: one step is a ``tf.function`` over the mesh; every client runs every step.
+
+    Every client saves and restores its own shards of the one checkpoint of the run (DTensor's
+    save and restore are collective), so a restarted run continues on every client from the
+    same step.
+    """
+
+    def __init__(self, ctx: TaskContext) -> None:
+        if ctx.role != "worker":
+            raise ValueError(f"parallelism 'model' runs worker tasks only (one DTensor client each), not {ctx.role!r}")
+        config = self.config = ctx.config
+        self.ctx = ctx
+        setup = ctx.setup_devices()
+        info = self.info = make_mesh(config, setup)
+        mesh, p = info.mesh, config.parallelism
+        global_batch = self.global_batch = config.training.global_batch_size
+        self.replicas = p.mesh_batch
+        if global_batch % self.replicas:
+            raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the mesh 'batch' "
+                             f"axis size {self.replicas}")
+        per_replica = global_batch // self.replicas
+        local_names = [n.lstrip("/").replace("device:", "") for n in setup.names]
+        client_text = f", client {info.client} of {info.clients}" if info.clients > 1 else ""
+        ctx.emitter.info(f"DTensor mesh batch {p.mesh_batch} × model {p.mesh_model} over {mesh.size} {setup.kind} "
+                         f"devices, {mesh.num_local_devices()} on this task{client_text}",
+                         strategy="DTensor", mesh={"batch": p.mesh_batch, "model": p.mesh_model},
+                         client=info.client, clients=info.clients, replica_ids=list(info.owned),
+                         devices=[str(d) for d in mesh.local_devices()],
+                         device_ids=[int(i) for i in mesh.local_device_ids()],
+                         coordinates=[dict(loc) for loc in mesh.local_device_locations()])
+
+        model = sharded.build_for_config(config, mesh)
+        builder = layers.Builder(mesh, config.training.seed)
+        optimizer = self.optimizer = layers.Optimizer(config.training.optimizer, config.training.learning_rate,
+                                                      model.params, builder)
+        # the sharded variables and their optimizer slots; every client saves its own shards
+        ckpt = tf.train.Checkpoint(**{_ckpt_key(p.name): p.var for p in model.params},
+                                   **{_ckpt_key(f"{p.name}/{k}"): v
+                                      for p, slot in zip(model.params, optimizer.slots, strict=True)
+                                      for k, v in slot.items()},
+                                   iterations=optimizer.iterations)
+        self.checkpoints = Checkpoints(ctx, ckpt, primary=True)
+        placement = layers.describe(model.params, mesh)
+        if info.client == 0:
+            ctx.emitter.emit("placement", mesh={"batch": p.mesh_batch, "model": p.mesh_model}, devices=mesh.size,
+                             model=model.name, variables=placement)
+            lines = [layers.describe_line(r) for r in placement]
+            ctx.emitter.info(f"{model.name}: {len(placement)} parameters on the mesh\n" + "\n".join(lines),
+                             lines=lines)
+
+        self.x_layout = dtensor.Layout([layers.BATCH, layers.U], mesh)  # features (flattened) or token ids
+        self.y_layout = dtensor.Layout([layers.BATCH], mesh)
+        classes = config.data.classes
+
+        @tf.function
+        def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+            with tf.GradientTape() as tape:
+                per_example = layers.per_example_loss(model.forward(x), y, classes)
+                loss = tf.reduce_mean(per_example)
+            grads = tape.gradient(loss, model.variables)
+            optimizer.apply(grads)
+            return per_example
+
+        self.train_step = train_step
+        self.summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task))
+        self.reporter = StepReporter(ctx.emitter, info.owned, per_replica, config.training.metrics_hz, local_names,
+                                     memory_info, self.summaries)
+        self.batches = _batches(config)
+        self.result: tf.Tensor | None = None
+
+    def _replica_losses(self) -> list[float]:
+        assert self.result is not None
+        components = dtensor.unpack(self.result)
+        return [float(np.mean(components[self.info.component_of(r)].numpy())) for r in self.info.owned]
+
+    # -- the adapter
+
+    def restore(self) -> Restored | None:
+        latest = self.checkpoints.restore()
+        if latest is None:
+            return None
+        step = int(round(float(self.optimizer.iterations.numpy())))
+        for _ in range(step):  # the data stream carries on where the checkpoint left it
+            next(self.batches)
+        return Restored(step, latest)
+
+    def run_step(self, step: int) -> None:
+        x, y = next(self.batches)
+        self.result = self.train_step(shard_batch(self.info, x, self.x_layout),
+                                      shard_batch(self.info, y, self.y_layout))
+
+    def report(self, step: int, *, force: bool) -> None:
+        self.reporter.step_done(step, self._replica_losses, force=force)
+
+    def settle(self) -> None:
+        if self.result is not None:
+            self._replica_losses()
+
+    def flush(self, step: int) -> None:
+        if self.result is not None:
+            self.reporter.flush(step, self._replica_losses)
+
+    def save(self, step: int) -> str | None:
+        path = self.checkpoints.save(step)
+        self.reporter.restart_clock()
+        return path
+
+    def final_losses(self) -> list[float]:
+        return self._replica_losses() if self.result is not None else []
+
+    def close(self) -> None:
+        self.summaries.close()
+        if self.info.clients > 1 and not self.ctx.stop.requested:
+            # every client has finished its last step before any leaves (the first to exit ends the
+            # coordination service)
+            dtensor.barrier(self.info.mesh, "clusterdeck-end")
+
+
 def main(ctx: TaskContext) -> dict[str, Any]:
-    if ctx.role != "worker":
-        raise ValueError(f"parallelism 'model' runs worker tasks only (one DTensor client each), not {ctx.role!r}")
-    config = ctx.config
-    setup = ctx.setup_devices()
-    info = make_mesh(config, setup)
-    mesh, p = info.mesh, config.parallelism
-    global_batch = config.training.global_batch_size
-    replicas = p.mesh_batch
-    if global_batch % replicas:
-        raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the mesh 'batch' axis "
-                         f"size {replicas}")
-    per_replica = global_batch // replicas
-    local_names = [n.lstrip("/").replace("device:", "") for n in setup.names]
-    client_text = f", client {info.client} of {info.clients}" if info.clients > 1 else ""
-    ctx.emitter.info(f"DTensor mesh batch {p.mesh_batch} × model {p.mesh_model} over {mesh.size} {setup.kind} "
-                     f"devices, {mesh.num_local_devices()} on this task{client_text}",
-                     strategy="DTensor", mesh={"batch": p.mesh_batch, "model": p.mesh_model},
-                     client=info.client, clients=info.clients, replica_ids=list(info.owned),
-                     devices=[str(d) for d in mesh.local_devices()],
-                     device_ids=[int(i) for i in mesh.local_device_ids()],
-                     coordinates=[dict(loc) for loc in mesh.local_device_locations()])
-
-    model = sharded.build_for_config(config, mesh)
-    builder = layers.Builder(mesh, config.training.seed)
-    optimizer = layers.Optimizer(config.training.optimizer, config.training.learning_rate, model.params, builder)
-    # the sharded variables and their optimizer slots; every client saves its own shards
-    ckpt = tf.train.Checkpoint(**{_ckpt_key(p.name): p.var for p in model.params},
-                               **{_ckpt_key(f"{p.name}/{k}"): v for p, slot in zip(model.params, optimizer.slots,
-                                                                                   strict=True)
-                                  for k, v in slot.items()},
-                               iterations=optimizer.iterations)
-    manager = tf.train.CheckpointManager(ckpt, str(ctx.checkpoint_dir), max_to_keep=2)
-    start = 0
-    if manager.latest_checkpoint:
-        ckpt.restore(manager.latest_checkpoint)
-        start = int(round(float(optimizer.iterations.numpy())))
-        ctx.emitter.info(f"restored checkpoint {os.path.basename(manager.latest_checkpoint)} (step {start})",
-                         checkpoint=manager.latest_checkpoint)
-    placement = layers.describe(model.params, mesh)
-    if info.client == 0:
-        ctx.emitter.emit("placement", mesh={"batch": p.mesh_batch, "model": p.mesh_model}, devices=mesh.size,
-                         model=model.name, variables=placement)
-        lines = [layers.describe_line(r) for r in placement]
-        ctx.emitter.info(f"{model.name}: {len(placement)} parameters on the mesh\n" + "\n".join(lines), lines=lines)
-
-    x_layout = dtensor.Layout([layers.BATCH, layers.U], mesh)  # features (flattened) or token ids
-    y_layout = dtensor.Layout([layers.BATCH], mesh)
-    classes = config.data.classes
-
-    @tf.function
-    def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            per_example = layers.per_example_loss(model.forward(x), y, classes)
-            loss = tf.reduce_mean(per_example)
-        grads = tape.gradient(loss, model.variables)
-        optimizer.apply(grads)
-        return per_example
-
-    def replica_losses(per_example: tf.Tensor) -> list[float]:
-        components = dtensor.unpack(per_example)
-        return [float(np.mean(components[info.component_of(r)].numpy())) for r in info.owned]
-
-    total = config.total_steps()
-    summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task))
-    reporter = StepReporter(ctx.emitter, info.owned, per_replica, config.training.metrics_hz, local_names,
-                            memory_info, summaries)
-    batches = _batches(config)
-    for _ in range(start):  # the data stream carries on where the checkpoint left it
-        next(batches)
-    every = config.training.checkpoint_every
-    warm_until = start + max(1, min(50, (total - start) // 5))
-    window_start: float | None = None
-    result: tf.Tensor | None = None
-    ctx.emitter.status("running", step=start, total=total)
-    for step in range(start + 1, total + 1):
-        x, y = next(batches)
-        result = train_step(shard_batch(info, x, x_layout), shard_batch(info, y, y_layout))
-        if step == warm_until:
-            replica_losses(result)
-            window_start = time.perf_counter()
-        reporter.step_done(step, functools.partial(replica_losses, result),
-                           force=step == total or step == start + 1)
-        if every and step % every == 0 and step < total:
-            manager.save(checkpoint_number=step)
-            reporter.restart_clock()
-    final = replica_losses(result) if result is not None else []
-    manager.save(checkpoint_number=total)
-    summaries.close()
-    window_eps = None
-    if window_start is not None and total > warm_until:
-        window_eps = (total - warm_until) * global_batch / (time.perf_counter() - window_start)
-    if info.clients > 1:
-        # every client has finished its last step before any leaves (the first to exit ends the coordination service)
-        dtensor.barrier(mesh, "clusterdeck-end")
-    return {"steps": total, "start": start, "replicas": replicas, "final_loss": final,
-            "window_examples_per_sec": window_eps, "replica_ids": list(info.owned), "reports": reporter.reports,
-            "mesh": {"batch": p.mesh_batch, "model": p.mesh_model}, "client": info.client}
+    adapter = MeshAdapter(ctx)
+    summary = TrainingLoop(ctx, adapter).run()
+    p = ctx.config.parallelism
+    summary.update(replicas=adapter.replicas, replica_ids=list(adapter.info.owned),
+                   reports=adapter.reporter.reports, mesh={"batch": p.mesh_batch, "model": p.mesh_model},
+                   client=adapter.info.client)
+    return summary

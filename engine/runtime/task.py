@@ -3,7 +3,9 @@
 Started by the supervisor with ``TF_CONFIG``, ``CLUSTERDECK_TASK`` and
 ``CLUSTERDECK_DEVICES`` in its environment, an event pipe and a lifeline pipe.
 When the lifeline closes (the supervisor died) the task kills itself, so no
-task outlives its run.
+task outlives its run. ``SIGTERM`` asks it to stop: a training task reports its
+last steps, writes a final checkpoint and exits within
+:data:`engine.runtime.stop.STOP_BUDGET_S` seconds (:mod:`engine.runtime.stop`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,13 @@ import threading
 import time
 import traceback
 from pathlib import Path
+from typing import NoReturn
 
 from engine.contract import config as config_mod
 from engine.contract.run_folder import RunFolder
 from engine.runtime.emitter import Emitter
+from engine.runtime.stop import EXIT_CODE as STOPPED_EXIT_CODE
+from engine.runtime.stop import Stopped, StopSignal
 
 
 def _watch_lifeline(fd: int) -> None:
@@ -73,19 +78,22 @@ def main(argv: list[str] | None = None) -> int:
                         help="train without telemetry (no events, no files): the benchmark's baseline")
     parser.add_argument("--summary-out", default=None, help="write the final summary here as JSON")
     args = parser.parse_args(argv)
-    if args.lifeline_fd is not None:
-        _watch_lifeline(args.lifeline_fd)
     run_dir = Path(args.run_dir)
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
     events_path = None if args.bare else RunFolder(run_dir).task_events(task)
     emitter = Emitter(task, events_path, None if args.bare else args.event_fd)
+    stop = StopSignal()
+    # before any thread starts (TF's own included): SIGTERM is taken by our watcher thread, not TF's handler
+    stop.watch(on_timeout=lambda: _stopped_late(emitter, stop))
+    if args.lifeline_fd is not None:
+        _watch_lifeline(args.lifeline_fd)
     code = 0
     try:
         config = config_mod.load(run_dir / "config.yaml")
         _test_faults(emitter)
         from engine.runtime.context import TaskContext  # imports nothing heavy
 
-        ctx = TaskContext.from_env(config, run_dir, emitter)
+        ctx = TaskContext.from_env(config, run_dir, emitter, stop)
         mode = config.parallelism.mode
         if mode == "data":
             from engine.runtime import data_parallel
@@ -105,19 +113,35 @@ def main(argv: list[str] | None = None) -> int:
             Path(args.summary_out).write_text(json.dumps(summary), encoding="utf-8")
         emitter.status("finished", **{k: v for k, v in summary.items()
                                       if k in ("steps", "final_loss", "window_examples_per_sec")})
+    except Stopped as exc:
+        emitter.status("stopped", reason="SIGTERM", step=exc.step, checkpoint=exc.checkpoint)
+        code = STOPPED_EXIT_CODE
     except KeyboardInterrupt:
         emitter.status("stopped", reason="interrupted")
         code = 130
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the user as an event
+        if stop.requested:  # a stop cut through whatever the task was doing: not a failure
+            emitter.status("stopped", reason="SIGTERM")
+            _exit(emitter, STOPPED_EXIT_CODE)
         emitter.status("failed", reason=summarize_error(exc), traceback=traceback.format_exc()[-4000:])
         traceback.print_exc()
         code = 1
-    finally:
-        emitter.close()
-        sys.stdout.flush()
-        sys.stderr.flush()
+    _exit(emitter, code)
+
+
+def _exit(emitter: Emitter, code: int) -> NoReturn:
+    emitter.close()
+    sys.stdout.flush()
+    sys.stderr.flush()
     # TF's runtime can hang in its own shutdown (servers, collectives); the work is saved: leave now.
     os._exit(code)
+
+
+def _stopped_late(emitter: Emitter, stop: StopSignal) -> None:
+    """The stop budget is spent (a server's wait, or a step that never returned): say so before the end."""
+    if stop.late_reason is not None:
+        emitter.status("stopped", reason=stop.late_reason)
+    emitter.close()
 
 
 if __name__ == "__main__":

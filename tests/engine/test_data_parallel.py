@@ -164,7 +164,7 @@ def test_restart_resumes_from_checkpoint(runs_root: Path) -> None:
     assert run.wait(180) == "finished", run.state.summary()
     assert killed.is_set()
     assert any(e["kind"] == "run" and e["state"] == "restarting" for e in seen)
-    restored = [e for e in seen if e["kind"] == "info" and "restored checkpoint" in e.get("message", "")]
+    restored = [e for e in seen if e["kind"] == "info" and "resumed from checkpoint" in e.get("message", "")]
     assert restored, "the second generation must restore the checkpoint"
     restart_at = next(i for i, e in enumerate(seen) if e["kind"] == "run" and e["state"] == "restarting")
     after = [e["step"] for e in seen[restart_at:] if e["kind"] == "step"]

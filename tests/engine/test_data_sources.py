@@ -482,14 +482,16 @@ def test_config_rules_of_sources(changes: dict[str, Any], field: str, parts: tup
     only_problem(config_mod.validate(replace(cfg, data=replace(cfg.data, **changes))), field, *parts)
 
 
-def test_token_models_refuse_image_sources_and_other_modes_refuse_file_sources() -> None:
+def test_token_models_refuse_image_sources_and_every_mode_reads_every_source() -> None:
     problems = config_mod.validate(make_config("digits", shape=(64,), model="embedding"))
     only_problem(problems, "data.source", "model 'embedding' reads token ids but source 'digits' holds images")
-    cfg = make_config("digits", shape=(64,))
+    assert all(modes == config_mod.MODES for modes in config_mod.DATA_SOURCE_MODES.values())
     chief = Host(name="local", tasks=(Task("chief", 0), Task("worker", 0), Task("ps", 0)))
-    async_cfg = replace(cfg, cluster=Cluster(hosts=(chief,)), parallelism=replace(cfg.parallelism, mode="async"))
-    only_problem(config_mod.validate(async_cfg), "data.source",
-                 "source 'digits' is read in parallelism 'data', 'model' only", "got parallelism 'async'")
+    for source, path in (("digits", ""), ("npz", "/d/x.npz"), ("csv", "/d/x.csv"), ("tfrecord", "/d/x.tfrecord"),
+                         ("script", "/d/s.py")):
+        cfg = make_config(source, shape=(64,), path=path)
+        async_cfg = replace(cfg, cluster=Cluster(hosts=(chief,)), parallelism=replace(cfg.parallelism, mode="async"))
+        assert [p for p in config_mod.validate(async_cfg) if p.field == "data.source"] == [], source
 
 
 def test_new_data_fields_round_trip_and_stay_out_of_plain_configs(tmp_path: Path) -> None:

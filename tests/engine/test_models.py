@@ -49,17 +49,30 @@ def test_every_model_names_the_modes_it_supports() -> None:
     assert set(BUILT_IN) | {"script"} == set(MODELS)
     for name, modes in MODEL_MODES.items():
         assert modes and set(modes) <= set(MODES), name
-    for name in (*IMAGE_MODELS, "script"):
-        assert MODEL_MODES[name] == ("data",)
+    # async trains every model; model parallelism only models made of sharded blocks
+    assert all("async" in modes for modes in MODEL_MODES.values())
+    for name in IMAGE_MODELS:
+        assert MODEL_MODES[name] == ("data", "async")
 
 
-@pytest.mark.parametrize("name", ["cnn", "resnet", "script"])
-def test_models_refuse_modes_they_do_not_support(name: str) -> None:
-    cfg = make_config(name, (8, 8, 1), script="/x.py")
+@pytest.mark.parametrize("name", ["cnn", "resnet", "transformer", "script"])
+def test_async_accepts_every_model(name: str) -> None:
+    shape = (12,) if name == "transformer" else (8, 8, 1)
+    cfg = make_config(name, shape, script="/x.py", **({"vocab_size": 40, "embed_dim": 8, "heads": 2}
+                                                     if name == "transformer" else {}))
     chief = Host(name="local", tasks=(Task("chief", 0), Task("worker", 0), Task("ps", 0)))
     cfg = replace(cfg, cluster=Cluster(hosts=(chief,)), parallelism=replace(cfg.parallelism, mode="async"))
+    assert [str(p) for p in config_mod.validate(cfg) if p.field == "model.name"] == []
+
+
+@pytest.mark.parametrize("name", ["cnn", "resnet"])
+def test_models_refuse_modes_they_do_not_support(name: str) -> None:
+    cfg = make_config(name, (8, 8, 1))
+    worker = Host(name="local", gpus=2, tasks=(Task("worker", 0),))
+    cfg = replace(cfg, cluster=Cluster(hosts=(worker,)), parallelism=replace(cfg.parallelism, mode="model",
+                                                                            mesh_batch=1, mesh_model=2))
     problems = [str(p) for p in config_mod.validate(cfg)]
-    assert f"model.name: model {name!r} supports parallelism 'data', not 'async'" in problems
+    assert f"model.name: model {name!r} supports parallelism 'data', 'async', not 'model'" in problems
 
 
 @pytest.mark.parametrize("shape", [(64,), (2, 8, 8, 1)])

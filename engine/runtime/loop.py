@@ -1,0 +1,192 @@
+"""The one training loop of every strategy, and the checkpoints of a task.
+
+:class:`TrainingLoop` owns what every mode does the same way: restore and say so ("resumed from
+checkpoint ckpt-N at step N"), the ``running`` status, the warm-up before throughput is timed,
+reporting, the checkpoint cadence, the final checkpoint, and a stop on request (``SIGTERM``: the
+last steps reported, a checkpoint written, :class:`engine.runtime.stop.Stopped` raised).
+
+What differs per strategy is an :class:`Adapter`: how a step runs (``strategy.run`` in a
+``tf.function``, ``ClusterCoordinator.schedule``, a DTensor function), how its figures are read,
+where checkpoints go. The adapters are :mod:`engine.runtime.data_parallel` (Mirrored and
+MultiWorkerMirrored), :mod:`engine.runtime.async_ps` (ParameterServerStrategy) and
+:mod:`engine.runtime.model_parallel` (DTensor).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import tensorflow as tf
+
+from engine.runtime.context import TaskContext
+from engine.runtime.stop import Stopped
+
+
+@dataclass(frozen=True)
+class Restored:
+    step: int
+    checkpoint: str
+
+
+class Adapter(Protocol):
+    """What a strategy gives the loop."""
+
+    #: examples of one global step (for throughput)
+    global_batch: int
+
+    def restore(self) -> Restored | None:
+        """Restore the run's latest checkpoint, if any (every task of the run restores the same one)."""
+
+    def run_step(self, step: int) -> None:
+        """Run (or schedule) training step ``step``."""
+
+    def report(self, step: int, *, force: bool) -> None:
+        """Count step ``step`` as done and report figures when due (``force``: now)."""
+
+    def settle(self) -> None:
+        """Return once every step run or scheduled so far has finished."""
+
+    def flush(self, step: int) -> None:
+        """Report what is still unreported, up to step ``step``."""
+
+    def save(self, step: int) -> str | None:
+        """Write a checkpoint of step ``step``; the path (None where this task writes none)."""
+
+    def final_losses(self) -> list[float]:
+        """The last loss of each replica this task reports."""
+
+    def close(self) -> None:
+        """Release what the adapter holds (summaries, scratch folders, barriers)."""
+
+
+class TrainingLoop:
+    """Train ``config.total_steps()`` steps with an :class:`Adapter`; returns the run's summary."""
+
+    def __init__(self, ctx: TaskContext, adapter: Adapter) -> None:
+        self.ctx = ctx
+        self.adapter = adapter
+        self.total = ctx.config.total_steps()
+        self.start = 0
+        self.done = 0  # the last step known to have finished
+        self.window_eps: float | None = None
+        self.elapsed = 0.0
+
+    def run(self) -> dict[str, Any]:
+        ctx, adapter = self.ctx, self.adapter
+        restored = adapter.restore()
+        if restored is not None:
+            self.start = restored.step
+            ctx.emitter.info(f"resumed from checkpoint {os.path.basename(restored.checkpoint)} at step "
+                             f"{restored.step}: model and optimizer state restored",
+                             checkpoint=restored.checkpoint, step=restored.step, resumed_step=restored.step)
+        start, total = self.start, self.total
+        self.done = start
+        every = ctx.config.training.checkpoint_every
+        # steady-state throughput, measured the same way with and without telemetry (the benchmark reads it)
+        warm_until = start + max(1, min(50, (total - start) // 5))
+        window_start: float | None = None
+        if start < total:
+            ctx.emitter.status("running", step=start, total=total)
+        delay = _test_step_delay(ctx.task)
+        t0 = time.perf_counter()
+        try:
+            for step in range(start + 1, total + 1):
+                if ctx.stop.requested:
+                    break
+                if delay:
+                    time.sleep(delay)
+                adapter.run_step(step)
+                if step == warm_until:
+                    adapter.settle()
+                    window_start = time.perf_counter()
+                adapter.report(step, force=step == total or step == start + 1)
+                self.done = step
+                if every and step % every == 0 and step < total:
+                    adapter.save(step)
+            if not ctx.stop.requested:
+                adapter.settle()
+        except (tf.errors.OpError, RuntimeError):
+            if not ctx.stop.requested:
+                raise
+            # a peer stopped first and the collective it left failed: the step before is the last one
+        self.elapsed = time.perf_counter() - t0
+        if ctx.stop.requested:
+            self._stop()
+        if window_start is not None and total > warm_until:
+            self.window_eps = (total - warm_until) * adapter.global_batch / (time.perf_counter() - window_start)
+        adapter.flush(total)
+        adapter.save(total)
+        adapter.close()
+        return {"steps": total, "start": start, "final_loss": adapter.final_losses(),
+                "window_examples_per_sec": self.window_eps}
+
+    def _stop(self) -> None:
+        """Stopped on request: report the last steps, write a checkpoint, raise :class:`Stopped`."""
+        ctx, adapter = self.ctx, self.adapter
+        step = self.done
+        path: str | None = None
+        try:
+            adapter.settle()
+            adapter.flush(step)
+            path = adapter.save(step) if step > self.start else None
+        except Exception as exc:  # noqa: BLE001 - a stop must end; say what was not saved
+            ctx.emitter.info(f"stopped at step {step}: no final checkpoint ({type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0][:200] if str(exc) else ''})", stopped_step=step)
+        else:
+            if path:
+                ctx.emitter.info(f"stopped at step {step}: final checkpoint {os.path.basename(path)} written",
+                                 stopped_step=step, checkpoint=path)
+        try:
+            adapter.close()
+        except Exception:  # noqa: BLE001 - closing is best effort on the way out
+            pass
+        raise Stopped(step, path)
+
+
+class Checkpoints:
+    """A task's checkpoints: the run's folder for the primary task, its scratch folder otherwise.
+
+    Every task restores the latest checkpoint of the run's folder (the primary's), so all replicas
+    continue from the same step with the same variables. A non-primary task still saves where a
+    strategy needs every task to save (MultiWorkerMirrored), into its scratch folder in the run
+    folder, emptied at start and removed by :meth:`close`.
+    """
+
+    def __init__(self, ctx: TaskContext, checkpoint: tf.train.Checkpoint, *, primary: bool) -> None:
+        self.checkpoint = checkpoint
+        self.primary = primary
+        self.shared = Path(ctx.checkpoint_dir)
+        self.folder = self.shared if primary else Path(ctx.scratch_dir) / "checkpoints"
+        if not primary:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        self.manager = tf.train.CheckpointManager(checkpoint, str(self.folder), max_to_keep=2)
+
+    def restore(self) -> str | None:
+        """Restore the run's latest checkpoint into this task's objects; its path, or None."""
+        latest = tf.train.latest_checkpoint(str(self.shared))
+        if latest:
+            self.checkpoint.restore(latest)
+        return latest
+
+    def save(self, step: int) -> str | None:
+        path = self.manager.save(checkpoint_number=step)
+        return path if self.primary else None
+
+    def close(self) -> None:
+        if not self.primary:
+            shutil.rmtree(self.folder.parent, ignore_errors=True)
+
+
+def _test_step_delay(task: str) -> float:
+    """Test-only: ``CLUSTERDECK_TEST_STEP_DELAY=worker:1=0.03`` slows one task's every step."""
+    spec = os.environ.get("CLUSTERDECK_TEST_STEP_DELAY", "")
+    name, _, seconds = spec.rpartition("=")
+    try:
+        return float(seconds) if name == task else 0.0
+    except ValueError:
+        return 0.0

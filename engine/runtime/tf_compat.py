@@ -1,0 +1,179 @@
+"""Every hook into private TensorFlow/Keras internals, in one place, each behind a version guard.
+
+ClusterDeck's runtime relies on a few internals that no public API offers:
+
+- :func:`emulate_multi_worker_devices`: ``MultiWorkerMirroredStrategy`` takes one CPU device per
+  worker when there is no GPU; emulated GPUs (logical CPU devices) need it to take them all
+  (TF's private ``CollectiveAllReduceExtended._initialize_local_devices``).
+- :func:`time_gradient_all_reduce`: the seconds each replica waits in the gradient all-reduce
+  (Keras 3's private ``Optimizer._all_reduce_sum_gradients``), which tells stragglers apart.
+- :func:`wrap_compute_loss`: each replica's own loss inside ``model.fit`` (Keras 3's private
+  ``Model._compute_loss``), for :mod:`engine.runtime.keras_callback`.
+- :func:`current_worker_index`: which worker runs a ``ParameterServerStrategy`` step or dataset
+  (``tf.distribute.coordinator.experimental_get_current_worker_index``, experimental).
+
+Not a patch but a TF behaviour worked around elsewhere: the coordination service's preemption
+notifier installs its own C++ ``SIGTERM`` handler (it swallows the signal); :mod:`engine.runtime.stop`
+blocks ``SIGTERM`` before TensorFlow starts any thread and waits for it on its own thread.
+
+Each hook checks that what it hooks still exists with the expected signature and raises
+:class:`CompatError` naming the hook, the internal and the versions otherwise, so an upgrade
+breaks loudly (``tests/engine/test_tf_compat.py`` runs every hook against the installed versions).
+"""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import keras
+import tensorflow as tf
+
+#: The versions every hook here was written and tested against (major.minor).
+TESTED_VERSIONS = {"tensorflow": "2.21", "keras": "3.15"}
+
+
+class CompatError(RuntimeError):
+    """An internal a hook relies on is gone or changed in the installed TensorFlow/Keras."""
+
+
+def versions() -> dict[str, str]:
+    return {"tensorflow": tf.__version__, "keras": keras.__version__}
+
+
+def untested_versions() -> str | None:
+    """A note when the installed TensorFlow or Keras differs (major.minor) from :data:`TESTED_VERSIONS`."""
+    found = versions()
+    odd = [f"{name} {found[name]}" for name, tested in TESTED_VERSIONS.items()
+           if ".".join(found[name].split(".")[:2]) != tested]
+    if not odd:
+        return None
+    tested = ", ".join(f"{k} {v}" for k, v in TESTED_VERSIONS.items())
+    return f"untested versions: {', '.join(odd)} (the runtime's hooks were tested with {tested})"
+
+
+def _require(hook: str, owner: Any, attr: str, params: Sequence[str]) -> Callable[..., Any]:
+    """``owner.attr``, checked to be a callable taking exactly ``params`` (``self`` included)."""
+    where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__qualname__', type(owner).__name__)}.{attr}"
+    target = getattr(owner, attr, None)
+    if target is None or not callable(target):
+        raise CompatError(f"tf_compat.{hook}: {where} is gone in {_versions_text()}; "
+                          f"expected it as in {_tested_text()}")
+    try:
+        found = list(inspect.signature(target).parameters)
+    except (TypeError, ValueError):
+        found = None
+    if found is not None and found != list(params):
+        raise CompatError(f"tf_compat.{hook}: {where} takes ({', '.join(found)}) in {_versions_text()}; "
+                          f"expected ({', '.join(params)}) as in {_tested_text()}")
+    return target
+
+
+def _versions_text() -> str:
+    v = versions()
+    return f"TensorFlow {v['tensorflow']} / Keras {v['keras']}"
+
+
+def _tested_text() -> str:
+    return f"TensorFlow {TESTED_VERSIONS['tensorflow']} / Keras {TESTED_VERSIONS['keras']}"
+
+
+# --------------------------------------------------------------------------- MultiWorkerMirrored devices
+
+
+def emulate_multi_worker_devices(count: int) -> None:
+    """Let ``MultiWorkerMirroredStrategy`` train on ``count`` logical CPU devices of this task.
+
+    TF picks one CPU device per worker when no GPU exists; emulated GPUs are logical CPU devices,
+    which its collectives handle fine. Call before the strategy is created; only for emulation.
+    """
+    from tensorflow.python.distribute import collective_all_reduce_strategy as cars
+
+    owner = cars.CollectiveAllReduceExtended
+    _require("emulate_multi_worker_devices", owner, "_initialize_local_devices",
+             ("self", "cluster_resolver", "worker_device"))
+
+    def local_devices(self: Any, cluster_resolver: Any, worker_device: str) -> tuple[tuple[str, ...], str]:
+        return tuple(f"{worker_device}/device:CPU:{i}" for i in range(count)), "CPU"
+
+    owner._initialize_local_devices = local_devices
+
+
+# --------------------------------------------------------------------------- all-reduce wait
+
+
+class SyncTimer:
+    """Seconds each replica waited in the gradient all-reduce of the current step.
+
+    In a synchronous step every replica lasts as long as the slowest, so the time a replica
+    spends waiting in the all-reduce separates a straggler (little wait) from the others (long
+    wait). :meth:`wait` is a float64 tensor inside the replica function (0 without the hook).
+    """
+
+    def __init__(self) -> None:
+        self.local = threading.local()
+        self.hooked = False
+
+    def wait(self) -> tf.Tensor:
+        value = getattr(self.local, "wait", None)
+        return value if value is not None else tf.constant(0.0, tf.float64)
+
+
+def time_gradient_all_reduce(optimizer: keras.optimizers.Optimizer) -> SyncTimer:
+    """Wrap the optimizer's all-reduce (run in each replica's own thread) with two timestamps."""
+    timer = SyncTimer()
+    original = _require("time_gradient_all_reduce", optimizer, "_all_reduce_sum_gradients", ("grads_and_vars",))
+
+    def timed(grads_and_vars: Any) -> Any:
+        pairs = list(grads_and_vars)
+        grads = [g for g, _ in pairs if g is not None]
+        with tf.control_dependencies(grads):
+            before = tf.timestamp()
+        with tf.control_dependencies([before]):
+            pairs = [(tf.identity(g) if g is not None else None, v) for g, v in pairs]
+        reduced = original(pairs)
+        with tf.control_dependencies([g for g, _ in reduced if g is not None]):
+            timer.local.wait = tf.timestamp() - before
+        return reduced
+
+    optimizer._all_reduce_sum_gradients = timed
+    timer.hooked = True
+    return timer
+
+
+# --------------------------------------------------------------------------- model.fit's loss
+
+
+def wrap_compute_loss(model: keras.Model, after: Callable[[Any, dict[str, Any], tuple[Any, ...]], None]) -> None:
+    """Call ``after(loss, kwargs, args)`` each time ``model.fit``'s train step computes the loss.
+
+    Idempotent per model: a second wrap replaces the first instead of stacking.
+    """
+    _require("wrap_compute_loss", type(model), "_compute_loss",
+             ("self", "x", "y", "y_pred", "sample_weight", "training"))
+    original = getattr(model, "_clusterdeck_original_loss", None) or model._compute_loss
+
+    def compute_loss(*args: Any, **kwargs: Any) -> Any:
+        loss = original(*args, **kwargs)
+        after(loss, kwargs, args)
+        return loss
+
+    # plain attributes: Keras tracks layers and variables assigned to a model, not functions
+    object.__setattr__(model, "_clusterdeck_original_loss", original)
+    object.__setattr__(model, "_compute_loss", compute_loss)
+
+
+# --------------------------------------------------------------------------- ParameterServerStrategy
+
+
+def current_worker_index() -> tf.Tensor:
+    """The index of the worker running the current ``ClusterCoordinator`` function or dataset (a tensor
+    known only on that worker)."""
+    fn = getattr(tf.distribute.coordinator, "experimental_get_current_worker_index", None)
+    if fn is None:
+        raise CompatError(f"tf_compat.current_worker_index: tf.distribute.coordinator."
+                          f"experimental_get_current_worker_index is gone in {_versions_text()}; "
+                          f"expected it as in {_tested_text()}")
+    return fn()
