@@ -61,23 +61,24 @@ LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "")
 #: Upper bound of step counts: far beyond any real run, and it keeps every figure printable.
 MAX_STEPS = 10**9
 
-#: Which parallelism modes each built-in model supports.
+#: Which parallelism modes each model supports (the app offers a model only in these modes). The
+#: async runtime trains any Keras model (the embedding one with its table sharded over the ps tasks);
+#: the model-parallel runtime only models built from sharded blocks (engine.runtime.sharded).
 MODEL_MODES: dict[str, tuple[str, ...]] = {
     "mlp": ("data", "model", "async"),
-    "cnn": ("data",),
-    "resnet": ("data",),
+    "cnn": ("data", "async"),
+    "resnet": ("data", "async"),
     "embedding": ("data", "model", "async"),
-    "transformer": ("data", "model"),
+    "transformer": ("data", "model", "async"),
     # parallelism 'model' calls the script's build_sharded_model(config, mesh) (engine.runtime.sharded)
-    "script": ("data", "model"),
+    "script": ("data", "model", "async"),
 }
-#: Which parallelism modes read each data source: the data and model runtimes read files through
-#: ``engine.runtime.data.make_dataset``; the async runtime makes its own synthetic data; a user's
-#: ``make_dataset`` is given an input context by the data-parallel runtime only.
-DATA_SOURCE_MODES: dict[str, tuple[str, ...]] = {
-    source: MODES if source == "synthetic" else ("data",) if source == "script" else ("data", "model")
-    for source in DATA_SOURCES
-}
+#: Which parallelism modes read each data source (the app offers a source only in these modes). Every
+#: runtime reads its examples through ``engine.runtime.data.make_dataset``: the data-parallel one per
+#: input pipeline, the async one per worker (``ClusterCoordinator.create_per_worker_dataset``), the
+#: model-parallel one as global batches; a user's ``make_dataset(input_context, config)`` gets the
+#: input context of each (``None`` in model mode).
+DATA_SOURCE_MODES: dict[str, tuple[str, ...]] = {source: MODES for source in DATA_SOURCES}
 
 
 # --------------------------------------------------------------------------- model
@@ -1273,7 +1274,7 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
                           f"channels; got {list(d.shape)}")
     if d.source in DATA_SOURCE_MODES and mode in MODES and mode not in DATA_SOURCE_MODES[d.source]:
         add("data.source", f"source {d.source!r} is read in parallelism {_choices(DATA_SOURCE_MODES[d.source])} "
-                           f"only (the {mode!r} runtime makes its own synthetic data); got parallelism {mode!r}")
+                           f"only; got parallelism {mode!r}")
     if m.name not in MODELS:
         add("model.name", f"expected one of {_choices(MODELS)}, got {_show(m.name)}")
     if any(h < 1 for h in m.hidden):
