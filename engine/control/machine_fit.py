@@ -176,7 +176,8 @@ def estimate(config: RunConfig) -> Estimate:
     slots = OPTIMIZER_SLOTS.get(t.optimizer, 2)
     replicas = max(1, config.num_replicas())
     per_replica = math.ceil(t.global_batch_size / replicas)
-    act_field = "training.global_batch_size" if per_replica > activation_values(config) else "data.shape"
+    # activations grow with the batch and the example: an unusually large batch is named, else the data's shape
+    act_field = "training.global_batch_size" if per_replica > 1024 else "data.shape"
 
     def add(key: str, amount: float) -> None:
         est.by_field[key] = est.by_field.get(key, 0) + int(amount)
