@@ -1,0 +1,124 @@
+"""Restarts and stops of real multi-worker runs: every replica resumes from the run's checkpoint, and a
+stopped task writes a final checkpoint and its last step events."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from statistics import mean
+from typing import Any
+
+import pytest
+
+from engine.contract import config as config_mod
+from engine.contract.config import RunConfig, replace
+from engine.contract.run_folder import RunFolder
+from engine.control.launcher import Run
+from tests.conftest import PRESETS, wait_gone
+
+pytestmark = pytest.mark.cluster
+
+#: the first step after the restart runs on the checkpoint's variables with another batch of the same
+#: data: its loss is within this fraction of the loss of the same step before the kill, and the mean of
+#: the first 10 steps after the restart within RESUME_MEAN_TOLERANCE of the same steps before it
+RESUME_TOLERANCE = 0.35
+RESUME_MEAN_TOLERANCE = 0.15
+
+
+def small(cfg: RunConfig, steps: int, **training: Any) -> RunConfig:
+    return replace(cfg, training=replace(cfg.training, steps=steps, epochs=None, **training))
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.events)
+
+
+def test_two_worker_restart_resumes_every_replica_from_the_checkpoint(runs_root: Path) -> None:
+    cfg = small(config_mod.load(PRESETS / "data-2workers.yaml"), 260, checkpoint_every=100, restarts=1,
+                metrics_hz=1e6)
+    run = Run(cfg, runs_root=runs_root)
+    rec = Recorder()
+    killed: dict[str, Any] = {}
+
+    def kill_after_checkpoint(event: dict[str, Any]) -> None:
+        # replicas run in lock-step: a step >= 110 means worker:0 has written ckpt-100 before step 101
+        if not killed and event["kind"] == "step" and event["step"] >= 110:
+            killed["at"] = len(rec.snapshot())
+            pid = run.state.tasks["worker:1"].pid
+            assert pid
+            killed["pid"] = pid
+            os.kill(pid, signal.SIGKILL)
+
+    run.add_listener(rec)
+    run.add_listener(kill_after_checkpoint)
+    run.start()
+    assert run.wait(240) == "finished", run.state.summary()
+    assert killed and run.restarts_used == 1
+    seen = rec.snapshot()
+    restart = next(i for i, e in enumerate(seen) if e["kind"] == "run" and e["state"] == "restarting")
+    before, after = seen[:restart], seen[restart:]
+
+    resumed = [e for e in after if e["kind"] == "info" and "resumed from checkpoint" in e.get("message", "")]
+    assert {e["task"] for e in resumed} == {"worker:0", "worker:1"}, "every worker must restore the checkpoint"
+    assert {e["step"] for e in resumed} == {100}
+    assert all("ckpt-100 at step 100" in e["message"] for e in resumed)
+
+    for replica in (0, 1):
+        old = {e["step"]: e["loss"] for e in before if e["kind"] == "step" and e["replica"] == replica}
+        new = [e for e in after if e["kind"] == "step" and e["replica"] == replica]
+        assert new[0]["step"] == 101, f"replica {replica} resumed at step {new[0]['step']}, not 101"
+        assert new[-1]["step"] == 260
+        last_before_kill = old[max(old)]
+        first = new[0]["loss"]
+        assert abs(first - old[101]) <= RESUME_TOLERANCE * old[101], (replica, first, old[101])
+        assert abs(first - last_before_kill) <= RESUME_TOLERANCE * last_before_kill, (replica, first, last_before_kill)
+        new_by_step = {e["step"]: e["loss"] for e in new}
+        old_mean = mean(old[s] for s in range(101, 111))
+        new_mean = mean(new_by_step[s] for s in range(101, 111))
+        assert abs(new_mean - old_mean) <= RESUME_MEAN_TOLERANCE * old_mean, (replica, new_mean, old_mean)
+
+    folder = RunFolder(run.run_dir)
+    assert (folder.checkpoints / "ckpt-260.index").exists()
+    # the other worker saved into its scratch folder, removed at the end; nothing of it elsewhere
+    assert not folder.scratch("worker:1").exists()
+    assert not wait_gone(run.pids() + [killed["pid"]], 3)
+
+
+def test_stop_writes_a_final_checkpoint_and_the_last_steps(runs_root: Path) -> None:
+    cfg = small(config_mod.load(PRESETS / "data-2workers.yaml"), 100_000, checkpoint_every=0, metrics_hz=2.0)
+    run = Run(cfg, runs_root=runs_root)
+    rec = Recorder()
+    got_steps = threading.Event()
+    run.add_listener(rec)
+    run.add_listener(lambda e: got_steps.set() if e["kind"] == "step" and e["step"] >= 30 else None)
+    run.start()
+    assert got_steps.wait(120), "no step 30 within 120 s"
+    pids = run.pids()
+    t0 = time.monotonic()
+    run.stop()
+    assert wait_gone(pids, 4.0) == []
+    assert time.monotonic() - t0 <= 4.0
+    assert run.wait(5) == "stopped"
+    seen = rec.snapshot()
+    stopped = [e for e in seen if e["kind"] == "info" and "stopped_step" in e]
+    assert {e["task"] for e in stopped} >= {"worker:0"}, [e.get("message") for e in seen if e["kind"] == "info"]
+    note = next(e for e in stopped if e["task"] == "worker:0")
+    step = note["stopped_step"]
+    assert step >= 30 and f"final checkpoint ckpt-{step} written" in note["message"]
+    assert (RunFolder(run.run_dir).checkpoints / f"ckpt-{step}.index").exists()
+    # the last steps were reported, though at 2 reports per second the next report was not yet due
+    last = max(e["step"] for e in seen if e["kind"] == "step" and e["task"] == "worker:0")
+    assert last == step
