@@ -1,6 +1,6 @@
 """Run every benchmark one after another and update docs/benchmarks.md.
 
-    python bench/run_all.py [--quick] [--only telemetry_overhead,live_latency,gui_scale,startup_stop]
+    python bench/run_all.py [--quick] [--only telemetry_overhead,whole_run,modes,...]
 
 Each benchmark runs in its own process (a fresh Qt application, no TensorFlow
 state shared), so one's leftovers never colour the next one's figures.
@@ -15,7 +15,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-BENCHMARKS = ("telemetry_overhead", "live_latency", "gui_scale", "startup_stop")
+BENCHMARKS = ("telemetry_overhead", "whole_run", "modes", "live_latency", "gui_scale", "gui_scale_large", "ingest",
+              "startup_stop", "gpu_check")
+#: Benchmarks that are another configuration of a script: (script, extra arguments).
+VARIANTS = {"gui_scale_large": ("gui_scale", ["--large"])}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--only: expected some of {', '.join(BENCHMARKS)}, received: {', '.join(unknown)}")
     failed = []
     for name in chosen:
-        cmd = [sys.executable, str(HERE / f"{name}.py")]
+        script, extra = VARIANTS.get(name, (name, []))
+        cmd = [sys.executable, str(HERE / f"{script}.py"), *extra]
         if args.quick:
             cmd.append("--quick")
         if args.doc is not None:
