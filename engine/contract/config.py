@@ -1040,6 +1040,9 @@ def is_host_name(value: str) -> bool:
     """A DNS name, an ``~/.ssh/config`` alias or an IP address: nothing ssh or a shell reads as an option."""
     if _HOST_NAME.fullmatch(value):
         return True
+    _, percent, scope = value.partition("%")  # an IPv6 zone: an interface name
+    if percent and not _HOST_NAME.fullmatch(scope):
+        return False
     try:
         ipaddress.ip_address(value)
     except ValueError:

@@ -187,3 +187,21 @@ def test_no_shell_true_anywhere() -> None:
     out = subprocess.run(["grep", "-rn", "shell=True", "engine", "gui", "bench", "scripts"],
                          capture_output=True, text=True, cwd=PRESETS.parent)
     assert out.stdout == "", out.stdout
+
+
+# ---------------------------------------------------------------- host names that reach ssh (issue 17)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.sampled_from(["address", "ssh_host", "ssh_user"]),
+       st.text(min_size=1, max_size=30).filter(lambda s: s.strip() != "" and (s.strip()[0] == "-" or any(
+           c.isspace() or ord(c) < 32 or c in ";|&$`'\"()<>*?!{}[]\\/," for c in s.strip()))))
+def test_a_host_field_with_an_option_or_shell_text_is_refused(key: str, value: str) -> None:
+    data = copy.deepcopy(VALID)
+    data["cluster"]["hosts"][0][key] = value
+    try:
+        config_mod.from_dict(data)
+    except ConfigError as exc:
+        assert any(p.field == f"cluster.hosts[0].{key}" for p in exc.problems), str(exc)
+        return
+    raise AssertionError(f"{key}={value!r} was accepted")

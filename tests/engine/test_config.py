@@ -541,7 +541,7 @@ def test_yaml_aliases_do_not_blow_up_messages() -> None:
     with pytest.raises(ConfigError) as exc:
         loads(text)
     # refused before anything is built: the alias bomb would expand to billions of values
-    p = assert_problem(exc.value, "a5", "holds more than 20,000 values once its aliases (*name) are expanded")
+    p = assert_problem(exc.value, "a4", "holds more than 20,000 values once its aliases (*name) are expanded")
     assert len(p.message) < 120
     small = "a0: &a0 [x, x]\nname: *a0\n"  # a harmless alias still reads, and the field is still named
     with pytest.raises(ConfigError) as exc:
@@ -718,3 +718,77 @@ def test_mutated_presets_give_a_config_or_a_config_error(data: st.DataObject) ->
     [dumps(default_config()), "name: run\n", "cluster:\n  hosts:\n  - ", "training: {steps: "]), st.text(max_size=40)))
 def test_any_text_gives_a_config_or_a_config_error(text: str) -> None:
     _accepts_or_config_error(lambda: loads(text))
+
+
+# --------------------------------------------------------------------------- hostile presets (issue 17)
+
+
+@pytest.mark.parametrize(("key", "value", "expected"), [
+    ("ssh_host", "-oProxyCommand=touch${IFS}/tmp/x",
+     "cluster.hosts[0].ssh_host: expected a host name (letters, digits, '.', '-', '_', not starting with '-'; "
+     "optionally user@ before it), got '-oProxyCommand=touch${IFS}/tmp/x'"),
+    ("address", "-oProxyCommand=x",
+     "cluster.hosts[0].address: expected a host name or IP address, got '-oProxyCommand=x'; a host name holds "
+     "letters, digits, '.', '-', '_', not starting with '-'"),
+    ("ssh_user", "-oProxyCommand=x",
+     "cluster.hosts[0].ssh_user: expected a user name (letters, digits, '.', '_', '-', '@', not starting with '-'), "
+     "got '-oProxyCommand=x'"),
+    ("python", "python3\nid", "cluster.hosts[0].python: expected a Python command without control characters, "
+                              "got 'python3\\nid'"),
+])
+def test_host_fields_that_reach_ssh_are_host_names(key: str, value: str, expected: str) -> None:
+    host = {"name": "box", "address": "10.0.0.2", "tasks": [{"role": "worker"}], key: value}
+    with pytest.raises(ConfigError) as exc:
+        from_dict({"cluster": {"hosts": [host]}})
+    assert [str(p) for p in exc.value.problems] == [expected]
+
+
+@pytest.mark.parametrize("good", ["gpu-box.lan", "node_7", "10.0.0.2", "::1", "fe80::1%eth0", "ana@gpubox"])
+def test_real_host_names_stay_valid(good: str) -> None:
+    host = Host(name="b", address=good.split("@")[-1], ssh_host=good, ssh_user="ana.b", tasks=workers(1))
+    assert [p for p in validate(RunConfig(cluster=Cluster(hosts=(host,)))) if "hosts[0]" in p.field] == []
+
+
+def test_duplicate_keys_are_refused_naming_key_and_lines() -> None:
+    with pytest.raises(ConfigError) as exc:
+        loads("name: a\ntraining:\n  steps: 10\n  steps: 1000000\n", source="p.yaml")
+    assert str(exc.value) == ("p.yaml: training.steps: duplicate key 'steps' at line 4 (first at line 3); "
+                              "expected each key once")
+    # a key merged in (<<) and then set again is YAML's override, not a duplicate; a small alias still reads
+    config = loads("name: a\ncluster:\n  hosts:\n  - &h {name: a, tasks: [{role: worker}]}\n  - {<<: *h, name: b}\n")
+    assert [h.name for h in config.cluster.hosts] == ["a", "b"] and len(config.cluster.tasks()) == 2
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_and_a_device_are_not_read(tmp_path: Path) -> None:
+    import os
+
+    fifo = tmp_path / "f.yaml"
+    os.mkfifo(fifo)
+    with pytest.raises(ConfigError) as exc:
+        load(fifo)  # would block forever on open() or read() without the type check
+    assert str(exc.value) == f"{fifo}: not a regular file (a FIFO); expected a YAML file"
+    with pytest.raises(ConfigError) as exc:
+        load("/dev/zero")  # would grow without end
+    assert str(exc.value) == "/dev/zero: not a regular file (a character device); expected a YAML file"
+
+
+def test_the_byte_cap_holds_while_reading(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    path.write_bytes(b"name: a\n" + b"#" * 100 + b"\n")
+    assert cfgmod.read_capped(path, limit=200) == path.read_bytes()
+    with pytest.raises(ConfigError, match="larger than"):
+        cfgmod.read_capped(path, limit=50)
+
+
+def test_allow_oversubscribe_reads_and_round_trips() -> None:
+    d = base_dict()
+    d["training"]["allow_oversubscribe"] = True
+    config = from_dict(d)
+    assert config.training.allow_oversubscribe is True
+    assert loads(dumps(config)) == config
+    assert "allow_oversubscribe" not in dumps(default_config())  # written only when set
+    d["training"]["allow_oversubscribe"] = "yes"
+    with pytest.raises(ConfigError) as exc:
+        from_dict(d)
+    assert_problem(exc.value, "training.allow_oversubscribe", "expected true or false, got 'yes'")
