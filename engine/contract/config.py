@@ -247,6 +247,8 @@ class Training:
     checkpoint_every: int = 0  # steps; 0 = only at the end
     restarts: int = 0
     metrics_hz: float = 20.0  # at most this many step events per replica per second
+    # run even where the local tasks outnumber this machine's CPUs many times over (see engine.control.machine_fit)
+    allow_oversubscribe: bool = False
 
 
 @dataclass(frozen=True)
@@ -650,6 +652,16 @@ def _parse_model(r: _Reader) -> Model:
     return model
 
 
+def _parse_flag(r: _Reader, key: str, default: bool) -> bool:
+    value = r.raw(key)
+    if value is None:
+        return default
+    if not isinstance(value, bool):
+        r.fail(key, f"expected true or false, got {_show(value)}")
+        return default
+    return value
+
+
 def _parse_training(r: _Reader) -> Training:
     d = Training()
     steps: int | None = r.int("steps", 0, minimum=1, maximum=MAX_STEPS) if r.has("steps") else None
@@ -670,6 +682,7 @@ def _parse_training(r: _Reader) -> Training:
         checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0, maximum=MAX_STEPS),
         restarts=r.int("restarts", d.restarts, minimum=0, maximum=100),
         metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
+        allow_oversubscribe=_parse_flag(r, "allow_oversubscribe", d.allow_oversubscribe),
     )
     r.finish(("global_batch_size", "steps", "epochs", "optimizer", "learning_rate", "seed",
               "checkpoint_every", "restarts", "metrics_hz"))
@@ -718,6 +731,8 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         "restarts": t.restarts,
         "metrics_hz": t.metrics_hz,
     }
+    if t.allow_oversubscribe:
+        training["allow_oversubscribe"] = True
     if t.steps is not None:
         training["steps"] = t.steps
     if t.epochs is not None:
