@@ -378,6 +378,11 @@ def design_section(f: dict[str, Any]) -> str:
         f"- **Memory of the history.** 1,000 replicas x 5 points per tick x 10 Hz is {points_1k_hour / 1e6:,.0f} M "
         f"points an hour: {points_1k_hour * bpp / 2**30:.1f} GiB at {bpp:.1f} bytes per point, where the app's "
         "budget is 0.4 GB. Full resolution of every series cannot stay in memory.",
+        "- **The app's 400 MB at 128 replicas x 2 hours (section 3a).** 128 replicas x 4 metrics x 10 Hz x "
+        "7,200 s is 36.9 M points; a replica's step event stores x, t and 3 values (40 bytes for 3 points), its "
+        "task's CPU point x and a value (16 bytes): 14 bytes per point filled, "
+        f"{36_864_000 * 14 / 2**20:,.0f} MiB before any growth slack, on top of the ~110 MB the app holds before "
+        "its window opens. Full-resolution float64 history cannot meet that goal; tiers (below) can.",
         "- **Bytes on the pipe and on disk.** "
         f"{s['bytes_per_event']:.0f} bytes per event: {rate_1k * s['bytes_per_event'] / 1e6:.1f} MB/s at 1,000 "
         f"replicas and 10 Hz, written twice (each task's file, then the run's), {rate_1k * s['bytes_per_event'] * 3600 / 2**30:.1f} "
