@@ -25,11 +25,11 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from typing import Any
 
+from engine.cli.folders import unusable_folder
 from engine.contract import config as config_mod
 from engine.contract import presets
 from engine.contract.config import ConfigError, Problem
@@ -112,26 +112,6 @@ def _runs_root(out: str | None) -> tuple[Path, str]:
         return Path(out).expanduser(), "--out"
     root = default_runs_root()
     return root, f"${RUNS_ENV}" if os.environ.get(RUNS_ENV, "").strip() else "runs folder"
-
-
-def unusable_folder(path: Path) -> str | None:
-    """Why run folders cannot be created under ``path`` (created if missing), or None when they can."""
-    try:
-        path.mkdir(parents=True, exist_ok=True)
-    except FileExistsError:
-        return "it is a file, not a folder"
-    except NotADirectoryError:
-        for parent in path.parents:
-            if parent.exists() and not parent.is_dir():
-                return f"{parent} is a file, not a folder"
-        return "a part of it is not a folder"
-    except OSError as exc:
-        return f"it cannot be created ({exc.strerror or exc})"
-    try:
-        os.rmdir(tempfile.mkdtemp(prefix=".clusterdeck-check-", dir=path))
-    except OSError as exc:
-        return f"no folder can be created in it ({exc.strerror or exc})"
-    return None
 
 
 def _text_errors(exc: ConfigError) -> None:

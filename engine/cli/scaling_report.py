@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from engine.cli.folders import unusable_folder
 from engine.contract.config import ConfigError
 from engine.contract.presets import load_preset
 from engine.control.scaling import (
@@ -56,7 +57,8 @@ def add_arguments(parser: Any) -> None:
     parser.add_argument("--steps", type=int, default=200, help="training steps of each run (default: 200)")
     parser.add_argument("--strong", action="store_true",
                         help="strong scaling: keep the global batch (default: weak, keep the per-replica batch)")
-    parser.add_argument("--out", default=None, help="folder for run folders (default: ./runs or $CLUSTERDECK_RUNS)")
+    parser.add_argument("--out", default=None,
+                        help="folder for run folders (default: $CLUSTERDECK_RUNS, else the per-user data folder)")
     parser.add_argument("--report", default=None,
                         help="folder for scaling.csv and scaling.png (default: <runs folder>/scaling-<preset>-<time>)")
     parser.add_argument("--no-png", action="store_true", help="write the CSV only (no Qt needed)")
@@ -64,7 +66,8 @@ def add_arguments(parser: Any) -> None:
 
 def command(args: Any) -> int:
     """``clusterdeck scaling``: run, show progress with ETA, write CSV and PNG, print a table. Exit code 0 when
-    every run finished, 1 when one failed or the report was interrupted, 2 for a config problem."""
+    every run finished, 1 when one failed or the report was interrupted (Ctrl-C, SIGTERM, SIGHUP), 2 for a config
+    problem or an unusable ``--out``."""
     import signal
 
     from rich.console import Console
@@ -76,13 +79,19 @@ def command(args: Any) -> int:
     console = Console()
     try:
         cfg = load_preset(args.preset)
-        runs_root = Path(args.out) if args.out else default_runs_root()
+        runs_root = Path(args.out).expanduser() if args.out else default_runs_root()
         session = ScalingSession(cfg, args.workers, args.steps, runs_root, strong=args.strong)
     except ConfigError as exc:
         print(f"clusterdeck: {exc}", file=sys.stderr)
         return 2
+    why = unusable_folder(runs_root)
+    if why is not None:
+        print(f"clusterdeck: {'--out' if args.out else 'runs folder'}: {str(runs_root)!r} cannot hold run folders: {why}",
+              file=sys.stderr)
+        return 2
     report_dir = Path(args.report) if args.report else runs_root / f"scaling-{cfg.name}-{time.strftime('%Y%m%d-%H%M%S')}"
-    previous = {s: signal.signal(s, lambda *_: session.cancel()) for s in (signal.SIGINT, signal.SIGTERM)}
+    stops = [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
+    previous = {s: signal.signal(s, lambda *_: session.cancel()) for s in stops}
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
                         TimeElapsedColumn(), TextColumn("{task.fields[eta]}"), console=console)
     try:
