@@ -189,7 +189,7 @@ class DocumentModel(QObject):
         new = cfg.replace(config, parallelism=parallelism)
         changes: list[str] = []
         if fix_cluster:
-            new, changes = doc_ops.mode_fix(new, mode)
+            new, changes = doc_ops.mode_fix(config, mode)
         self.set_config(new, f"Parallelism: {mode}" + (" (cluster fixed)" if fix_cluster else ""))
         return changes
 

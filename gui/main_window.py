@@ -191,6 +191,9 @@ class MainWindow(QMainWindow):
         doc.pathChanged.connect(self._path_changed)
         doc.changed.connect(self._update_title)
         doc.clusterChanged.connect(self._cluster_edited)
+        doc.settingsChanged.connect(
+            lambda: self.settings_dock.setMinimumWidth(max(self.settings_dock.minimumWidth(),
+                                                           self.settings_panel.needed_width())))
         doc.undo_stack.cleanChanged.connect(lambda _clean: self._update_title())
         c.runStateChanged.connect(self._run_state_changed)
         c.message.connect(lambda text: self.statusBar().showMessage(text, 8000))

@@ -56,6 +56,7 @@ class RunSession(QObject):
         self.comparisons: dict[str, RunState] = {}
         self._events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
         self._stopping = False
+        self._shows_run = False
         self._follow: EventFileReader | None = None
         self._drain_timer = QTimer(self)
         self._drain_timer.setObjectName("drainTimer")
@@ -90,8 +91,8 @@ class RunSession(QObject):
 
     @property
     def shows_run(self) -> bool:
-        """A run (live or from a folder) is shown, not just the config's tasks."""
-        return self.run is not None or self.run_dir is not None
+        """A run (live, ended, or from a folder) is shown, not just the config's tasks."""
+        return self._shows_run
 
     # ------------------------------------------------------------------ live runs
 
@@ -127,6 +128,7 @@ class RunSession(QObject):
         self.run = run
         self.run_dir = run_dir
         self._stopping = False
+        self._shows_run = True
         self.user_stopped = False
         self._drain_timer.start()
         self.runLoaded.emit()
@@ -195,6 +197,7 @@ class RunSession(QObject):
         self._stop_follow()
         self.state = state
         self.run_dir = path
+        self._shows_run = True
         self.user_stopped = False
         self.runLoaded.emit()
         self.runStateChanged.emit(state.state)
@@ -228,6 +231,7 @@ class RunSession(QObject):
         self._stop_follow()
         self.state = run_state_for(config)
         self.run_dir = None
+        self._shows_run = False
         self.user_stopped = False
         self.runLoaded.emit()
         self.runStateChanged.emit(self.state.state)

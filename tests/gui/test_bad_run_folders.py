@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +12,22 @@ from hypothesis import strategies as st
 from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.config import ConfigError
+from engine.contract.run_folder import RunFolder
 from engine.observe.run_reader import read_run_folder
 from tests.gui.conftest import PRESETS
 
 
 def make_run_folder(root: Path) -> Path:
-    folder = root / "run"
+    run = RunFolder(root / "run")
+    folder = run.path
     folder.mkdir(parents=True, exist_ok=True)
-    config_mod.save(config_mod.load(PRESETS / "data-2workers.yaml"), folder / "config.yaml")
+    run.write_config(config_mod.load(PRESETS / "data-2workers.yaml"))
     lines = [events.encode(events.make("step", "worker:0", replica=0, step=s, loss=1.0 / s)) for s in range(1, 6)]
-    (folder / "events.jsonl").write_text("".join(lines), encoding="utf-8")
-    (folder / "run.json").write_text(json.dumps({"state": "finished"}), encoding="utf-8")
+    writer = events.EventWriter(run.events)
+    for line in lines:
+        writer.write_line(line.rstrip("\n"))
+    writer.close()
+    run.write_meta(state="finished")
     return folder
 
 

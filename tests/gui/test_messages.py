@@ -2,27 +2,31 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from engine.contract import config as config_mod
 from engine.contract import events
+from engine.contract.run_folder import RunFolder
 from tests.gui.conftest import PRESETS
 
 
 def test_run_messages_and_warnings_of_an_opened_run(window: Any, tmp_path: Path) -> None:
-    folder = tmp_path / "run"
-    folder.mkdir()
-    config_mod.save(config_mod.load(PRESETS / "data-2workers.yaml"), folder / "config.yaml")
+    run = RunFolder(tmp_path / "run")
+    folder = run.path
+    folder.mkdir(parents=True, exist_ok=True)
+    run.write_config(config_mod.load(PRESETS / "data-2workers.yaml"))
     lines = [
         events.make("info", "launcher", message="multi-host cluster: ports are exposed", warning="ports-exposed"),
         events.make("info", "worker:0", message="MultiWorkerMirroredStrategy: 2 replicas in sync"),
         events.make("step", "worker:0", replica=0, step=1, loss=2.0),
         events.make("run", "launcher", state="finished"),
     ]
-    (folder / "events.jsonl").write_text("".join(events.encode(e) for e in lines), encoding="utf-8")
-    (folder / "run.json").write_text(json.dumps({"state": "finished"}), encoding="utf-8")
+    writer = events.EventWriter(run.events)
+    for event in lines:
+        writer.write(event)
+    writer.close()
+    run.write_meta(state="finished")
     assert window.open_run_folder(folder)
     texts = window.messages.texts()
     assert len(texts) == 2

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import json
 import math
 from pathlib import Path
 from typing import Any
@@ -15,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog
 
 from engine.contract import config as cfg
 from engine.contract import events
+from engine.contract.run_folder import RunFolder
 
 NOISE = [
     "WARNING: All log messages before absl::InitializeLog() is called are written to STDERR",
@@ -25,12 +25,12 @@ NOISE = [
 def make_run_folder(root: Path, name: str, steps: int = 120, loss_scale: float = 1.0, state: str = "finished",
                     t0: float = 1_800_000_000.0) -> Path:
     """A run folder as the launcher leaves it: config.yaml, events.jsonl, run.json, task logs."""
-    folder = root / name
-    (folder / "tasks" / "worker-0").mkdir(parents=True)
-    (folder / "tasks" / "worker-1").mkdir(parents=True)
+    run = RunFolder(root / name)
+    folder = run.path
+    folder.mkdir(parents=True)
     config = cfg.replace(cfg.default_config(), name=name)
-    cfg.save(config, folder / "config.yaml")
-    writer = events.EventWriter(folder / "events.jsonl")
+    run.write_config(config)
+    writer = events.EventWriter(run.events)
 
     def put(kind: str, task: str, t: float, **fields: Any) -> None:
         event = events.make(kind, task, **fields)
@@ -54,10 +54,12 @@ def make_run_folder(root: Path, name: str, steps: int = 120, loss_scale: float =
         put("status", f"worker:{r}", t0 + 6, state="finished", pid=1000 + r, steps=steps)
     put("run", "launcher", t0 + 6.1, state=state, reason="")
     writer.close()
-    (folder / "run.json").write_text(json.dumps({"name": name, "state": state}), encoding="utf-8")
+    run.write_meta(name=name, state=state)
     for r in (0, 1):
         lines = [f"--- starting worker:{r}", *NOISE, f"worker:{r} training step 10 loss 1.23", "checkpoint saved"]
-        (folder / "tasks" / f"worker-{r}" / "log.txt").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        log = run.task_log(f"worker:{r}")
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text("\n".join(lines) + "\n", encoding="utf-8")
     return folder
 
 
@@ -147,11 +149,11 @@ def test_logs_fold_tensorflow_noise_and_filter(qtbot: Any, window: Any, tmp_path
     logs.task.setCurrentText("worker:1")
     assert "worker:1 training step" in logs.text.toPlainText()
     # a log that grows is followed incrementally (a run still going is polled by the timer)
-    with open(folder / "tasks" / "worker-1" / "log.txt", "a", encoding="utf-8") as fh:
+    with open(RunFolder(folder).task_log("worker:1"), "a", encoding="utf-8") as fh:
         fh.write("a new line\npartial")
     logs.poll()
     assert logs.text.toPlainText().endswith("a new line")
-    with open(folder / "tasks" / "worker-1" / "log.txt", "a", encoding="utf-8") as fh:
+    with open(RunFolder(folder).task_log("worker:1"), "a", encoding="utf-8") as fh:
         fh.write(" line done\n")
     logs.poll()
     assert logs.text.toPlainText().endswith("partial line done")
