@@ -11,6 +11,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from engine.contract import config as config_mod
 from engine.contract.config import RunConfig
@@ -54,8 +55,21 @@ def check(config: RunConfig) -> list[dict[str, str]]:
     replicas = max(1, config.num_replicas())
     global_batch = config.training.global_batch_size
     per_replica = global_batch // replicas if global_batch % replicas == 0 else global_batch
-    context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
-                                         num_replicas_in_sync=replicas)
+    mode = config.parallelism.mode
+    context: Any = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                              num_replicas_in_sync=replicas)
+    if mode == "model":  # the model-parallel runtime reads whole global batches (no input context)
+        context, per_replica = None, global_batch
+    elif mode == "async" and data_script:
+        # the async runtime traces the dataset function once, with the worker's index as a tensor
+        try:
+            with tf.Graph().as_default():
+                index = tf.compat.v1.placeholder_with_default(tf.constant(0, tf.int64), [])
+                data_mod.make_dataset(config, tf.distribute.InputContext(replicas, index, replicas))
+        except BaseException as exc:  # noqa: BLE001
+            return failed("data.path", "make_dataset(input_context, config) with the worker index as a tensor "
+                                       "(parallelism 'async': input_context.input_pipeline_id is a tensor known "
+                                       "only on the worker)", exc)
     keras.utils.set_random_seed(config.training.seed)
     try:
         model = models.build_model(config)
