@@ -26,6 +26,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="clusterdeck gui", description="Open the ClusterDeck desktop app.")
     parser.add_argument("preset", nargs="?", help="a YAML preset (or a bundled preset's name) or a run folder to open")
     parser.add_argument("--run", action="store_true", help="start the preset at once")
+    parser.add_argument("--run-folder", dest="run_folder", default=None, help="a run folder to open")
     return parser.parse_args(list(argv))
 
 
@@ -39,6 +40,7 @@ def application() -> QApplication:
     app.setApplicationName(APPLICATION)
     app.setApplicationDisplayName("ClusterDeck")
     app.setWindowIcon(app_icon())
+    app.setDesktopFileName("clusterdeck")  # matches resources/clusterdeck.desktop
     return app
 
 
@@ -52,7 +54,9 @@ def create_window(argv: Sequence[str] = ()) -> MainWindow:
     runs_root = Path(str(stored)) if stored and not os.environ.get(RUNS_ENV) else None
     window = MainWindow(Controller(runs_root=runs_root))
     window.show()
-    if args.preset:
+    if args.run_folder:
+        window.open_run_folder(args.run_folder)
+    elif args.preset:
         target = args.preset
         if not Path(target).exists():
             target = str(resolve_preset(target))

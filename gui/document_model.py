@@ -15,8 +15,8 @@ from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
 from engine.contract import config as cfg
+from engine.contract import presets
 from engine.contract.config import ConfigError, Problem, RunConfig
-from engine.contract.presets import presets_dir
 from engine.control.launcher import launch_problems
 from gui import document as doc_ops
 from gui.document import Document
@@ -35,16 +35,6 @@ def problem_target(problem: Problem) -> Selection:
     if m.group(2) is not None:
         return ("task", int(m.group(1)), int(m.group(2)))
     return ("host", int(m.group(1)))
-
-
-def is_bundled(path: Path | None) -> bool:
-    """A preset shipped with ClusterDeck (opened read-only: Save becomes Save As)."""
-    if path is None:
-        return False
-    try:
-        return Path(path).resolve().parent == presets_dir().resolve()
-    except OSError:
-        return False
 
 
 class DocumentCommand(QUndoCommand):
@@ -119,7 +109,7 @@ class DocumentModel(QObject):
     @property
     def read_only(self) -> bool:
         """The file is a bundled preset: saving goes to a new file."""
-        return is_bundled(self._path)
+        return self._path is not None and presets.is_bundled(self._path)
 
     @property
     def is_modified(self) -> bool:
@@ -268,7 +258,7 @@ class DocumentModel(QObject):
         target = Path(path) if path is not None else self._path
         if target is None:
             raise ValueError("path: expected a file name for a document never saved, got None")
-        if is_bundled(target):
+        if presets.is_bundled(target):
             raise ConfigError([Problem("", "is a preset shipped with ClusterDeck and is never overwritten; "
                                            "expected a path outside the bundled presets folder")], str(target))
         try:

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.contract import presets, resources
 from engine.contract.config import ROLES, ConfigError, Problem
 from engine.contract.presets import presets_dir
 from engine.contract.run_folder import RunFolder
@@ -55,7 +56,6 @@ from gui.task_table import TaskTable
 ORGANIZATION = "ClusterDeck"
 APPLICATION = "ClusterDeck"
 MAX_RECENT = 8
-RESOURCES = Path(__file__).resolve().parent.parent / "resources"
 YAML_FILTER = "ClusterDeck presets (*.yaml *.yml);;All files (*)"
 #: Share of the central splitter the cluster gets: large while designing, a compact status view
 #: while a run is watched (the plots get the room); the user's own sizes per layout are remembered.
@@ -65,24 +65,6 @@ LAYOUT_SHARES = {"design": 0.58, "watch": 0.34}
 def app_settings() -> QSettings:
     """The app's settings (an INI file under the user's config folder; tests point it elsewhere)."""
     return QSettings(QSettings.Format.IniFormat, QSettings.Scope.UserScope, ORGANIZATION, APPLICATION)
-
-
-def preset_description(path: Path) -> str:
-    """What a preset is, in words: its ``description:`` field, else its opening comment lines."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except OSError:
-        return ""
-    comments: list[str] = []
-    for line in text.splitlines():
-        stripped = line.strip()
-        if stripped.startswith("description:"):
-            return stripped.split(":", 1)[1].strip().strip("'\"")
-        if stripped.startswith("#"):
-            comments.append(stripped.lstrip("#").strip())
-        elif stripped and comments:
-            break
-    return " ".join(comments)
 
 
 def first_sentence(text: str, limit: int = 70) -> str:
@@ -97,8 +79,11 @@ def screen_fit_size(wanted: QSize, available: QSize) -> QSize:
 
 
 def app_icon() -> QIcon:
-    path = RESOURCES / "icons" / "clusterdeck.svg"
-    return QIcon(str(path)) if path.exists() else QIcon()
+    """The app's icon in every shipped size (read through importlib.resources: any install layout)."""
+    icon = QIcon()
+    for path in resources.icon_paths():
+        icon.addFile(str(path))
+    return icon
 
 
 class MainWindow(QMainWindow):
@@ -629,7 +614,7 @@ class MainWindow(QMainWindow):
     def _fill_presets(self) -> None:
         self.presets_menu.clear()
         for p in sorted(presets_dir().glob("*.yaml")):
-            about = preset_description(p)
+            about = presets.description(p)
             a = self.presets_menu.addAction(f"{p.stem} — {first_sentence(about)}" if about else p.stem)
             a.setToolTip(f"{about}\n(opens read-only: Save asks for a new file)" if about else str(p))
             a.setStatusTip(about)

@@ -14,7 +14,8 @@ from gui.launch_checks import LaunchChecks
 from gui.run_session import RunSession
 
 STATE_TEXT = {
-    "pending": "Ready",
+    "ready": "Ready",
+    "pending": "Queued",
     "checking": "Checking…",
     "starting": "Starting…",
     "running": "Running",
@@ -105,10 +106,10 @@ class RunStatus(QWidget):
         elif session.is_stopping:
             state = "stopping"
         elif not session.shows_run:
-            state = "pending"
+            state = "ready"
         else:
             state = s.state
-        color = theme.STATE_COLORS.get(state, "#888888")
+        color = theme.STATE_COLORS.get("queued" if state == "pending" else state, "#888888")
         self.badge.setText(STATE_TEXT.get(state, state.capitalize()))
         self.badge.setStyleSheet(f"QLabel {{ color: white; background: {color}; border-radius: 4px; "
                                  "padding: 2px 8px; font-weight: bold; }")
@@ -147,10 +148,13 @@ class RunStatus(QWidget):
             parts.append(f"at step {s.step}" + (f" — {s.reason}" if s.reason else ""))
         elif state == "interrupted":
             parts.append(f"at step {s.step} — its launcher ended without finishing it")
-        elif state == "pending":
+        elif state == "pending":  # a scheduler (Slurm) holds the run in its queue
+            parts.append(f"waiting in the scheduler's queue — {s.reason}" if s.reason else
+                         "waiting in the scheduler's queue")
+        elif state == "ready":
             n = len(self.document.problems)
             parts.append(f"{n} problem{'s' if n > 1 else ''} — fix them to run" if n else "press Run (F5) to launch")
-        if session.run_dir is not None and state != "pending":
+        if session.run_dir is not None and state != "ready":
             parts.append(f"[{session.run_dir.name}]")
         self.detail.setText(" · ".join(parts))
         self.setToolTip(self.text())

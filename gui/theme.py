@@ -17,6 +17,8 @@ ROLE_COLORS: dict[str, str] = {
 #: Colour of a task's run state (chip ring, task table, status text).
 STATE_COLORS: dict[str, str] = {
     "pending": "#8a8f98",
+    "queued": "#b08a2e",
+    "ready": "#8a8f98",
     "starting": "#d9a400",
     "restarting": "#d9a400",
     "running": "#2ea043",

@@ -260,3 +260,31 @@ def test_runs_folder_can_be_changed(qtbot: Any, window: Any, tmp_path: Path) -> 
     assert window.choose_runs_folder(tmp_path / "elsewhere")
     assert window.controller.runs_root == tmp_path / "elsewhere"
     assert str(tmp_path / "elsewhere") in window.path_label.text()
+
+
+def test_a_run_held_in_the_scheduler_queue_says_so_with_the_reason(qtbot: Any, window: Any) -> None:
+    class Replay:
+        def __init__(self) -> None:
+            self.listeners: list[Any] = []
+            self.done = False
+
+        def add_listener(self, fn: Any) -> None:
+            self.listeners.append(fn)
+
+        def stop(self, reason: str = "", wait: bool = True) -> None:
+            self.done = True
+
+        def pids(self) -> list[int]:
+            return []
+
+    c = window.controller
+    assert window.run_status.badge.text() == "Ready"
+    run = Replay()
+    c.session.watch(run, c.config)
+    for fn in run.listeners:
+        fn(events.make("run", "launcher", state="pending", job_id="17", reason="PartitionDown",
+                       message="Slurm job 17 is pending (PartitionDown): the partition is down"))
+    qtbot.waitUntil(lambda: window.run_status.badge.text() == "Queued")
+    assert "PartitionDown" in window.run_status.text()
+    run.done = True
+    qtbot.waitUntil(lambda: c.run is None)
