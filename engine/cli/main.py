@@ -345,7 +345,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     try:
         cfg = load_preset(args.preset)
         paths = export.write_export(cfg, args.out, image=args.image, python=args.python,
-                                    workdir=args.workdir, namespace=args.namespace)
+                                    workdir=args.workdir, namespace=args.namespace, pvc=args.pvc,
+                                    pvc_size=args.pvc_size)
     except ConfigError as exc:
         print(f"clusterdeck: {exc}", file=sys.stderr)
         return 2
@@ -490,6 +491,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--namespace", default="default", help="Kubernetes namespace of the TFJob")
     p.add_argument("--python", default="python3", help="python on the hosts (a host's own python setting wins)")
     p.add_argument("--workdir", default=None, help="ClusterDeck folder on the hosts (default: where the script starts)")
+    p.add_argument("--pvc", default="", help="Kubernetes: a PersistentVolumeClaim holding the run folder in every replica")
+    p.add_argument("--pvc-size", default="", help="Kubernetes: also write pvc.yaml creating the claim with this size "
+                                                   "(e.g. 20Gi)")
     p.set_defaults(func=cmd_export)
     from engine.cli.scaling_report import add_arguments as scaling_arguments
 

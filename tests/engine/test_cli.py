@@ -350,3 +350,20 @@ def test_a_signal_stops_a_started_run_like_stop(tmp_path: Path, signum: int, gro
     meta = json.loads((Path(summary["run_dir"]) / "run.json").read_text(encoding="utf-8"))
     assert meta["state"] == "stopped"
     assert wait_no_tagged(tag, 10) == []
+
+
+def test_export_puts_the_run_folder_on_the_named_claim(tmp_path: Path) -> None:
+    import yaml
+
+    out = cli(tmp_path, "export", "async-1ps", "--out", str(tmp_path / "exp"), "--image", "reg/clusterdeck:1",
+              "--pvc", "runs-claim", "--pvc-size", "5Gi")
+    assert out.returncode == 0, out.stderr
+    job = yaml.safe_load((tmp_path / "exp" / "tfjob.yaml").read_text())
+    specs = job["spec"]["tfReplicaSpecs"]
+    for spec in specs.values():
+        claims = [v["persistentVolumeClaim"]["claimName"] for v in spec["template"]["spec"]["volumes"]
+                  if "persistentVolumeClaim" in v]
+        assert claims == ["runs-claim"]
+    pvc = yaml.safe_load((tmp_path / "exp" / "pvc.yaml").read_text())
+    assert pvc["metadata"]["name"] == "runs-claim"
+    assert pvc["spec"]["resources"]["requests"]["storage"] == "5Gi"
