@@ -239,7 +239,7 @@ def train_step(x, y):
         loss = tf.reduce_mean(per_example)
     grads = tape.gradient(loss, params)
     for p, g in zip(params, grads):
-        p.assign(p.read_value() - LR * g)
+        p.assign(p.read_value() - LR * dtensor.relayout(g, p.layout))  # gradients in their variable's layout
     return loss
 
 

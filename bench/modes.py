@@ -138,9 +138,9 @@ def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
             cmd = ["sh", "launch_async.sh", steps, *(str(free_port()) for _ in range(4))]
         else:
             cmd = [sys.executable, "dtensor_loop.py", steps]
-        proc = subprocess.run(cmd, cwd=work, env=env, capture_output=True, timeout=900)
-        if proc.returncode != 0 or not summary.exists():
-            raise SystemExit(f"bare {mode} loop failed ({proc.returncode}): {proc.stderr.decode()[-3000:]}")
+        done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, timeout=900)
+        if done.returncode != 0 or not summary.exists():
+            raise SystemExit(f"bare {mode} loop failed ({done.returncode}): {done.stderr.decode()[-3000:]}")
         return float(json.loads(summary.read_text())["window_examples_per_sec"])
     finally:
         shutil.rmtree(work, ignore_errors=True)
