@@ -212,3 +212,59 @@ def test_sharded_embedding_is_split_over_two_ps_and_learns(runs_root: Path) -> N
     late = sum(e["loss"] for e in steps[-4:]) / 4
     assert late < 0.7 * early, f"the loss did not fall: {early:.3f} -> {late:.3f}"
     assert_nothing_left(rec.pids())
+
+
+# --------------------------------------------------------------------------- the user's model and data
+
+#: "learned": the mean loss of the last 20 step reports is below this fraction of the first 20's
+LEARNED_RATIO = 0.6
+
+
+def assert_learned(steps: list[dict[str, Any]]) -> tuple[float, float]:
+    losses = [e["loss"] for e in steps]
+    assert len(losses) >= 40, f"only {len(losses)} step reports"
+    first, last = sum(losses[:20]) / 20, sum(losses[-20:]) / 20
+    assert last < LEARNED_RATIO * first, f"the loss did not fall enough: {first:.3f} -> {last:.3f}"
+    return first, last
+
+
+def test_user_script_model_and_data_train_asynchronously(runs_root: Path) -> None:
+    config = config_mod.load(PRESETS / "async-user-script.yaml")
+    config = config_mod.replace(config, training=config_mod.replace(config.training, steps=200, metrics_hz=1e6,
+                                                                    checkpoint_every=100))
+    run, rec = launch(config, runs_root)
+    assert run.wait(RUN_TIMEOUT) == "finished", run.state.reason
+    steps = rec.of("step")
+    assert workers_seen(steps) == {0, 1}, "both workers read their shard of the script's data"
+    assert sum(e["steps"] for e in steps) == 200
+    assert_learned(steps)
+    # the script's model trains on the ps: Adam's slots are placed there with the weights
+    (placement,) = rec.of("placement")
+    names = [v["name"] for v in placement["variables"]]
+    assert any("adam" in n.lower() or "momentum" in n.lower() for n in names), names
+    assert {v["task"] for v in placement["variables"]} == {"ps:0"}
+    assert (run.run_dir / "checkpoints" / "ckpt-200.index").exists()
+    assert_nothing_left(rec.pids())
+
+
+def test_npz_file_trains_asynchronously_each_worker_on_its_shard(tmp_path: Path, runs_root: Path) -> None:
+    import numpy as np
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2048, 20)).astype(np.float32)
+    y = np.argmax(x @ rng.standard_normal((20, 4)), axis=1).astype(np.int64)
+    np.savez(tmp_path / "task.npz", x=x, y=y)
+    config = preset(steps=200, checkpoint_every=0, restarts=0, metrics_hz=1e6, optimizer="rmsprop",
+                    learning_rate=0.003, global_batch_size=64)
+    config = config_mod.replace(
+        config, data=config_mod.replace(config.data, source="npz", path=str(tmp_path / "task.npz"), shape=(20,),
+                                        classes=4, size=2048),
+        model=config_mod.replace(config.model, hidden=(32,)))
+    run, rec = launch(config, runs_root)
+    assert run.wait(RUN_TIMEOUT) == "finished", run.state.reason
+    steps = rec.of("step")
+    assert workers_seen(steps) == {0, 1}
+    assert_learned(steps)
+    # the examples went to the workers as files in the run folder, removed at the end
+    assert not (run.run_dir / "scratch" / "examples").exists()
+    assert_nothing_left(rec.pids())

@@ -239,6 +239,18 @@ def test_script_model_trains_on_the_shipped_digits(tmp_path: Path, runs_root: Pa
     _run(cfg, runs_root)
 
 
+@pytest.mark.cluster
+def test_model_parallelism_reads_the_scripts_make_dataset(runs_root: Path) -> None:
+    host = Host(name="local", gpus=4, tasks=(Task("worker", 0),))
+    cfg = replace(script_config(data_script=EXAMPLE, steps=60, size=4096), cluster=Cluster(hosts=(host,)),
+                  parallelism=config_mod.Parallelism(mode="model", mesh_batch=2, mesh_model=2))
+    steps = _run(cfg, runs_root)
+    assert {e["replica"] for e in steps} == {0, 1}
+    losses = [e["loss"] for e in steps]
+    # "learned": the last 10 reports' mean loss is below 0.6 x the first 10's
+    assert sum(losses[-10:]) < 0.6 * sum(losses[:10]), (losses[:10], losses[-10:])
+
+
 def test_launcher_refuses_a_broken_script_before_any_process_starts(tmp_path: Path, runs_root: Path) -> None:
     path = write(tmp_path, "broken.py", "def build_model(config)\n    return None\n")
     run = Run(script_config(path), runs_root=runs_root)
