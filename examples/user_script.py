@@ -1,4 +1,4 @@
-"""A user's own model and data for ClusterDeck (see presets/data-user-script.yaml).
+"""A user's own model and data for ClusterDeck (presets/data-user-script.yaml, presets/async-user-script.yaml).
 
 ClusterDeck imports this file only in runs whose config names it:
 
@@ -26,7 +26,15 @@ def build_model(config):
 
 
 def make_dataset(input_context, config):
-    """(x, y) batches of the per-replica size, this input pipeline's shard of the examples."""
+    """(x, y) batches of the per-replica size, this input pipeline's shard of the examples.
+
+    ``input_context`` says how many input pipelines read (``num_input_pipelines``), which one this is
+    (``input_pipeline_id``) and the per-replica batch (``get_per_replica_batch_size``). In async mode
+    (parameter servers) this function is traced once, on the chief, and runs on every worker:
+    ``input_pipeline_id`` is then a scalar int64 tensor known only on the worker, which ``ds.shard``
+    takes as it is (keep it out of Python and numpy code). ``None`` in model parallelism: whole
+    global batches.
+    """
     d = config.data
     rng = np.random.default_rng(config.training.seed)
     x = rng.standard_normal((d.size, *d.shape)).astype("float32")

@@ -7,7 +7,11 @@ A script may define:
 - ``make_dataset(input_context, config) -> tf.data.Dataset`` (used with ``data: {source: script,
   path: PATH}``): ``(x, y)`` batches of ``input_context.get_per_replica_batch_size(global_batch_size)``
   examples, sharded with ``input_context.num_input_pipelines``/``input_pipeline_id``; with
-  ``input_context=None``, whole global batches. ClusterDeck repeats it, so it may end.
+  ``input_context=None`` (model parallelism), whole global batches. ClusterDeck repeats it, so it
+  may end. In async mode (ParameterServerStrategy) it is traced once on the chief and run on every
+  worker: ``num_input_pipelines`` is the number of workers and ``input_pipeline_id`` a scalar int64
+  tensor known only on the worker (use it in ``ds.shard`` or TensorFlow ops, not Python or numpy);
+  whatever the function builds from numpy arrays travels to the workers inside it.
 - ``loss(y_true, y_pred)`` (with model ``script``): per-example losses, or a scalar mean, or a
   ``keras.losses.Loss``; the default is sparse categorical cross-entropy on logits.
 
