@@ -87,12 +87,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _StopOnSignal() as stopper:  # Ctrl-C, SIGTERM, SIGHUP: end the command before the start, stop the run after
         from engine.control.launcher import Run, launch_problems
         from engine.control.memory import tune_allocator
+        from engine.control.preflight import warnings as preflight_warnings
 
         tune_allocator()  # this process keeps the run's history: see engine.control.memory
         problems = launch_problems(cfg, deep=True)  # the data files and the user's script (a subprocess)
         if problems:
             report(ConfigError(problems, cfg.name))
             return 2
+        _warn(preflight_warnings(cfg), args.json)
         run = Run(cfg, runs_root=runs_root, checked=True)
         try:
             code = _run_json(run, stopper) if args.json else _run_pretty(run, stopper)
@@ -104,6 +106,16 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                f"{exc.strerror or exc}")]))
             return 2
     return code
+
+
+def _warn(problems: list[Problem], as_json: bool) -> None:
+    """What the launch says but does not refuse (e.g. more local tasks than CPUs), on stderr."""
+    for p in problems:
+        if as_json:
+            print(json.dumps({"kind": "warning", "field": p.field, "message": p.message}), flush=True)
+        else:
+            print(f"clusterdeck: warning: {p.field}: {p.message}" if p.field else f"clusterdeck: warning: {p.message}",
+                  file=sys.stderr)
 
 
 def _runs_root(out: str | None) -> tuple[Path, str]:
@@ -298,6 +310,7 @@ def _print_summary(console: Any, run: Any) -> None:
 def cmd_validate(args: argparse.Namespace) -> int:
     """Each preset's config rules and its data files (not the user's script: that needs TensorFlow)."""
     from engine.control.preflight import preflight
+    from engine.control.preflight import warnings as preflight_warnings
 
     code = 0
     for preset in args.presets:
@@ -310,6 +323,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
             print(str(exc), file=sys.stderr)
             code = 2
             continue
+        _warn(preflight_warnings(cfg), False)
         print(f"{preset}: ok ({cfg.parallelism.mode}, {_count(len(cfg.cluster.tasks()), 'task')}, "
               f"{_count(cfg.num_replicas(), 'replica')}, {_count(cfg.total_steps(), 'step')})")
     return code

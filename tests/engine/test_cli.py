@@ -367,3 +367,22 @@ def test_export_puts_the_run_folder_on_the_named_claim(tmp_path: Path) -> None:
     pvc = yaml.safe_load((tmp_path / "exp" / "pvc.yaml").read_text())
     assert pvc["metadata"]["name"] == "runs-claim"
     assert pvc["spec"]["resources"]["requests"]["storage"] == "5Gi"
+
+
+def test_validate_says_when_local_tasks_outnumber_the_cpus_but_accepts_the_preset(tmp_path: Path) -> None:
+    import os
+
+    import yaml
+
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    workers = cpus + 1
+    preset = tmp_path / "crowded.yaml"
+    preset.write_text(yaml.safe_dump({
+        "name": "crowded",
+        "cluster": {"hosts": [{"name": "local", "address": "localhost",
+                               "tasks": [{"role": "worker", "index": i} for i in range(workers)]}]},
+        "training": {"global_batch_size": 16 * workers, "steps": 5},
+    }))
+    out = cli(tmp_path, "validate", str(preset))
+    assert out.returncode == 0, out.stderr
+    assert "warning" in out.stderr and f"{workers} tasks share this machine" in out.stderr
