@@ -247,6 +247,9 @@ class Training:
     checkpoint_every: int = 0  # steps; 0 = only at the end
     restarts: int = 0
     metrics_hz: float = 20.0  # at most this many step events per replica per second
+    # a run with no step for this long fails naming the task that hangs (async: the worker is
+    # restarted); the first step gets 3x as long; 0 = never
+    progress_timeout_s: float = 60.0
     # run even where the local tasks outnumber this machine's CPUs many times over (see engine.control.machine_fit)
     allow_oversubscribe: bool = False
 
@@ -682,10 +685,11 @@ def _parse_training(r: _Reader) -> Training:
         checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0, maximum=MAX_STEPS),
         restarts=r.int("restarts", d.restarts, minimum=0, maximum=100),
         metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
+        progress_timeout_s=r.float("progress_timeout_s", d.progress_timeout_s, minimum=0),
         allow_oversubscribe=_parse_flag(r, "allow_oversubscribe", d.allow_oversubscribe),
     )
     r.finish(("global_batch_size", "steps", "epochs", "optimizer", "learning_rate", "seed",
-              "checkpoint_every", "restarts", "metrics_hz"))
+              "checkpoint_every", "restarts", "metrics_hz", "progress_timeout_s"))
     return training
 
 
@@ -731,6 +735,8 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         "restarts": t.restarts,
         "metrics_hz": t.metrics_hz,
     }
+    if t.progress_timeout_s != Training.progress_timeout_s:
+        training["progress_timeout_s"] = t.progress_timeout_s
     if t.allow_oversubscribe:
         training["allow_oversubscribe"] = True
     if t.steps is not None:
