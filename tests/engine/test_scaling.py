@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from engine.cli import scaling_report
 from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.config import Cluster, ConfigError, Host, RunConfig, Task, replace
@@ -253,7 +254,7 @@ def test_a_tiny_real_report_gives_csv_and_png(runs_root: Path, tmp_path: Path) -
     assert tuple(rows[0]) == scaling.CSV_COLUMNS and [r["workers"] for r in rows] == ["1", "2"]
     tp = [float(r["examples_per_sec"]) for r in rows]
     assert math.isclose(float(rows[1]["efficiency"]), tp[1] / (2 * tp[0]), rel_tol=1e-3)
-    png = scaling.render_png(path, tmp_path / "scaling.png")
+    png = scaling_report.render_png(path, tmp_path / "scaling.png")
     assert png.stat().st_size > 5000 and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     width, height = int.from_bytes(png.read_bytes()[16:20], "big"), int.from_bytes(png.read_bytes()[20:24], "big")
     assert (width, height) == (1200, 560)
@@ -263,7 +264,7 @@ def test_the_plot_renderer_subprocess_reports_a_bad_file(tmp_path: Path) -> None
     bad = tmp_path / "bad.csv"
     bad.write_text("nothing,here\n")
     with pytest.raises(RuntimeError, match="not a scaling report"):
-        scaling.render_png(bad, tmp_path / "x.png")
+        scaling_report.render_png(bad, tmp_path / "x.png")
     out = subprocess.run([sys.executable, "-c", "import engine.control.scaling, sys; "
                           "print(any(m.split('.')[0] in ('PySide6', 'pyqtgraph', 'tensorflow') for m in sys.modules))"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
@@ -282,13 +283,13 @@ def test_the_command_writes_csv_and_png_and_prints_a_table(tmp_path: Path, monke
     monkeypatch.setattr(engine.control.launcher, "Run", FakeRun)
     monkeypatch.setenv("COLUMNS", "200")
     parser = argparse.ArgumentParser()
-    scaling.add_arguments(parser)
+    scaling_report.add_arguments(parser)
     args = parser.parse_args(["data-2workers", "--workers", "1,2", "--steps", "30", "--out", str(tmp_path / "runs"),
                               "--report", str(tmp_path / "report")])
-    assert scaling.command(args) == 0
+    assert scaling_report.command(args) == 0
     out = capsys.readouterr().out
     assert "efficiency" in out and "71%" in out and "scaling.csv" in out
     assert [p.workers for p in scaling.read_csv(tmp_path / "report" / "scaling.csv").points] == [1, 2]
     assert (tmp_path / "report" / "scaling.png").stat().st_size > 5000
     bad = parser.parse_args(["data-2workers", "--workers", "0"])
-    assert scaling.command(bad) == 2 and "workers: expected" in capsys.readouterr().err
+    assert scaling_report.command(bad) == 2 and "workers: expected" in capsys.readouterr().err
