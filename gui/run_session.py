@@ -183,7 +183,10 @@ class RunSession(QObject):
         if s.state == "finished":
             return f"Run finished: {s.step} steps"
         if s.state == "failed":
-            return f"Run failed: {s.reason}"
+            # the launcher's reason leaves the task out (it is in failed_task); older run folders include it
+            task = s.failed_task or ""
+            reason = s.reason.removeprefix(f"{task}: ") if task else s.reason
+            return f"Run failed: {task}: {reason}" if task else f"Run failed: {reason}"
         return f"Run {s.state}" + (f": {s.reason}" if s.reason else "")
 
     # ------------------------------------------------------------------ run folders

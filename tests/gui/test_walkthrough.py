@@ -288,3 +288,10 @@ def test_a_run_held_in_the_scheduler_queue_says_so_with_the_reason(qtbot: Any, w
     assert "PartitionDown" in window.run_status.text()
     run.done = True
     qtbot.waitUntil(lambda: c.run is None)
+
+
+@pytest.mark.parametrize("reason", ["killed by SIGKILL", "worker:1: killed by SIGKILL"])
+def test_the_end_message_names_the_failed_task_once(window: Any, reason: str) -> None:
+    session = window.controller.session
+    session.state.apply(events.make("run", "launcher", state="failed", failed_task="worker:1", reason=reason))
+    assert session.end_message() == "Run failed: worker:1: killed by SIGKILL"
