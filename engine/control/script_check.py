@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import uuid
 from pathlib import Path
+
+import psutil
 
 from engine.contract import config as config_mod
 from engine.contract.config import Problem, RunConfig
@@ -21,6 +25,8 @@ from engine.contract.task_logs import is_noise
 
 #: Seconds the check may take: importing TensorFlow alone takes 3 to 9 s on a busy machine.
 DEFAULT_TIMEOUT_S = 120.0
+#: Environment variable marking the processes of one check.
+CHECK_ENV = "CLUSTERDECK_SCRIPT_CHECK"
 
 
 def uses_script(config: RunConfig) -> bool:
@@ -48,22 +54,46 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         env["CUDA_VISIBLE_DEVICES"] = ""  # a check needs no GPU, and must not hold one a run wants
+        token = f"{os.getpid()}-{uuid.uuid4().hex}"
+        env[CHECK_ENV] = token  # marks every process of the check, also children that leave its session
         cmd = [python or sys.executable, "-m", "engine.runtime.script_checker", "--check", str(cfg_path),
                "--out", str(out_path)]
+        log_path = Path(tmp) / "check.log"
+        # output to a file, not a pipe: a child of the script holding the pipe open must not keep us waiting
+        with open(log_path, "wb") as log:
+            proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                    start_new_session=True)
         try:
-            proc = subprocess.run(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, capture_output=True,
-                                  timeout=limit, start_new_session=True)
+            proc.wait(timeout=limit)
         except subprocess.TimeoutExpired:
             return [Problem(scripts[0][0], f"{named!r}: the check of the script did not finish within "
                                            f"{limit:g} s (importing it, building the model or the first batch)")]
+        finally:
+            _end_every_process(proc, token)
         try:
             result = json.loads(out_path.read_text(encoding="utf-8"))
             raw = result["problems"]
             return [Problem(str(p["field"]), str(p["message"])) for p in raw]
         except (OSError, ValueError, KeyError, TypeError):
-            tail = _tail(proc.stderr.decode("utf-8", "replace"))
+            tail = _tail(log_path.read_bytes().decode("utf-8", "replace"))
             return [Problem(scripts[0][0], f"{named!r}: the check of the script ended with exit code "
                                            f"{proc.returncode} and no answer" + (f":\n{tail}" if tail else ""))]
+
+
+def _end_every_process(proc: subprocess.Popen[bytes], token: str) -> None:
+    """Kill the check and everything the user's script started (its process group, and any process that
+    carries the check's token in its environment after leaving the group)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+    for other in psutil.process_iter():
+        try:
+            if other.pid != os.getpid() and other.environ().get(CHECK_ENV) == token:
+                other.kill()
+        except psutil.Error:
+            continue
 
 
 def _absolute(config: RunConfig) -> RunConfig:
