@@ -36,16 +36,20 @@ def loopback_up() -> None:
 
 @functools.lru_cache(maxsize=1)
 def available() -> tuple[bool, str]:
-    """(True, "") where ``unshare -rn`` works for this user; else (False, why)."""
+    """(True, "") where ``unshare -rn`` works for this user; else (False, why). Asked once per process.
+
+    The probe runs ``unshare -rn true`` (a few milliseconds; no interpreter starts): a user allowed a
+    user and network namespace of their own is also root inside it, so bringing its loopback up
+    (:func:`loopback_up`, done by whatever :func:`wrap` starts) needs nothing more.
+    """
     if not sys.platform.startswith("linux"):
         return False, "network namespaces exist only on Linux"
     tool = shutil.which("unshare")
     if tool is None:
         return False, "the 'unshare' command (util-linux) is not installed"
+    true = shutil.which("true") or "/bin/true"
     try:
-        probe = subprocess.run([tool, "-rn", sys.executable, "-m", "engine.control.netns", sys.executable, "-c", "pass"],
-                               capture_output=True, text=True, timeout=20,
-                               env=dict(os.environ, PYTHONPATH=_root_on_path()))
+        probe = subprocess.run([tool, "-rn", true], capture_output=True, text=True, timeout=20)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return False, f"unshare failed: {exc}"
     if probe.returncode != 0:
@@ -58,12 +62,6 @@ def wrap(cmd: list[str]) -> list[str]:
     """``cmd`` run inside a fresh private network namespace with its loopback up."""
     tool = shutil.which("unshare") or "unshare"
     return [tool, "-rn", sys.executable, "-m", "engine.control.netns", *cmd]
-
-
-def _root_on_path() -> str:
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    rest = os.environ.get("PYTHONPATH", "")
-    return root + (os.pathsep + rest if rest else "")
 
 
 def main() -> None:
