@@ -219,8 +219,8 @@ def settings_text(bench: Bench) -> list[str]:
         "",
         "| | hand-written launch | `clusterdeck run` |",
         "| --- | --- | --- |",
-        "| processes | `sh` + one `python` per task | the CLI, `unshare -rn` + a namespace helper that execs the "
-        "supervisor (where user namespaces are allowed), one `python -m engine.runtime.task` per task |",
+        "| processes | `sh` + one `python` per task | the CLI, the supervisor started by `unshare -rn` in a "
+        "private network namespace (where user namespaces are allowed; it brings the loopback up itself), one `python -m engine.runtime.task` per task |",
         "| reporting | none (one line printed at the end) | a `step` event per replica at most "
         f"{t.metrics_hz:g} Hz (each report fetches the replicas' losses: a sync of the loop); a `device` event per "
         "task every 0.5 s (supervisor, psutil; NVML where GPUs exist); a live progress view in the terminal (8 Hz) |",
@@ -371,7 +371,7 @@ def cd_phases(run_dir: str, t_start: float, t_end: float) -> list[tuple[str, flo
     marks = [("CLI start: interpreter, imports, preset, pre-flight, run folder", t_start, run_starting),
              ("namespace probe (netns.available)", run_starting, isolation),
              ("supervisor spawned", isolation, run_running),
-             ("supervisor start (namespace helper, interpreter, imports) to its first task started",
+             ("supervisor start (namespace, interpreter, imports) to its first task started",
               run_running, task_starting),
              ("tasks: interpreter, TensorFlow import, strategy and model (last task)", task_starting, task_running),
              ("first step (tracing) to its event", task_running, first_step),
@@ -421,10 +421,10 @@ def start_costs(env: dict[str, str]) -> list[tuple[str, float]]:
              alone([py, "-c", "import engine.runtime.task"], env=env) - bare)]
     ok, _ = netns.available()
     if ok:
-        rows.append(("`unshare -rn` + the namespace helper (`python -m engine.control.netns`) before the "
-                     "supervisor's own interpreter", alone(netns.wrap([py, "-c", "pass"]), env=env) - bare))
-        rows.append(("namespace probe (`netns.available()`: the same, once per launcher process)",
-                     alone(netns.wrap([py, "-c", "pass"]), env=env)))
+        rows.append(("`unshare -rn` before the supervisor's interpreter (`netns.wrap_supervisor`; it brings the "
+                     "loopback up itself)", alone(netns.wrap_supervisor([py, "-c", "pass"]), env=env) - bare))
+        rows.append(("namespace probe (`netns.available()`: `unshare -rn true`, once per launcher process)",
+                     alone(["unshare", "-rn", "true"], env=env)))
     rows.append(("`import tensorflow` (for scale)", alone([py, "-c", "import tensorflow"], repeats=1, env=env) - bare))
     return rows
 

@@ -7,8 +7,11 @@ namespace (``unshare -rn``) whose only interface is its own loopback: the tasks
 reach each other, and nothing outside the namespace reaches them. Events still
 flow through pipes, which namespaces do not affect.
 
-``python -m engine.control.netns PROGRAM ARGS...`` brings the loopback up and execs PROGRAM;
-:class:`engine.control.transports.NetnsTransport` starts supervisors that way.
+:class:`engine.control.transports.NetnsTransport` starts the supervisor directly inside the namespace
+(``unshare -rn python -m engine.control.supervisor --loopback-up``, :func:`wrap_supervisor`): the
+supervisor brings the loopback up itself before it reads its spec, so no extra interpreter starts.
+Any other program is started through the helper ``python -m engine.control.netns PROGRAM ARGS...``
+(:func:`wrap`), which brings the loopback up and execs PROGRAM.
 """
 
 from __future__ import annotations
@@ -62,6 +65,17 @@ def wrap(cmd: list[str]) -> list[str]:
     """``cmd`` run inside a fresh private network namespace with its loopback up."""
     tool = shutil.which("unshare") or "unshare"
     return [tool, "-rn", sys.executable, "-m", "engine.control.netns", *cmd]
+
+
+#: The supervisor's flag: bring the namespace's loopback up before anything else.
+LOOPBACK_FLAG = "--loopback-up"
+
+
+def wrap_supervisor(cmd: list[str]) -> list[str]:
+    """The supervisor's command ``cmd`` run directly inside a fresh private network namespace: it brings
+    the loopback up itself (:data:`LOOPBACK_FLAG`), saving the helper's interpreter."""
+    tool = shutil.which("unshare") or "unshare"
+    return [tool, "-rn", *cmd, LOOPBACK_FLAG]
 
 
 def main() -> None:

@@ -38,6 +38,7 @@ from engine.contract import events
 from engine.contract.plan import TaskPlan
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
+from engine.control import netns
 from engine.control.gpu import GpuSampler, task_gpu_figures
 
 SAMPLE_INTERVAL = 0.5
@@ -448,6 +449,12 @@ def kill_run_processes(run_dir: str) -> list[int]:
 
 
 def main() -> int:
+    if netns.LOOPBACK_FLAG in sys.argv[1:]:  # started alone in a fresh network namespace (NetnsTransport)
+        try:
+            netns.loopback_up()
+        except OSError as exc:
+            print(f"supervisor: cannot bring the network namespace's loopback up: {exc}", file=sys.stderr)
+            return 3
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the launcher, which says stop
     stdin_fd = sys.stdin.fileno()

@@ -176,7 +176,10 @@ class NetnsTransport(LocalTransport):
     kind = "netns"
 
     def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
-        return self._popen(netns.wrap(list(launch.command)), launch)
+        cmd = list(launch.command)
+        if cmd[1:] == ["-m", SUPERVISOR_MODULE]:  # it brings the loopback up itself: no helper process
+            return self._popen(netns.wrap_supervisor(cmd), launch)
+        return self._popen(netns.wrap(cmd), launch)
 
 
 class SshTransport(BaseTransport):
