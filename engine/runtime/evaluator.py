@@ -18,6 +18,7 @@ import tensorflow as tf
 from engine.runtime import data as data_mod
 from engine.runtime import models
 from engine.runtime.context import TaskContext
+from engine.runtime.stop import Stopped
 
 POLL_S = 0.5
 
@@ -39,6 +40,8 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     evaluated = 0
     step = -1
     while step < total:
+        if ctx.stop.requested:
+            raise Stopped(max(step, 0), None)
         latest = tf.train.latest_checkpoint(str(ctx.checkpoint_dir))
         if not latest or latest == last_seen:
             time.sleep(POLL_S)
