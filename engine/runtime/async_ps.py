@@ -313,6 +313,7 @@ class CoordinatorAdapter:
         # task process exits right after training (os._exit), so they are kept alive instead
         _KEEP_ALIVE.append(coordinator)
         global_batch = self.global_batch = config.training.global_batch_size
+        self.lockstep = False  # only the chief runs the loop
         if global_batch % workers:
             raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the {workers} workers")
         per_worker_batch = global_batch // workers

@@ -56,6 +56,7 @@ class MirroredAdapter:
         setup = ctx.setup_devices()
         strategy = self.strategy = make_strategy(ctx, setup)
         replicas = self.replicas = strategy.num_replicas_in_sync
+        self.lockstep = not isinstance(strategy, tf.distribute.MirroredStrategy)  # MultiWorkerMirrored
         local = len(strategy.extended.worker_devices)
         rank = trainer_rank(config, ctx.role, ctx.index)
         base = rank * local

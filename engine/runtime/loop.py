@@ -23,6 +23,7 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
+from engine.contract.run_folder import RunFolder
 from engine.runtime.context import TaskContext
 from engine.runtime.stop import Stopped
 
@@ -38,6 +39,8 @@ class Adapter(Protocol):
 
     #: examples of one global step (for throughput)
     global_batch: int
+    #: whether this task steps in lock-step with others (they agree on the step to stop after)
+    lockstep: bool
 
     def restore(self) -> Restored | None:
         """Restore the run's latest checkpoint, if any (every task of the run restores the same one)."""
@@ -93,10 +96,12 @@ class TrainingLoop:
         if start < total:
             ctx.emitter.status("running", step=start, total=total)
         delay = _test_step_delay(ctx.task)
+        agreement = StopAgreement(RunFolder(ctx.run_dir).scratch("stop") / "step" if adapter.lockstep else None)
         t0 = time.perf_counter()
         try:
             for step in range(start + 1, total + 1):
-                if ctx.stop.requested:
+                target = agreement.stop_after(ctx.stop.requested, step - 1)
+                if target is not None and step - 1 >= target:
                     break
                 if delay:
                     time.sleep(delay)
@@ -115,7 +120,7 @@ class TrainingLoop:
                 raise
             # a peer stopped first and the collective it left failed: the step before is the last one
         self.elapsed = time.perf_counter() - t0
-        if ctx.stop.requested:
+        if ctx.stop.requested and self.done < total:
             self._stop()
         if window_start is not None and total > warm_until:
             self.window_eps = (total - warm_until) * adapter.global_batch / (time.perf_counter() - window_start)
@@ -146,6 +151,58 @@ class TrainingLoop:
         except Exception:  # noqa: BLE001 - closing is best effort on the way out
             pass
         raise Stopped(step, path)
+
+
+class StopAgreement:
+    """The step after which tasks that train in lock-step (MultiWorkerMirrored workers, DTensor clients)
+    all stop, so that they write the same final checkpoint (DTensor's save is itself collective).
+
+    The first task asked to stop after finishing step ``k`` proposes ``k + 1`` in a file of the run
+    folder (created once, atomically); every task reads it between steps. A peer cannot finish step
+    ``k + 1`` before the proposer has started it, that is after the file was written, so none has
+    passed the step when it reads it. Without a shared run folder (``path`` None) a task stops at once.
+    A file older than this task is a previous start's and is ignored.
+    """
+
+    def __init__(self, path: Path | None) -> None:
+        self.path = path
+        self.since = time.time() - 1.0
+        self.target: int | None = None
+
+    def stop_after(self, requested: bool, done: int) -> int | None:
+        """The step to stop after, or None to go on; ``done`` is the last finished step."""
+        if self.target is not None:
+            return self.target
+        if self.path is None:
+            return done if requested else None
+        self.target = self._read()
+        if self.target is None and requested:
+            self.target = self._propose(done + 1)
+        return self.target
+
+    def _read(self) -> int | None:
+        try:
+            if self.path is None or self.path.stat().st_mtime < self.since:
+                return None
+            return int(self.path.read_text(encoding="utf-8").strip())
+        except (OSError, ValueError):
+            return None
+
+    def _propose(self, step: int) -> int:
+        assert self.path is not None
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
+        tmp.write_text(str(step), encoding="utf-8")
+        try:
+            if self.path.exists() and self._read() is None:
+                self.path.unlink(missing_ok=True)  # a previous start's
+            os.link(tmp, self.path)  # fails when another task proposed first: its step wins
+        except FileExistsError:
+            pass
+        finally:
+            tmp.unlink(missing_ok=True)
+        found = self._read()
+        return found if found is not None else step
 
 
 class Checkpoints:

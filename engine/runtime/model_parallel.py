@@ -111,6 +111,7 @@ class MeshAdapter:
         self.ctx = ctx
         setup = ctx.setup_devices()
         info = self.info = make_mesh(config, setup)
+        self.lockstep = info.clients > 1
         mesh, p = info.mesh, config.parallelism
         global_batch = self.global_batch = config.training.global_batch_size
         self.replicas = p.mesh_batch
