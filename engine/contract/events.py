@@ -242,6 +242,10 @@ class EventWriter:
     disk, a file made immutable) the file is cut back to where the line began, so what is there stays
     valid JSON lines. The ``OSError`` then reaches the caller, unless ``keep_going``: then it is kept in
     :attr:`error` and the file is no longer written (a task keeps sending its events on its pipe).
+
+    A busy writer may instead :meth:`hold` lines and :meth:`flush` them with one ``write`` (the launcher's
+    dispatcher flushes when its queue runs dry, and at least every 0.1 s); a failed flush cuts the file
+    back to the end of the last whole line it wrote. :meth:`close` flushes what is still held.
     """
 
     def __init__(self, path: str | Path, *, keep_going: bool = False) -> None:
@@ -251,6 +255,10 @@ class EventWriter:
         self.error: OSError | None = None
         self._lock = threading.Lock()
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._held: list[bytes] = []
+        self._held_bytes = 0
+        #: ``time.monotonic()`` when the oldest line still held was held (0.0: none held).
+        self.held_since = 0.0
 
     def write(self, event: dict[str, Any]) -> None:
         self.write_line(encode(event))
@@ -258,25 +266,58 @@ class EventWriter:
     def write_line(self, line: str) -> None:
         data = (line if line.endswith("\n") else line + "\n").encode("utf-8")
         with self._lock:
-            fd = self._fd
-            if fd is None:
-                return
-            start = -1
-            try:
-                start = os.lseek(fd, 0, os.SEEK_END)
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (wrote {written} of {len(data)} bytes)")
-            except OSError as exc:
-                if start >= 0:
-                    try:
-                        os.ftruncate(fd, start)  # no half line
-                    except OSError:
-                        pass
-                if not self.keep_going:
-                    raise
-                self.error = exc
-                self._close()
+            if self._held:
+                data = self._take_held() + data  # in order after what is held
+            self._write(data)
+
+    def hold(self, line: bytes) -> None:
+        """Keep ``line`` (one whole JSON line, ending in a newline) for the next :meth:`flush`."""
+        with self._lock:
+            if not self._held:
+                self.held_since = time.monotonic()
+            self._held.append(line)
+            self._held_bytes += len(line)
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes held for the next :meth:`flush`."""
+        return self._held_bytes
+
+    def flush(self) -> None:
+        """Write every held line with one system call (see :meth:`write_line` for failures)."""
+        with self._lock:
+            if self._held:
+                self._write(self._take_held())
+
+    def _take_held(self) -> bytes:
+        data = b"".join(self._held)
+        self._held = []
+        self._held_bytes = 0
+        self.held_since = 0.0
+        return data
+
+    def _write(self, data: bytes) -> None:
+        """``data`` (whole lines) appended; the lock is held."""
+        fd = self._fd
+        if fd is None:
+            return
+        start = -1
+        written = 0
+        try:
+            start = os.lseek(fd, 0, os.SEEK_END)
+            written = os.write(fd, data)
+            if written != len(data):
+                raise OSError(errno.ENOSPC, f"{os.strerror(errno.ENOSPC)} (wrote {written} of {len(data)} bytes)")
+        except OSError as exc:
+            if start >= 0:
+                try:
+                    os.ftruncate(fd, start + data.rfind(b"\n", 0, written) + 1)  # no half line
+                except OSError:
+                    pass
+            if not self.keep_going:
+                raise
+            self.error = exc
+            self._close()
 
     def alive(self) -> bool:
         """False once the file was removed or replaced under the writer (its folder deleted)."""
@@ -297,7 +338,16 @@ class EventWriter:
             except OSError:
                 pass
             self._fd = None
+        self._held = []
+        self._held_bytes = 0
+        self.held_since = 0.0
 
     def close(self) -> None:
+        """Flush what is held (a failure is kept in :attr:`error`, not raised) and close the file."""
         with self._lock:
+            if self._held and self._fd is not None:
+                try:
+                    self._write(self._take_held())
+                except OSError as exc:
+                    self.error = exc
             self._close()

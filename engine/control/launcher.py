@@ -34,7 +34,7 @@ from engine.contract import config as config_mod
 from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
 from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
-from engine.contract.run_folder import OVERLONG, RunFolder, bounded_lines, default_runs_root, launcher_identity
+from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder, default_runs_root, launcher_identity
 from engine.control import lifecycle as lc
 from engine.control import netns, preflight, transports
 from engine.control.supervisor import RUN_DIR_ENV, TASK_STOP_GRACE, kill_run_processes
@@ -49,6 +49,11 @@ LOCAL_GROUP = "localhost"  # the supervisor of every host that is this machine
 MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
 TICK_S = 0.5  # progress deadlines and the run folder are checked this often
 META_INTERVAL_S = 1.0  # run.json is rewritten at most this often while the run runs
+#: The run's ``events.jsonl`` is written when the dispatcher's queue runs dry, and at least this often
+#: (seconds) or once this many bytes are held, whichever comes first, while events keep coming.
+FLUSH_S = 0.1
+FLUSH_BYTES = 1 << 20
+READ_CHUNK = 1 << 16  # bytes a reader takes from a supervisor's stream at once
 Listener = Callable[[dict[str, Any]], None]
 
 
@@ -132,7 +137,7 @@ class Run:
         self._supervisors: list[_Supervisor] = []
         self._transports: dict[str, transports.Transport] = {}
         self._prepared: list[transports.Transport] = []
-        self._queue: queue.Queue[dict[str, Any] | _SupervisorGone | None] = queue.Queue()
+        self._queue: queue.Queue[_Item] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
         self._lock = threading.RLock()  # the lifecycle, the state fold, listeners
         self._restart_lock = threading.Lock()  # the set of supervisors while it is replaced
@@ -148,6 +153,7 @@ class Run:
         self._launcher = launcher_identity()
         self._meta_at = 0.0
         self._meta_events = -1
+        self._meta_due = False
 
     # -- public API
 
@@ -369,19 +375,31 @@ class Run:
     # -- the event path
 
     def _read(self, sup: _Supervisor, stream: IO[bytes]) -> None:
+        """A supervisor's stream: what each read brings (up to :data:`READ_CHUNK` bytes) is split into lines
+        and decoded, and its events go to the dispatcher as one list of ``(event, line to write)``."""
+        read = getattr(stream, "read1", None) or stream.read
+        lines = LineSplitter()
+        suffix = b',"generation":%d}\n' % sup.generation if sup.generation else b""
         try:
-            for line in bounded_lines(stream):
-                if line is OVERLONG:
-                    self._bad.note_bad(b"over-long line")
-                    continue
-                event = events.decode(line)
-                if event is None:
-                    if line.strip():
-                        self._bad.note_bad(line)
-                    continue
-                if sup.generation:
-                    event["generation"] = sup.generation  # which restart of the run it belongs to
-                self._queue.put(event)
+            while True:
+                chunk = read(READ_CHUNK)
+                batch: list[tuple[dict[str, Any], bytes | None]] = []
+                for line in lines.feed(chunk) if chunk else lines.finish():
+                    if line is OVERLONG:
+                        self._bad.note_bad(b"over-long line")
+                        continue
+                    event = events.decode(line)
+                    if event is None:
+                        if line.strip():
+                            self._bad.note_bad(line)
+                        continue
+                    if suffix:
+                        event["generation"] = sup.generation  # which restart of the run it belongs to
+                    batch.append((event, _line_to_write(line, suffix)))
+                if batch:
+                    self._queue.put(batch)
+                if not chunk:
+                    break
         except (OSError, ValueError):
             pass  # the stream broke: the supervisor is gone
         finally:
@@ -407,28 +425,41 @@ class Run:
         next_tick = time.monotonic() + TICK_S
         try:
             while True:
-                item: dict[str, Any] | _SupervisorGone | _Tick | None
+                item: _Item | _Tick
                 try:
                     item = self._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
                 except queue.Empty:
                     item = _TICK
                 if item is None:
                     break
-                turn: list[dict[str, Any] | _SupervisorGone | _Tick] = [item]
                 if time.monotonic() >= next_tick:  # a steady stream of events must not starve the ticks
                     next_tick = time.monotonic() + TICK_S
                     if not isinstance(item, _Tick):
-                        turn.insert(0, _TICK)
-                for one in turn:
-                    try:
-                        self._handle(one)
-                    except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
-                        traceback.print_exc(file=sys.stderr)
-                        self._act(self._feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
+                        self._handle_safely(_TICK)
+                if isinstance(item, list):
+                    for event, line in item:
+                        self._handle_safely(event, line)
+                else:
+                    self._handle_safely(item)
+                writer = self._writer
+                if writer is not None and writer.held_since and (
+                        self._queue.empty() or writer.held_bytes >= FLUSH_BYTES
+                        or time.monotonic() - writer.held_since >= FLUSH_S):
+                    self._flush_events()
+                if self._meta_due and (self._queue.empty() or time.monotonic() - self._meta_at >= META_INTERVAL_S):
+                    self._meta_due = False  # a task's or the run's new state: once per burst, not per event
+                    self._maybe_write_meta(force=True)
         finally:
             self._finish()
 
-    def _handle(self, item: dict[str, Any] | _SupervisorGone | _Tick) -> None:
+    def _handle_safely(self, item: dict[str, Any] | _SupervisorGone | _Tick, line: bytes | None = None) -> None:
+        try:
+            self._handle(item, line)
+        except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
+            traceback.print_exc(file=sys.stderr)
+            self._act(self._feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
+
+    def _handle(self, item: dict[str, Any] | _SupervisorGone | _Tick, line: bytes | None = None) -> None:
         if isinstance(item, _Tick):
             self._check_folder()
             self._act(self._feed(lc.Tick()))
@@ -442,16 +473,18 @@ class Run:
             self._act(self._feed(lc.SupervisorExited(sup.group, item.exit_code, message, tuple(sup.tasks),
                                                      sup.generation)))
         else:
-            self._deliver(item)
+            self._deliver(item, line)
             policy_input = lc.from_event(item)
             if policy_input is not None:
                 self._act(self._feed(policy_input))
             if item.get("kind") in ("run", "status"):
-                self._maybe_write_meta(force=True)
+                self._meta_due = True  # run.json is written once the queue runs dry (see _dispatch)
 
-    def _deliver(self, event: dict[str, Any]) -> None:
+    def _deliver(self, event: dict[str, Any], line: bytes | None = None) -> None:
+        """``event`` into the run's file (``line`` as received where it can be kept), the state and the
+        listeners."""
         with self._lock:
-            self._write_event(event)
+            self._write_event(event, line)
             self.state.apply(event)
             listeners = list(self._listeners)
         for listener in listeners:
@@ -460,13 +493,19 @@ class Run:
             except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
                 print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
 
-    def _write_event(self, event: dict[str, Any]) -> None:
-        if self._writer is None:
+    def _write_event(self, event: dict[str, Any], line: bytes | None = None) -> None:
+        """Held for the next :meth:`_flush_events` (the dispatcher's, when its queue runs dry)."""
+        if self._writer is not None:
+            self._writer.hold(line if line is not None else events.encode(event).encode("utf-8"))
+
+    def _flush_events(self) -> None:
+        writer = self._writer
+        if writer is None:
             return
         try:
-            self._writer.write(event)
+            writer.flush()
         except OSError as exc:
-            self._writer.close()
+            writer.close()
             self._writer = None
             self._folder_failed(self._folder_problem(exc, self.folder.events))
 
@@ -570,6 +609,7 @@ class Run:
                 self._deliver(events.make("info", "launcher", message=f"{self._bad.bad} malformed event line(s) "
                                           "skipped", bad_lines=self._bad.bad))
             self._deliver(events.make("run", "launcher", **outcome.event_fields()))
+            self._flush_events()
             self._kill_leftovers()
             for transport in self._prepared:
                 try:
@@ -669,6 +709,23 @@ class _Tick:
 
 
 _TICK = _Tick()
+#: What the dispatcher's queue holds: a reader's batch of ``(event, line to write)``, one event (the
+#: launcher's own), a supervisor's end, or None (every stream ended).
+_Item = list[tuple[dict[str, Any], bytes | None]] | dict[str, Any] | _SupervisorGone | None
+
+
+def _line_to_write(line: bytes, suffix: bytes) -> bytes | None:
+    """The line as received, for the run's file (``suffix`` adds the generation as the last field, which
+    wins over any earlier one, as in the decoded event); None where it must be encoded again: a line
+    with JSON's non-numbers (``NaN``, ``Infinity``: the file holds strict JSON only) or odd spacing."""
+    if b"NaN" in line or b"Infinity" in line:
+        return None
+    if not line.endswith(b"}\n") or not line.startswith(b"{"):
+        line = line.strip()
+        if not line.endswith(b"}") or not line.startswith(b"{"):
+            return None
+        line += b"\n"
+    return line[:-2] + suffix if suffix else line
 
 
 def _is_task_process(pid: int) -> bool:

@@ -1,0 +1,220 @@
+"""The launcher's ingest path: lines written as received, held and flushed in batches, never half a line."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.contract.config import replace
+from engine.control.launcher import FLUSH_S, Run, _line_to_write
+from tests.conftest import PRESETS, require
+
+#: A stand-in supervisor (the run's ``python``): reads the spec, then writes the lines of the file named
+#: by ``$INGEST_SCRIPT`` on its stdout, one per entry; an entry ``["sleep", s]`` pauses; at the end every
+#: task reads ``finished``.
+SUPERVISOR = r'''#!{python}
+import json, os, sys, time
+spec = json.loads(sys.stdin.buffer.readline())
+out = sys.stdout.buffer
+for entry in json.load(open(os.environ["INGEST_SCRIPT"])):
+    if isinstance(entry, list):
+        out.flush()
+        time.sleep(entry[1])
+    else:
+        out.write(entry.encode("utf-8", "surrogateescape"))
+out.flush()
+for t in spec["tasks"]:
+    line = {{"v": 1, "kind": "status", "task": t["name"], "t": time.time(), "state": "finished"}}
+    out.write((json.dumps(line) + "\n").encode())
+out.flush()
+'''
+
+
+def step_line(n: int, **extra: Any) -> str:
+    event = {"v": 1, "kind": "step", "task": "worker:0", "t": 1.7e9 + n, "replica": 0, "step": n, "loss": 0.5,
+             "examples_per_sec": 100.0, "step_time": 0.01}
+    event.update(extra)
+    return json.dumps(event, separators=(",", ":")) + "\n"
+
+
+def strict(line: bytes) -> dict[str, Any]:
+    """A line as a strict JSON reader takes it (no NaN, no Infinity)."""
+    def refuse(token: str) -> None:
+        raise ValueError(f"not JSON: {token}")
+    value = json.loads(line, parse_constant=refuse)
+    assert isinstance(value, dict)
+    return value
+
+
+def run_with(tmp_path: Path, entries: list[Any], listener: Any = None,
+             on_start: Any = None) -> tuple[Run, list[dict[str, Any]]]:
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps(entries))
+    stand_in = tmp_path / "supervisor-stand-in"
+    stand_in.write_text(SUPERVISOR.format(python=sys.executable))
+    stand_in.chmod(stand_in.stat().st_mode | stat.S_IXUSR)
+    cfg = config_mod.load(PRESETS / "data-2workers.yaml")
+    cfg = replace(cfg, training=replace(cfg.training, steps=1000, checkpoint_every=0, restarts=0))
+    os.environ["INGEST_SCRIPT"] = str(script)  # the supervisor's environment is the launcher's
+    try:
+        run = Run(cfg, runs_root=tmp_path / "runs", python=str(stand_in), isolate=False, checked=True)
+        seen: list[dict[str, Any]] = []
+        run.add_listener(seen.append)
+        if listener is not None:
+            run.add_listener(listener)
+        run.start()
+        if on_start is not None:
+            on_start(run)
+        assert run.wait(60) == "finished", run.state.summary()
+    finally:
+        del os.environ["INGEST_SCRIPT"]
+    return run, seen
+
+
+def test_the_file_holds_every_event_as_delivered_in_strict_json_lines(tmp_path: Path) -> None:
+    entries = [step_line(1), step_line(2, loss=float("nan")),  # Python's json writes NaN: not JSON
+               "  " + step_line(3).rstrip("\n") + " \r\n",  # odd spacing and a CR
+               step_line(4, note="Infinity is a word"), step_line(5, big=10**30), "garbage\n", step_line(6)]
+    run, seen = run_with(tmp_path, entries)
+    data = run.folder.events.read_bytes()
+    assert data.endswith(b"\n")
+    lines = data.split(b"\n")[:-1]
+    written = [strict(line) for line in lines]  # every line strict JSON, whole
+    assert [events.decode(line) for line in lines] == seen  # the file reads back as delivered, in order
+    steps = {e["step"]: e for e in written if e["kind"] == "step"}
+    assert sorted(steps) == [1, 2, 3, 4, 5, 6]
+    assert steps[2]["loss"] is None and steps[4]["note"] == "Infinity is a word"
+    assert lines[[i for i, e in enumerate(written) if e.get("step") == 1][0]] == step_line(1).encode().rstrip(b"\n")
+    assert run.state.replicas[0].step == 6
+
+
+@pytest.mark.parametrize("line", [step_line(1), step_line(2, generation=7), " " + step_line(3).rstrip() + "\r\n",
+                                  step_line(4, loss=float("nan")), step_line(5, x=[1, {"y": "}"}])])
+@pytest.mark.parametrize("generation", [0, 3])
+def test_a_line_kept_as_received_decodes_to_the_event_the_launcher_delivers(line: str, generation: int) -> None:
+    raw = line.encode()
+    event = events.decode(raw)
+    assert event is not None
+    if generation:
+        event["generation"] = generation  # what the reader does
+    kept = _line_to_write(raw, b',"generation":%d}\n' % generation if generation else b"")
+    written = kept if kept is not None else events.encode(event).encode()
+    assert written.endswith(b"\n") and written.count(b"\n") == 1
+    assert events.decode(written) == event
+    strict(written)
+    if "NaN" in line:
+        assert kept is None  # encoded again: the file holds strict JSON
+
+
+def test_events_reach_the_file_within_the_flush_interval_while_the_run_runs(tmp_path: Path) -> None:
+    """Every event is in events.jsonl soon after the launcher delivered it, also while events keep coming."""
+    entries: list[Any] = []
+    for n in range(1, 301):
+        entries.append(step_line(n))
+        if n % 3 == 0:
+            entries.append(["sleep", 0.005])
+    entries.append(["sleep", 0.5])  # a quiet spell: the last step must not wait for the end of the run
+    entries.append(step_line(301))
+    entries.append(["sleep", 0.5])
+    seen_at: dict[int, float] = {}
+    in_file_at: dict[int, float] = {}
+    stop = threading.Event()
+
+    def on_event(e: dict[str, Any]) -> None:
+        if e["kind"] == "step":
+            seen_at[e["step"]] = time.monotonic()
+
+    def watch(path: Path) -> None:
+        offset = 0
+        while not stop.is_set():
+            try:
+                with open(path, "rb") as fh:
+                    fh.seek(offset)
+                    data = fh.read()
+            except OSError:
+                data = b""
+            now = time.monotonic()
+            whole = data[:data.rfind(b"\n") + 1]
+            offset += len(whole)
+            for line in whole.split(b"\n")[:-1]:
+                e = events.decode(line)
+                assert e is not None, line
+                if e["kind"] == "step":
+                    in_file_at.setdefault(e["step"], now)
+            time.sleep(0.005)
+
+    watchers: list[threading.Thread] = []
+
+    def on_start(run: Run) -> None:
+        watchers.append(threading.Thread(target=watch, args=(run.folder.events,), daemon=True))
+        watchers[0].start()
+
+    try:
+        run_with(tmp_path, entries, on_event, on_start)
+    finally:
+        time.sleep(0.05)
+        stop.set()
+        for w in watchers:
+            w.join(5)
+    assert sorted(in_file_at) == list(range(1, 302))
+    late = {n: in_file_at[n] - seen_at[n] for n in seen_at if in_file_at[n] - seen_at[n] > FLUSH_S + 0.2}
+    assert not late, f"{len(late)} events reached the file late, e.g. (s): {dict(list(late.items())[:5])}"
+
+
+# -- the writer
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (root only): a real full disk."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    require(done.returncode == 0, f"cannot mount a tmpfs here: {done.stderr.decode().strip()}", needed_in_ci=False)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def test_held_lines_are_written_in_order_by_flush_write_line_and_close(tmp_path: Path) -> None:
+    path = tmp_path / "events.jsonl"
+    writer = events.EventWriter(path)
+    writer.hold(events.encode(events.make("info", "a", message="1")).encode())
+    writer.hold(events.encode(events.make("info", "a", message="2")).encode())
+    assert path.read_bytes() == b"" and writer.held_bytes > 0 and writer.held_since > 0
+    writer.flush()
+    assert [e["message"] for e in events.read_file(path)] == ["1", "2"] and writer.held_bytes == 0
+    writer.hold(events.encode(events.make("info", "a", message="3")).encode())
+    writer.write(events.make("info", "a", message="4"))  # after what is held
+    writer.hold(events.encode(events.make("info", "a", message="5")).encode())
+    writer.close()  # flushes
+    assert [e["message"] for e in events.read_file(path)] == ["1", "2", "3", "4", "5"]
+
+
+def test_a_full_disk_during_a_flush_leaves_only_whole_lines(tiny_tmpfs: Path) -> None:
+    path = tiny_tmpfs / "events.jsonl"
+    writer = events.EventWriter(path)
+    line = events.encode(events.make("info", "launcher", message="x" * 3000)).encode()
+    with pytest.raises(OSError) as failure:
+        for _ in range(100):
+            for _ in range(37):  # batches that do not end on the disk's last byte
+                writer.hold(line)
+            writer.flush()
+    assert "No space left" in str(failure.value)
+    writer.close()
+    data = path.read_bytes()
+    assert data.endswith(b"\n") and len(data) > 100_000
+    assert all(events.decode(x) is not None for x in data.split(b"\n")[:-1])
