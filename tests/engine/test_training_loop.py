@@ -1,0 +1,128 @@
+"""The one training loop, driven by a recording adapter: restore, cadence, final checkpoint, stop."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.contract import config as config_mod
+from engine.contract import events
+from engine.contract.config import replace
+from engine.runtime.context import TaskContext
+from engine.runtime.emitter import Emitter
+from engine.runtime.loop import Restored, StopAgreement, TrainingLoop
+from engine.runtime.stop import Stopped
+
+
+class Recording:
+    """An adapter that records what the loop asks of it."""
+
+    global_batch = 32
+    lockstep = False
+
+    def __init__(self, restored: Restored | None = None, stop_at: int | None = None,
+                 ctx: TaskContext | None = None) -> None:
+        self.restored = restored
+        self.stop_at = stop_at
+        self.ctx = ctx
+        self.calls: list[tuple[str, Any]] = []
+
+    def restore(self) -> Restored | None:
+        return self.restored
+
+    def run_step(self, step: int) -> None:
+        self.calls.append(("step", step))
+        if self.stop_at == step and self.ctx is not None:
+            self.ctx.stop.request()  # as the SIGTERM watcher does, while the step runs
+
+    def report(self, step: int, *, force: bool) -> None:
+        if force:
+            self.calls.append(("forced", step))
+
+    def settle(self) -> None:
+        self.calls.append(("settle", None))
+
+    def flush(self, step: int) -> None:
+        self.calls.append(("flush", step))
+
+    def save(self, step: int) -> str | None:
+        self.calls.append(("save", step))
+        return f"/run/checkpoints/ckpt-{step}"
+
+    def final_losses(self) -> list[float]:
+        return [0.5]
+
+    def close(self) -> None:
+        self.calls.append(("close", None))
+
+    def of(self, kind: str) -> list[Any]:
+        return [v for k, v in self.calls if k == kind]
+
+
+def context(tmp_path: Path, steps: int, every: int) -> tuple[TaskContext, Path]:
+    cfg = config_mod.default_config()
+    cfg = replace(cfg, training=replace(cfg.training, steps=steps, checkpoint_every=every))
+    path = tmp_path / "events.jsonl"
+    ctx = TaskContext(config=cfg, task="worker:0", role="worker", index=0, run_dir=tmp_path,
+                      emitter=Emitter("worker:0", path), devices=1, gpus_assigned=False)
+    return ctx, path
+
+
+def test_a_fresh_run_steps_reports_and_checkpoints_on_cadence(tmp_path: Path) -> None:
+    ctx, path = context(tmp_path, steps=25, every=10)
+    adapter = Recording()
+    summary = TrainingLoop(ctx, adapter).run()
+    assert adapter.of("step") == list(range(1, 26))
+    assert adapter.of("forced") == [1, 25]
+    assert adapter.of("save") == [10, 20, 25]  # the cadence, then the final checkpoint
+    assert adapter.of("close") == [None]
+    assert summary["steps"] == 25 and summary["start"] == 0 and summary["final_loss"] == [0.5]
+    ctx.emitter.close()
+    running = [e for e in events.read_file(path) if e["kind"] == "status"]
+    assert running and running[0]["state"] == "running" and running[0]["step"] == 0
+
+
+def test_a_restored_run_says_where_it_resumed_and_carries_on(tmp_path: Path) -> None:
+    ctx, path = context(tmp_path, steps=30, every=10)
+    adapter = Recording(Restored(20, "/run/checkpoints/ckpt-20"))
+    TrainingLoop(ctx, adapter).run()
+    assert adapter.of("step") == list(range(21, 31))
+    assert adapter.of("forced")[0] == 21
+    ctx.emitter.close()
+    (note,) = [e for e in events.read_file(path) if e["kind"] == "info"]
+    assert note["message"].startswith("resumed from checkpoint ckpt-20 at step 20")
+    assert note["step"] == note["resumed_step"] == 20
+
+
+def test_a_stop_reports_the_last_steps_and_writes_a_checkpoint_even_without_a_cadence(tmp_path: Path) -> None:
+    ctx, path = context(tmp_path, steps=1000, every=0)
+    adapter = Recording(stop_at=7, ctx=ctx)
+    with pytest.raises(Stopped) as stopped:
+        TrainingLoop(ctx, adapter).run()
+    assert stopped.value.step == 7 and stopped.value.checkpoint == "/run/checkpoints/ckpt-7"
+    assert adapter.of("step") == list(range(1, 8))
+    assert adapter.of("flush") == [7] and adapter.of("save") == [7]
+    ctx.emitter.close()
+    notes = [e["message"] for e in events.read_file(path) if e["kind"] == "info"]
+    assert "stopped at step 7: final checkpoint ckpt-7 written" in notes
+
+
+def test_lockstep_tasks_agree_on_the_step_to_stop_after(tmp_path: Path) -> None:
+    path = tmp_path / "scratch" / "stop" / "step"
+    first, second = StopAgreement(path), StopAgreement(path)
+    assert first.stop_after(False, 10) is None and second.stop_after(False, 10) is None
+    assert first.stop_after(True, 12) == 13  # asked first, after step 12: everyone runs step 13 too
+    assert second.stop_after(False, 12) == 13  # not asked yet: it reads the proposal
+    late = StopAgreement(path)
+    assert late.stop_after(True, 13) == 13
+    # a previous start's file is ignored and replaced
+    old = time.time() - 3600
+    os.utime(path, (old, old))
+    fresh = StopAgreement(path)
+    assert fresh.stop_after(False, 3) is None
+    assert fresh.stop_after(True, 3) == 4
+    assert StopAgreement(None).stop_after(True, 5) == 5  # alone: at once
