@@ -33,10 +33,10 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from engine.contract import config as config_mod
-from engine.contract.config import RunConfig
+if TYPE_CHECKING:  # the config model (and yaml) is imported only where a config is written or read
+    from engine.contract.config import RunConfig
 
 #: The longest line any reader accepts (an event, a command); longer ones are cut.
 MAX_LINE_BYTES = 64 * 1024
@@ -259,6 +259,8 @@ class RunFolder:
 
     def write_config(self, config: RunConfig) -> None:
         """Replace ``config.yaml`` (atomic). The folder must exist: a vanished run folder is never recreated."""
+        from engine.contract import config as config_mod
+
         write_atomic(self.config_yaml, config_mod.dumps(config))
 
     def write_config_text(self, text: str) -> None:
@@ -266,6 +268,8 @@ class RunFolder:
         write_atomic(self.config_yaml, text)
 
     def read_config(self, *, check: bool = False) -> RunConfig:
+        from engine.contract import config as config_mod
+
         return config_mod.load(self.config_yaml, check=check)
 
     # -- run.json
