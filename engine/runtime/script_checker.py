@@ -20,6 +20,36 @@ from engine.runtime import models
 from engine.runtime.user_script import ScriptError, _function, load, script_path, user_traceback
 
 
+def _check_batches(config: RunConfig, make: Any, per_replica: int, global_batch: int) -> list[dict[str, str]]:
+    """The user's make_dataset alone (the model is a sharded script's, checked already): (x, y) batches of
+    the expected size with labels in range."""
+    import tensorflow as tf
+
+    path = script_path(config, "data.path")
+    try:
+        batch = next(iter(make(config, None)))
+    except BaseException as exc:  # noqa: BLE001 - whatever the script raises is the user's to read
+        if isinstance(exc, ScriptError):
+            return [{"field": exc.field, "message": str(exc)}]
+        return [{"field": "data.path", "message": f"{str(path)!r}: make_dataset(input_context, config) raised "
+                                                  f"{type(exc).__name__}:\n{user_traceback(exc, path)}"}]
+    if not isinstance(batch, (tuple, list)) or len(batch) < 2:
+        return [{"field": "data.path", "message": f"{str(path)!r}: make_dataset(input_context, config) yields "
+                                                  f"{type(batch).__name__}; expected (x, y) pairs"}]
+    rows = int(tf.shape(tf.nest.flatten(batch[0])[0])[0])
+    if rows != per_replica:
+        return [{"field": "data.path", "message": f"{str(path)!r}: make_dataset(None, config) gave a batch of {rows} "
+                                                  f"examples; expected whole global batches of {global_batch}"}]
+    labels = tf.reshape(tf.cast(batch[1], tf.int64), [-1])
+    if int(tf.size(labels)):
+        low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
+        if low < 0 or high >= config.data.classes:
+            return [{"field": "data.classes", "message": f"{str(path)!r}: the first batch holds label "
+                                                         f"{high if high >= config.data.classes else low}; expected "
+                                                         f"labels from 0 to {config.data.classes - 1}"}]
+    return []
+
+
 def check(config: RunConfig) -> list[dict[str, str]]:
     """Import the script, build its model and/or dataset, run one batch through model and loss.
 
@@ -27,6 +57,16 @@ def check(config: RunConfig) -> list[dict[str, str]]:
     """
     model_script = config.model.name == "script"
     data_script = config.data.source == "script"
+    sharded_model = model_script and config.parallelism.mode == "model"
+    if sharded_model:
+        # a sharded script: its build_sharded_model(config, mesh) on the run's mesh (set up before any
+        # other TensorFlow use), then the data checks below without the Keras model
+        from engine.runtime import sharded
+
+        problems = sharded.check_script(config)
+        if problems or not data_script:
+            return problems
+        model_script = False
     wanted = ([("model.script", "build_model", "config")] if model_script else []) + \
              ([("data.path", "make_dataset", "input_context, config")] if data_script else [])
     # the script first (a syntax error needs no TensorFlow to be found), then its functions
@@ -71,6 +111,8 @@ def check(config: RunConfig) -> list[dict[str, str]]:
                                        "(parallelism 'async': input_context.input_pipeline_id is a tensor known "
                                        "only on the worker)", exc)
     keras.utils.set_random_seed(config.training.seed)
+    if sharded_model:
+        return _check_batches(config, data_mod.make_dataset, per_replica, global_batch)
     try:
         model = models.build_model(config)
     except BaseException as exc:  # noqa: BLE001
