@@ -81,7 +81,7 @@ def make_mesh(config: RunConfig, setup: DeviceSetup) -> MeshInfo:
 def _batches(config: RunConfig) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """Global batches, the same stream (data, shuffle, seed) as a single data-parallel replica reads."""
     for x, y in data_mod.make_dataset(config).as_numpy_iterator():
-        if config.model.name == "mlp" and x.ndim > 2:
+        if config.model.name in ("mlp", "script") and x.ndim > 2:  # the mesh feeds rows of features
             x = x.reshape(x.shape[0], -1)
         yield x, y
 
