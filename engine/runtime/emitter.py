@@ -20,7 +20,8 @@ class Emitter:
     def __init__(self, task: str, path: str | Path | None, fd: int | None = None) -> None:
         self.task = task
         self._lock = threading.Lock()
-        self._file = events.EventWriter(path) if path else None
+        # a full or unwritable run folder must not cost the pipe its events (the launcher then fails the run)
+        self._file = events.EventWriter(path, keep_going=True) if path else None
         self._fd = fd
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
