@@ -183,12 +183,6 @@ class Cluster:
     def tasks_of(self, role: str) -> list[Task]:
         return sorted((t for _, t in self.tasks() if t.role == role), key=lambda t: t.index)
 
-    def host_of(self, task_name: str) -> Host | None:
-        for h, t in self.tasks():
-            if t.name == task_name:
-                return h
-        return None
-
     @property
     def is_local(self) -> bool:
         return all(h.is_local for h in self.hosts)
@@ -247,11 +241,11 @@ class Training:
     checkpoint_every: int = 0  # steps; 0 = only at the end
     restarts: int = 0
     metrics_hz: float = 20.0  # at most this many step events per replica per second
+    # run even where the local tasks outnumber this machine's CPUs many times over (see engine.control.machine_fit)
+    allow_oversubscribe: bool = False
     # a run with no step for this long fails naming the task that hangs (async: the worker is
     # restarted); the first step gets 3x as long; 0 = never
     progress_timeout_s: float = 60.0
-    # run even where the local tasks outnumber this machine's CPUs many times over (see engine.control.machine_fit)
-    allow_oversubscribe: bool = False
 
 
 @dataclass(frozen=True)
@@ -273,10 +267,11 @@ class RunConfig:
         if task.role not in TRAINER_ROLES:
             return 0
         host = host.node_of(task)  # a Slurm group's GPUs are per node
-        trainers = sum(1 for t in host.tasks if t.role in TRAINER_ROLES)
-        if host.gpus <= 0 or trainers == 0:
+        owners = gpu_roles(self.parallelism.mode)
+        sharers = sum(1 for t in host.tasks if t.role in owners)
+        if host.gpus <= 0 or sharers == 0 or task.role not in owners:
             return 1
-        return max(1, host.gpus // trainers)
+        return max(1, host.gpus // sharers)
 
     def num_replicas(self) -> int:
         if self.parallelism.mode == "async":
@@ -291,6 +286,31 @@ class RunConfig:
             return t.steps
         per_epoch = max(1, math.ceil(self.data.size / max(1, t.global_batch_size)))
         return per_epoch * (t.epochs or 1)
+
+
+def gpu_roles(mode: str) -> tuple[str, ...]:
+    """The roles that split a host's GPUs: chief and workers, but in async mode the workers only
+    (the async chief coordinates and runs no training step)."""
+    return ("worker",) if mode == "async" else TRAINER_ROLES
+
+
+def split_gpus(host: Host, mode: str) -> dict[str, list[int]]:
+    """GPU ids of ``host`` given to each of its tasks, split evenly over the tasks of :func:`gpu_roles`;
+    the other tasks get none, so they never grab a GPU's memory."""
+    if host.is_slurm and host.slurm is not None:  # each node splits its own GPUs
+        split: dict[str, list[int]] = {}
+        for group in host.node_tasks():
+            if group:
+                split.update(split_gpus(host.node_of(group[0]), mode))
+        return split
+    owners = [t for t in host.tasks if t.role in gpu_roles(mode)]
+    result: dict[str, list[int]] = {t.name: [] for t in host.tasks}
+    if host.gpus <= 0 or not owners:
+        return result
+    per = max(1, host.gpus // len(owners))
+    for i, t in enumerate(owners):
+        result[t.name] = [g for g in range(i * per, (i + 1) * per) if g < host.gpus]
+    return result
 
 
 def default_config() -> RunConfig:
@@ -685,8 +705,8 @@ def _parse_training(r: _Reader) -> Training:
         checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0, maximum=MAX_STEPS),
         restarts=r.int("restarts", d.restarts, minimum=0, maximum=100),
         metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
-        progress_timeout_s=r.float("progress_timeout_s", d.progress_timeout_s, minimum=0),
         allow_oversubscribe=_parse_flag(r, "allow_oversubscribe", d.allow_oversubscribe),
+        progress_timeout_s=r.float("progress_timeout_s", d.progress_timeout_s, minimum=0),
     )
     r.finish(("global_batch_size", "steps", "epochs", "optimizer", "learning_rate", "seed",
               "checkpoint_every", "restarts", "metrics_hz", "progress_timeout_s"))
@@ -1152,14 +1172,16 @@ def _validate_cluster(config: RunConfig, add: Any) -> None:
             names[h.name] = i
         _validate_host_names(h, where, add)
         if h.kind != "machine" or h.slurm is not None:
-            _validate_slurm(h, where, TRAINER_ROLES, add)
+            _validate_slurm(h, where, gpu_roles(config.parallelism.mode), add)
         if len(h.tasks) > MAX_TASKS_PER_HOST:
             add(f"{where}.tasks", f"expected at most {MAX_TASKS_PER_HOST} tasks on one host, got {len(h.tasks)}")
         if h.gpus < 0:
             add(f"{where}.gpus", f"expected an integer >= 0, got {h.gpus}")
-        trainers = sum(1 for t in h.tasks if t.role in TRAINER_ROLES)
+        owners = gpu_roles(config.parallelism.mode)
+        trainers = sum(1 for t in h.tasks if t.role in owners)
         if h.gpus > 0 and trainers > 1 and h.gpus % trainers:
-            add(f"{where}.gpus", f"{h.gpus} GPUs cannot be split evenly over the {trainers} chief/worker tasks "
+            who = "worker" if owners == ("worker",) else "chief/worker"
+            add(f"{where}.gpus", f"{h.gpus} GPUs cannot be split evenly over the {trainers} {who} tasks "
                                  f"of host {h.name!r}; expected a multiple of {trainers}")
         for j, t in enumerate(h.tasks):
             tw = f"{where}.tasks[{j}]"

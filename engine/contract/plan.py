@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from engine.contract.config import TRAINER_ROLES, Cluster, Host, RunConfig, Task, replace
+from engine.contract.config import Cluster, Host, RunConfig, Task, replace, split_gpus
 
 #: Roles that appear in the TF cluster spec (the evaluator is a side-car, outside it).
 CLUSTER_ROLES = ("chief", "worker", "ps")
@@ -120,20 +120,10 @@ def node_gpu_ids(allocated: Sequence[int], local_ids: Sequence[int]) -> list[int
     return [allocated[i] for i in local_ids if 0 <= i < len(allocated)]
 
 
-def gpu_assignment(host: Host) -> dict[str, list[int]]:
-    """GPU ids of ``host`` given to each of its tasks (split evenly over chief/worker tasks).
-
-    ps and evaluator tasks get none, so they never grab a GPU's memory.
-    """
-    trainers = [t for t in host.tasks if t.role in TRAINER_ROLES]
-    result: dict[str, list[int]] = {t.name: [] for t in host.tasks}
-    if host.gpus <= 0 or not trainers:
-        return result
-    per = max(1, host.gpus // len(trainers))
-    for i, t in enumerate(trainers):
-        ids = [g for g in range(i * per, (i + 1) * per) if g < host.gpus]
-        result[t.name] = ids
-    return result
+def gpu_assignment(host: Host, mode: str = "data") -> dict[str, list[int]]:
+    """GPU ids of ``host`` given to each of its tasks in parallelism ``mode`` (:func:`split_gpus`: evenly
+    over the tasks that train; ps, evaluator and the async chief get none)."""
+    return split_gpus(host, mode)
 
 
 @dataclass(frozen=True)
@@ -168,7 +158,7 @@ def plan_tasks(config: RunConfig, placement: Mapping[str, str] | None = None) ->
         gpus: dict[str, list[int]] = {}
         for group in h.node_tasks():  # a Slurm group splits the GPUs of each node over that node's tasks
             if group:
-                gpus.update(gpu_assignment(h.node_of(group[0])))
+                gpus.update(gpu_assignment(h.node_of(group[0]), config.parallelism.mode))
         for t in h.tasks:
             ids = gpus.get(t.name, [])
             env = {

@@ -319,7 +319,7 @@ def _role_gpus(config: RunConfig, role: str) -> int:
         assigned: dict[str, list[int]] = {}
         for group in h.node_tasks():  # a Slurm group: GPUs per node
             if group:
-                assigned.update(gpu_assignment(h.node_of(group[0])))
+                assigned.update(gpu_assignment(h.node_of(group[0]), config.parallelism.mode))
         for t in h.tasks:
             if t.role == role:
                 counts[t.name] = len(assigned.get(t.name, []))

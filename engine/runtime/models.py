@@ -13,16 +13,10 @@ import keras
 from engine.contract.config import RunConfig
 from engine.runtime import user_script
 
-#: The config of the model built last in this process: :func:`loss_fn` without a config uses its loss.
-_last_built: RunConfig | None = None
-
 
 def build_model(config: RunConfig) -> keras.Model:
     """The model named by ``config.model``; seed the RNGs first for reproducible weights."""
-    global _last_built
-    model = _build(config)
-    _last_built = config
-    return model
+    return _build(config)
 
 
 def _build(config: RunConfig) -> keras.Model:
@@ -144,14 +138,13 @@ def build_optimizer(config: RunConfig) -> keras.optimizers.Optimizer:
     raise ValueError(f"training.optimizer: unknown optimizer {t.optimizer!r}")
 
 
-def loss_fn(config: RunConfig | None = None) -> Callable[[Any, Any], Any]:
+def loss_fn(config: RunConfig) -> Callable[[Any, Any], Any]:
     """Per-example loss (no reduction): the loop averages it per replica and over the global batch.
 
     Sparse categorical cross-entropy on logits, or the ``loss`` of the user's script for model
-    ``script``. Without ``config``, the config of the model built last in this process decides.
+    ``script``.
     """
-    config = config if config is not None else _last_built
-    if config is not None and config.model.name == "script":
+    if config.model.name == "script":
         custom = user_script.loss(config)
         if custom is not None:
             return custom

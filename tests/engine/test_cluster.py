@@ -163,9 +163,9 @@ def async_config() -> RunConfig:
 def test_plan_tasks_env_for_async() -> None:
     plans = {p.name: p for p in plan_tasks(async_config())}
     assert set(plans) == {"chief:0", "worker:0", "worker:1", "ps:0", "ps:1", "evaluator:0"}
-    # host a: worker:1 and chief:0 share 2 GPUs; ps:1 gets none
-    assert plans["worker:1"].gpu_ids == (0,) and plans["worker:1"].env["CUDA_VISIBLE_DEVICES"] == "0"
-    assert plans["chief:0"].gpu_ids == (1,) and plans["chief:0"].env["CUDA_VISIBLE_DEVICES"] == "1"
+    # host a: the async chief coordinates and trains nothing, so worker:1 gets both GPUs; ps:1 none
+    assert plans["worker:1"].gpu_ids == (0, 1) and plans["worker:1"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
+    assert plans["chief:0"].gpu_ids == () and plans["chief:0"].env["CUDA_VISIBLE_DEVICES"] == ""
     # host b: worker:0 is its only trainer
     assert plans["worker:0"].env["CUDA_VISIBLE_DEVICES"] == "0,1"
     assert plans["worker:0"].host == "b" and plans["worker:0"].devices == 2
