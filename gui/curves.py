@@ -86,6 +86,16 @@ class Curve:
         self.bounds = _union(self.bounds, new)
         self.owner.changed(new)
 
+    @property
+    def has_pending(self) -> bool:
+        """Segments were appended since the line was last drawn."""
+        return bool(self._pending)
+
+    def take_pending(self) -> list[Points]:
+        """The segments appended since the line was last drawn, handed over once (then none are kept)."""
+        pending, self._pending = self._pending, []
+        return pending
+
     def getData(self) -> Points:  # noqa: N802 - as PlotDataItem's
         """The points the line draws for the current view."""
         if self.source is None:
@@ -216,7 +226,7 @@ class CurveSet(pg.GraphicsObject):
             image.fill(Qt.GlobalColor.transparent)
             self._image, self._image_key, self._stale = image, key, False
             self.full_draws += 1
-        if full or any(c._pending for c in self.curves.values()):
+        if full or any(c.has_pending for c in self.curves.values()):
             painter = QPainter(image)
             painter.setRenderHints(p.renderHints())
             painter.setTransform(transform * QTransform.fromTranslate(-rect.x(), -rect.y()))
@@ -224,11 +234,11 @@ class CurveSet(pg.GraphicsObject):
                 self._draw_all(painter)
             else:
                 for curve in self.curves.values():
-                    if curve._pending and curve.isVisible():
+                    segments = curve.take_pending()
+                    if segments and curve.isVisible():
                         painter.setPen(curve.pen())
-                        for x, y in curve._pending:
+                        for x, y in segments:
                             _draw_line(painter, x, y)
-                    curve._pending.clear()
             painter.end()
         p.save()
         p.resetTransform()
@@ -238,7 +248,7 @@ class CurveSet(pg.GraphicsObject):
     def _draw_all(self, painter: QPainter, keep_pending: bool = False) -> None:
         for curve in self.curves.values():
             if not keep_pending:
-                curve._pending.clear()
+                curve.take_pending()  # drawn in full below
             if not curve.isVisible() or curve.source is None:
                 continue
             x, y = curve.source()

@@ -88,6 +88,7 @@ PLOTS = (
 
 #: How far along the curve palette an overlaid run's colours start (the shown run's replicas keep theirs).
 COMPARE_SHIFT = 4
+COMPARE_PREFIX = "cmp:"  # the curves (and kept state) of an overlaid run: cmp:<label>:<series>
 SECONDARY_LABEL = {"gpu_util": "GPU", "gpu_mem_bytes": "GPU"}
 
 
@@ -448,6 +449,21 @@ class MetricPlot(QWidget):
         self._owners[run] = (history, len(history.series), owners)
         return owners
 
+    def forget_runs(self, prefix: str) -> None:
+        """Remove the curves whose key starts with ``prefix`` (an overlaid run's) and what was
+        kept of those runs for drawing (their owners, their totals)."""
+        for key in [k for k in self.curves if k.startswith(prefix)]:
+            self.remove_curve(key)
+        for cache in (self._owners, self._totals):
+            for run in [k for k in cache if k.startswith(prefix)]:
+                del cache[run]
+
+    def total(self, run: str, series: list[tuple[str, np.ndarray, np.ndarray]]
+              ) -> tuple[np.ndarray, np.ndarray, int, int]:
+        """The sum of one run's ``series`` (see :func:`_total`), extended from what this plot kept of
+        that run's last sum: ``(base x, total, stable, final)``."""
+        return _total(self._totals, run, series)
+
     def remove_curve(self, key: str) -> None:
         curve = self.lines.remove(key)
         if curve is not None:
@@ -698,6 +714,7 @@ class PlotsPanel(QWidget):
     """All live plots with shared view settings: x axis (step or wall time) and EMA smoothing."""
 
     redrawn = Signal()
+    compareRequested = Signal()  # the user asked to overlay another run (the window asks which)
 
     def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -761,6 +778,7 @@ class PlotsPanel(QWidget):
         self.x_mode.currentIndexChanged.connect(self._settings_changed)
         self.smoothing.valueChanged.connect(self._settings_changed)
         self.clear_compare.clicked.connect(session.clear_comparisons)
+        self.compare_button.clicked.connect(self.compareRequested)
         session.runLoaded.connect(self._reset)
         # drawn in the same event-loop turn as the session folds them: a point waits for one
         # timer (the session's drain) instead of two
@@ -799,15 +817,15 @@ class PlotsPanel(QWidget):
 
     def _comparisons_changed(self) -> None:
         for plot in self.plots.values():
-            for key in [k for k in plot.curves if k.startswith("cmp:")]:
-                plot.remove_curve(key)
-            # what was kept of the overlaid runs (their histories, their totals) goes with them
-            for cache in (plot._owners, plot._totals):
-                for prefix in [k for k in cache if k.startswith("cmp:")]:
-                    del cache[prefix]
+            plot.forget_runs(COMPARE_PREFIX)
         self.clear_compare.setEnabled(bool(self.session.comparisons))
         self._dirty = True
         self.redraw_if_needed()
+
+    def apply_theme(self) -> None:
+        """Redraw every plot in the current palette's colours."""
+        for plot in self.plots.values():
+            plot.apply_theme()
 
     def stop(self) -> None:
         self.timer.stop()
@@ -860,7 +878,7 @@ class PlotsPanel(QWidget):
         palette) and a short name in the legend."""
         spec = plot.spec
         history = state.history
-        prefix = f"cmp:{label}:" if label else ""
+        prefix = f"{COMPARE_PREFIX}{label}:" if label else ""
         suffix = f" · {short_run_label(label)}" if label else ""
         owners = plot.owners(history, prefix)
         order = {name: i for i, name in enumerate(state.tasks)}
@@ -882,7 +900,7 @@ class PlotsPanel(QWidget):
                     totals.append((key, x, y))
         if spec.total and len(totals) > 1:
             # drawn where every replica has reported: past that the sum would still change
-            base_x, total, stable, final = _total(plot._totals, prefix, totals)
+            base_x, total, stable, final = plot.total(prefix, totals)
             plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
                            base_x[:final], total[:final], weight, style, width=2.2, x_offset=offset,
                            stable=stable)
