@@ -1,0 +1,118 @@
+"""The window's layout: the central splitter (the cluster above, the plots below) in a design and a
+watch layout, each with the sizes the user gave it, and the window's geometry and docks, all
+remembered between sessions.
+"""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QByteArray, QObject, QSettings, QSize, Qt, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QDockWidget, QMainWindow, QSplitter, QWidget
+
+#: Share of the central splitter the cluster gets: large while designing, a compact status view
+#: while a run is watched (the plots get the room); the user's own sizes per layout are remembered.
+LAYOUT_SHARES = {"design": 0.58, "watch": 0.34}
+#: The window's size on first start (shrunk to the screen).
+FIRST_SIZE = QSize(1500, 940)
+
+
+def screen_fit_size(wanted: QSize, available: QSize) -> QSize:
+    """``wanted``, shrunk to fit ``available`` (a screen's free area) with a margin."""
+    return QSize(min(wanted.width(), int(available.width() * 0.96)),
+                 min(wanted.height(), int(available.height() * 0.94)))
+
+
+class WindowLayout(QObject):
+    """Owns the central ``splitter`` of ``window`` and which layout it shows (:attr:`mode`)."""
+
+    modeChanged = Signal(str)  # "design" or "watch", before the splitter takes that layout's sizes
+
+    def __init__(self, window: QMainWindow, top: QWidget, bottom: QWidget) -> None:
+        super().__init__(window)
+        self.window = window
+        self.mode = "design"
+        self._sizes: dict[str, list[int]] = {}
+        self._shown = False
+        self.splitter = QSplitter(Qt.Orientation.Vertical)
+        self.splitter.setObjectName("centralSplitter")
+        self.splitter.setChildrenCollapsible(False)
+        self.splitter.addWidget(top)
+        self.splitter.addWidget(bottom)
+        self.splitter.setStretchFactor(0, 1)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.splitterMoved.connect(lambda _pos, _index: self.remember())
+        window.setCentralWidget(self.splitter)
+
+    def set_mode(self, mode: str) -> None:
+        """``design`` (the canvas large) or ``watch`` (the plots large); each keeps the user's sizes."""
+        if mode not in LAYOUT_SHARES:
+            raise ValueError(f"mode: expected one of {sorted(LAYOUT_SHARES)}, got {mode!r}")
+        if mode == self.mode:
+            return
+        self.remember()
+        self.mode = mode
+        self.modeChanged.emit(mode)
+        self.apply()
+
+    def sizes(self, mode: str) -> list[int] | None:
+        """The sizes the user gave ``mode`` (None until there are some)."""
+        sizes = self._sizes.get(mode)
+        return list(sizes) if sizes is not None else None
+
+    def apply(self) -> None:
+        """The current layout's sizes, as proportions of the splitter's height now."""
+        total = sum(self.splitter.sizes()) or max(1, self.splitter.height())
+        sizes = self._sizes.get(self.mode)
+        if sizes and len(sizes) == 2 and sum(sizes) > 0:
+            first = round(total * sizes[0] / sum(sizes))
+        else:
+            first = int(total * LAYOUT_SHARES[self.mode])
+        self.splitter.setSizes([first, total - first])
+
+    def remember(self) -> None:
+        """Keep the splitter's sizes now as the current layout's."""
+        sizes = self.splitter.sizes()
+        if sum(sizes) > 0:
+            self._sizes[self.mode] = sizes
+
+    def shown(self) -> None:
+        """The window is shown: the first time, the splitter has its real height only now."""
+        if not self._shown:
+            self._shown = True
+            self.apply()
+
+    # ------------------------------------------------------------------ remembered between sessions
+
+    def restore(self, settings: QSettings, side_dock: QDockWidget, bottom_dock: QDockWidget) -> None:
+        """The window's geometry, docks and splitter sizes as last saved; on first start a size that
+        fits the screen, ``side_dock`` a fifth of its width and ``bottom_dock`` a sixth of its height."""
+        window = self.window
+        screen = window.screen() or QGuiApplication.primaryScreen()
+        available = screen.availableGeometry().size() if screen is not None else FIRST_SIZE
+        geometry = settings.value("window/geometry")
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
+            window.restoreGeometry(geometry)
+            window.resize(screen_fit_size(window.size(), available))  # the screen may be smaller now
+        else:
+            size = screen_fit_size(FIRST_SIZE, available)
+            window.resize(size)
+            window.resizeDocks([side_dock], [max(280, min(340, size.width() // 5))], Qt.Orientation.Horizontal)
+            window.resizeDocks([bottom_dock], [max(130, size.height() // 6)], Qt.Orientation.Vertical)
+        state = settings.value("window/state")
+        if isinstance(state, QByteArray) and not state.isEmpty():
+            window.restoreState(state)
+        for mode in LAYOUT_SHARES:
+            value = settings.value(f"window/splitter/{mode}")
+            if isinstance(value, list) and len(value) == 2:
+                try:
+                    self._sizes[mode] = [int(v) for v in value]
+                except (TypeError, ValueError):
+                    pass
+        self.apply()
+
+    def save(self, settings: QSettings) -> None:
+        self.remember()
+        settings.setValue("window/geometry", self.window.saveGeometry())
+        settings.setValue("window/state", self.window.saveState())
+        for mode, sizes in self._sizes.items():
+            settings.setValue(f"window/splitter/{mode}", sizes)
