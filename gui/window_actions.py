@@ -132,7 +132,7 @@ class WindowActions:
         self.role_actions: dict[str, QAction] = {}
         for role in ROLES:
             a = self.add_task_menu.addAction(f"Add {role}")
-            a.setToolTip(f"Add a {role} task to the selected host")
+            a.setToolTip(f"Add {'an' if role[0] in 'aeiou' else 'a'} {role} task to the selected host")
             self.role_actions[role] = a
         self.recent_menu = self._menu("Open &Recent")
         self.presets_menu = self._menu("&Presets")

@@ -1,0 +1,69 @@
+"""Quitting while a run is in progress: the user is asked; yes stops the run and closes once it ended."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from PySide6.QtWidgets import QMessageBox
+
+from engine.contract import events
+
+
+class Replay:
+    """A run whose events the test gives (what the session needs of a launched run)."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Any] = []
+        self.done = False
+        self.stops = 0
+
+    def add_listener(self, fn: Any) -> None:
+        self.listeners.append(fn)
+
+    def stop(self, reason: str = "", wait: bool = True) -> None:
+        self.stops += 1
+
+    def pids(self) -> list[int]:
+        return []
+
+    def end(self, state: str) -> None:
+        for fn in self.listeners:
+            fn(events.make("run", "launcher", state=state))
+        self.done = True
+
+
+def test_quit_during_a_run_asks_then_stops_it_first(qtbot: Any, window: Any, dialogs: Any) -> None:
+    c = window.controller
+    run = Replay()
+    c.session.watch(run, c.config, state="running")
+    assert window.stop_action.isEnabled() and not window.run_action.isEnabled()
+
+    dialogs.answers.append(QMessageBox.StandardButton.No)
+    window.close()
+    assert window.isVisible() and run.stops == 0 and dialogs.kinds() == ["question"]
+
+    dialogs.answers.append(QMessageBox.StandardButton.Yes)
+    window.close()
+    assert window.isVisible() and run.stops == 1
+    assert window.statusBar().currentMessage() == "Stopping the run before quitting…"
+    assert not window.stop_action.isEnabled()  # stopping already
+    window.close()  # asked once: a second quit waits for the same stop
+    assert window.isVisible() and run.stops == 1 and dialogs.kinds() == ["question", "question"]
+
+    run.end("stopped")
+    qtbot.waitUntil(lambda: not window.isVisible())
+    assert c.run is None and dialogs.kinds() == ["question", "question"]  # no "save changes?" on the way out
+
+
+def test_start_problems_are_told(qtbot: Any, window: Any, dialogs: Any) -> None:
+    run = Replay()
+    window.controller.session.watch(run, window.controller.config, state="running")
+    window.start_run()  # F5 is disabled now; the command itself says why it cannot start
+    assert "in progress" in window.statusBar().currentMessage() and dialogs.kinds() == []
+    window.controller.stop_run()
+    run.end("stopped")
+    qtbot.waitUntil(lambda: window.controller.run is None)
+    window.controller.document.update_host(0, gpus=3)  # 3 GPUs cannot be split over 2 workers
+    window.start_run()  # as `clusterdeck gui preset --run` does
+    assert dialogs.kinds() == ["warning"] and "cannot be split" in dialogs.calls[0][2]
+    assert window.controller.run is None
