@@ -9,7 +9,7 @@ from pathlib import Path
 
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QCloseEvent, QIcon, QShowEvent
-from PySide6.QtWidgets import QDockWidget, QGroupBox, QLabel, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGroupBox, QMainWindow, QVBoxLayout, QWidget
 
 from engine.contract import resources
 from gui.canvas import ClusterCanvas
@@ -29,7 +29,7 @@ from gui.status_line import StatusLine
 from gui.stragglers_view import StragglerWatch
 from gui.task_table import TaskTable
 from gui.window_actions import ActionState, WindowActions, show_about
-from gui.window_layout import WindowLayout
+from gui.window_layout import WindowLayout, add_dock, titled
 from gui.window_theme import ThemeSwitcher
 
 __all__ = ["APPLICATION", "ORGANIZATION", "MainWindow", "app_icon", "app_settings"]
@@ -41,19 +41,6 @@ def app_icon() -> QIcon:
     for path in resources.icon_paths():
         icon.addFile(str(path))
     return icon
-
-
-def titled(title: str, widget: QWidget, tip: str) -> QWidget:
-    """``widget`` under a bold title (``tip`` on the title)."""
-    box = QWidget()
-    layout = QVBoxLayout(box)
-    layout.setContentsMargins(4, 4, 4, 0)
-    layout.setSpacing(2)
-    label = QLabel(f"<b>{title}</b>")
-    label.setToolTip(tip)
-    layout.addWidget(label)
-    layout.addWidget(widget, 1)
-    return box
 
 
 class MainWindow(QMainWindow):
@@ -86,11 +73,11 @@ class MainWindow(QMainWindow):
         self.window_layout = WindowLayout(self, titled("Cluster", self.canvas, "Hosts and their tasks. Right-click "
                                                        "to add, drag to move, Delete to remove."), self.plots)
         self.splitter = self.window_layout.splitter
-        self.settings_dock = self._dock("Settings", "settingsDock", self._inspector(),
+        self.settings_dock = add_dock(self, "Settings", "settingsDock", self._inspector(),
                                         Qt.DockWidgetArea.RightDockWidgetArea)
-        self.tasks_dock = self._dock("Tasks", "tasksDock", self.task_table, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.logs_dock = self._dock("Logs", "logsDock", self.logs, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.messages_dock = self._dock("Messages", "messagesDock", self.messages,
+        self.tasks_dock = add_dock(self, "Tasks", "tasksDock", self.task_table, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.logs_dock = add_dock(self, "Logs", "logsDock", self.logs, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.messages_dock = add_dock(self, "Messages", "messagesDock", self.messages,
                                         Qt.DockWidgetArea.BottomDockWidgetArea)
         self.tabifyDockWidget(self.tasks_dock, self.logs_dock)
         self.tabifyDockWidget(self.logs_dock, self.messages_dock)
@@ -150,14 +137,6 @@ class MainWindow(QMainWindow):
         status.show("Ready", 3000)
 
     # ------------------------------------------------------------------ building
-
-    def _dock(self, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-        dock = QDockWidget(title, self)
-        dock.setObjectName(name)
-        dock.setWidget(widget)
-        dock.setToolTip("")
-        self.addDockWidget(area, dock)
-        return dock
 
     def _inspector(self) -> QWidget:
         """One column: what stops a run, the selected host or task, the run settings."""

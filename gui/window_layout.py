@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from PySide6.QtCore import QByteArray, QObject, QSettings, QSize, Qt, Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QDockWidget, QMainWindow, QSplitter, QWidget
+from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QSplitter, QVBoxLayout, QWidget
 
 #: Share of the central splitter the cluster gets: large while designing, a compact status view
 #: while a run is watched (the plots get the room); the user's own sizes per layout are remembered.
@@ -20,6 +20,29 @@ def screen_fit_size(wanted: QSize, available: QSize) -> QSize:
     """``wanted``, shrunk to fit ``available`` (a screen's free area) with a margin."""
     return QSize(min(wanted.width(), int(available.width() * 0.96)),
                  min(wanted.height(), int(available.height() * 0.94)))
+
+
+def titled(title: str, widget: QWidget, tip: str) -> QWidget:
+    """``widget`` under a bold title (``tip`` on the title)."""
+    box = QWidget()
+    layout = QVBoxLayout(box)
+    layout.setContentsMargins(4, 4, 4, 0)
+    layout.setSpacing(2)
+    label = QLabel(f"<b>{title}</b>")
+    label.setToolTip(tip)
+    layout.addWidget(label)
+    layout.addWidget(widget, 1)
+    return box
+
+
+def add_dock(window: QMainWindow, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
+    """``widget`` in a dock of ``window`` (``name``: its key in the saved window state)."""
+    dock = QDockWidget(title, window)
+    dock.setObjectName(name)
+    dock.setWidget(widget)
+    dock.setToolTip("")
+    window.addDockWidget(area, dock)
+    return dock
 
 
 class WindowLayout(QObject):
