@@ -87,14 +87,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     with _StopOnSignal() as stopper:  # Ctrl-C, SIGTERM, SIGHUP: end the command before the start, stop the run after
         from engine.control.launcher import Run, launch_problems
         from engine.control.memory import tune_allocator
-        from engine.control.preflight import warnings as preflight_warnings
 
         tune_allocator()  # this process keeps the run's history: see engine.control.memory
         problems = launch_problems(cfg, deep=True)  # the data files and the user's script (a subprocess)
         if problems:
             report(ConfigError(problems, cfg.name))
             return 2
-        _warn(preflight_warnings(cfg), args.json)
         run = Run(cfg, runs_root=runs_root, checked=True)
         try:
             code = _run_json(run, stopper) if args.json else _run_pretty(run, stopper)

@@ -215,6 +215,8 @@ class Run:
         self._dispatcher.start()
         self.started = True
         self._emit_run("starting")
+        for warning in preflight.warnings(self.config):  # said, not refused: the app and the CLI show it
+            self._emit_info(f"{warning.field}: {warning.message}", warning="machine", field=warning.field)
         self._decide_isolation()
         self._transports = {}
         for host in self._groups(self.config):

@@ -465,3 +465,17 @@ def test_a_run_whose_launcher_was_killed_reads_interrupted(runs_root: Path) -> N
     finally:
         launcher.kill()
         launcher.wait()
+
+
+def test_a_run_says_when_its_local_tasks_outnumber_the_cpus(runs_root: Path) -> None:
+    from engine.control import machine_fit
+
+    cpus = machine_fit.cpu_count()
+    hosts = (Host(name="local", tasks=tuple(Task("worker", i) for i in range(cpus + 1))),)
+    cfg = config_mod.RunConfig(name="crowded", cluster=Cluster(hosts=hosts),
+                               training=config_mod.Training(global_batch_size=8 * (cpus + 1), steps=3))
+    run = Run(cfg, runs_root=runs_root, python=FAKE_PYTHON, checked=True)
+    run.start()
+    assert run.wait(60) == "finished", run.state.reason
+    said = [e for e in run.state.infos if e.get("warning") == "machine"]
+    assert len(said) == 1 and f"{cpus + 1} tasks share this machine" in said[0]["message"]
