@@ -2,15 +2,16 @@
 
 :class:`Run` is the single owner of a run's processes, and only their plumbing: it starts each
 supervisor through its :mod:`transport <engine.control.transports>`, reads their events on reader
-threads, and from one dispatcher thread persists each event (``events.jsonl``, through the
-:class:`~engine.contract.run_folder.RunFolder`), folds it into a
+threads, and from one dispatcher thread hands each event to the run's
+:class:`~engine.control.run_record.RunRecord` (``events.jsonl``), folds it into a
 :class:`~engine.observe.telemetry.RunState`, hands it to listeners and feeds it to the run's
 :class:`~engine.control.lifecycle.Lifecycle`, which decides when the run finishes, fails, restarts or
 stops. It never imports TensorFlow and never blocks its caller for long.
 
-``run.json`` is kept current while the run runs (state, the launcher's pid, host and start token,
-supervisors' and tasks' pids, step, summary). A run folder that cannot be written, or vanishes, fails
-the run within a second or two; the dispatcher survives any error and always ends the run.
+The record keeps ``run.json`` current while the run runs (state, the launcher's pid, host and start
+token, supervisors' and tasks' pids, step, summary) from what :class:`Run` describes. A run folder that
+cannot be written, or vanishes, fails the run within a second or two; the dispatcher survives any error
+and always ends the run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder, default_runs_root, launcher_identity
 from engine.control import lifecycle as lc
 from engine.control import netns, preflight, transports
+from engine.control.run_record import FLUSH_S as FLUSH_S  # the record's flush cadence, also read from here
+from engine.control.run_record import RunRecord
 from engine.control.supervisor import RUN_DIR_ENV, TASK_STOP_GRACE, kill_run_processes
 from engine.observe.telemetry import RunState
 
@@ -48,11 +51,6 @@ STOP_TIMEOUT = TASK_STOP_GRACE + 1.5
 LOCAL_GROUP = "localhost"  # the supervisor of every host that is this machine
 MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
 TICK_S = 0.5  # progress deadlines and the run folder are checked this often
-META_INTERVAL_S = 1.0  # run.json is rewritten at most this often while the run runs
-#: The run's ``events.jsonl`` is written when the dispatcher's queue runs dry, and at least this often
-#: (seconds) or once this many bytes are held, whichever comes first, while events keep coming.
-FLUSH_S = 0.1
-FLUSH_BYTES = 1 << 20
 READ_CHUNK = 1 << 16  # bytes a reader takes from a supervisor's stream at once
 Listener = Callable[[dict[str, Any]], None]
 
@@ -146,14 +144,11 @@ class Run:
         self._stop_done = threading.Event()
         self._stopping = False
         self._restarting = threading.Event()
-        self._writer: events.EventWriter | None = None
+        self._record: RunRecord | None = None  # events.jsonl and run.json, once started
         self._bad = events.ReadStats()
         self._base_config = config  # ports still 'auto': re-resolved on a whole-run restart
         self._lifecycle = lc.Lifecycle([], mode=config.parallelism.mode)
         self._launcher = launcher_identity()
-        self._meta_at = 0.0
-        self._meta_events = -1
-        self._meta_due = False
 
     # -- public API
 
@@ -201,9 +196,12 @@ class Run:
             where = self.folder.path
             self._resolve()
             self.folder.checkpoints.mkdir(exist_ok=True)
-            self._writer = events.EventWriter(self.folder.events)
-            self._write_meta("starting", strict=True)
+            self._record = RunRecord(self.folder, describe=self._describe, on_failure=self._record_failed)
+            self._record.write_meta("starting", strict=True)
         except OSError as exc:
+            if self._record is not None:
+                self._record.close()
+                self._record = None
             raise ConfigError([Problem("run folder", f"cannot write the run folder {str(where)!r}: "
                                                      f"{exc.strerror or exc}; expected a writable folder")]) from None
         training = self.config.training
@@ -443,14 +441,7 @@ class Run:
                         self._handle_safely(event, line)
                 else:
                     self._handle_safely(item)
-                writer = self._writer
-                if writer is not None and writer.held_since and (
-                        self._queue.empty() or writer.held_bytes >= FLUSH_BYTES
-                        or time.monotonic() - writer.held_since >= FLUSH_S):
-                    self._flush_events()
-                if self._meta_due and (self._queue.empty() or time.monotonic() - self._meta_at >= META_INTERVAL_S):
-                    self._meta_due = False  # a task's or the run's new state: once per burst, not per event
-                    self._maybe_write_meta(force=True)
+                self._recorder().catch_up(self._queue.empty)  # events.jsonl, run.json: per burst
         finally:
             self._finish()
 
@@ -463,9 +454,9 @@ class Run:
 
     def _handle(self, item: dict[str, Any] | _SupervisorGone | _Tick, line: bytes | None = None) -> None:
         if isinstance(item, _Tick):
-            self._check_folder()
+            self._recorder().check_folder()
             self._act(self._feed(lc.Tick()))
-            self._maybe_write_meta()
+            self._recorder().update_meta()
         elif isinstance(item, _SupervisorGone):
             sup = item.sup
             message = ""
@@ -479,14 +470,12 @@ class Run:
             policy_input = lc.from_event(item)
             if policy_input is not None:
                 self._act(self._feed(policy_input))
-            if item.get("kind") in ("run", "status"):
-                self._meta_due = True  # run.json is written once the queue runs dry (see _dispatch)
 
     def _deliver(self, event: dict[str, Any], line: bytes | None = None) -> None:
         """``event`` into the run's file (``line`` as received where it can be kept), the state and the
         listeners."""
         with self._lock:
-            self._write_event(event, line)
+            self._recorder().write_event(event, line)
             self.state.apply(event)
             listeners = list(self._listeners)
         for listener in listeners:
@@ -494,42 +483,6 @@ class Run:
                 listener(event)
             except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
                 print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
-
-    def _write_event(self, event: dict[str, Any], line: bytes | None = None) -> None:
-        """Held for the next :meth:`_flush_events` (the dispatcher's, when its queue runs dry)."""
-        if self._writer is not None:
-            self._writer.hold(line if line is not None else events.encode(event).encode("utf-8"))
-
-    def _flush_events(self) -> None:
-        writer = self._writer
-        if writer is None:
-            return
-        try:
-            writer.flush()
-        except OSError as exc:
-            writer.close()
-            self._writer = None
-            self._folder_failed(self._folder_problem(exc, self.folder.events))
-
-    def _folder_problem(self, exc: OSError, path: Path) -> str:
-        if not self.folder.path.is_dir():
-            return (f"the run folder vanished ({self.folder.path} was deleted or moved); nothing more of this "
-                    "run can be saved")
-        return f"the run folder cannot be written ({exc.strerror or exc}: {path})"
-
-    def _folder_failed(self, reason: str) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-        self._act(self._feed(lc.LauncherFailed(reason)))
-
-    def _check_folder(self) -> None:
-        """A deleted or moved run folder fails the run (it is never silently recreated)."""
-        if self._writer is None or self._folder is None:
-            return
-        if not self._writer.alive() or not self.folder.path.is_dir():
-            self._folder_failed(f"the run folder vanished ({self.folder.path} was deleted or moved); "
-                                "nothing more of this run can be saved")
 
     # -- the lifecycle
 
@@ -611,7 +564,7 @@ class Run:
                 self._deliver(events.make("info", "launcher", message=f"{self._bad.bad} malformed event line(s) "
                                           "skipped", bad_lines=self._bad.bad))
             self._deliver(events.make("run", "launcher", **outcome.event_fields()))
-            self._flush_events()
+            self._recorder().flush()
             self._kill_leftovers()
             for transport in self._prepared:
                 try:
@@ -620,13 +573,15 @@ class Run:
                     print(f"clusterdeck: releasing the {transport.kind} transport failed: {exc!r}", file=sys.stderr)
             self._prepared = []
             with self._lock:
-                self._write_meta(str(outcome.state), ended=time.strftime("%Y-%m-%dT%H:%M:%S"))
-                if self._writer is not None:
-                    self._writer.close()
-                    self._writer = None
+                self._recorder().write_meta(str(outcome.state), ended=time.strftime("%Y-%m-%dT%H:%M:%S"))
         except Exception:  # noqa: BLE001 - done must be set whatever happens
             traceback.print_exc(file=sys.stderr)
         finally:
+            # closed, and let go: the record holds the run's callbacks, and an ended run must be freed
+            # at once (its supervisors' pipes close with it), not at the next garbage collection
+            record, self._record = self._record, None  # the dispatcher's alone from start() on
+            if record is not None:
+                record.close()
             self._stop_done.set()
             self._done.set()
 
@@ -672,38 +627,29 @@ class Run:
                 _kill_group(pid)
         kill_run_processes(str(self.run_dir.resolve()))
 
-    # -- run folder
+    # -- the record
 
-    def _maybe_write_meta(self, force: bool = False) -> None:
-        if self._done.is_set():
-            return
-        now = time.monotonic()
-        if not force and (now - self._meta_at < META_INTERVAL_S or self.state.events == self._meta_events):
-            return
+    def _recorder(self) -> RunRecord:
+        """The run's record (there from :meth:`start` on; the dispatcher starts after it)."""
+        if self._record is None:
+            raise RuntimeError("the run has not started")
+        return self._record
+
+    def _describe(self) -> dict[str, Any]:
+        """``run.json``'s fields of the moment: what runs where, and how far it got."""
         with self._lock:
-            self._write_meta(str(self._lifecycle.phase))
+            sups = list(self._supervisors)  # a snapshot (a restart may be replacing them)
+            supervisors = {s.group: {"pid": s.proc.pid, "transport": s.transport.kind,
+                                     "host": s.launch.host.name if s.launch.host is not None else LOCAL_GROUP}
+                           for s in sups}
+            tasks = {n: {"pid": t.pid, "state": t.state, "host": t.host} for n, t in self.state.tasks.items()}
+            return {"name": self.config.name, "state": str(self._lifecycle.phase),
+                    "mode": self.config.parallelism.mode, "launcher": self._launcher, "supervisors": supervisors,
+                    "tasks": tasks, "step": self.state.step, "summary": self.state.summary()}
 
-    def _write_meta(self, state: str, *, strict: bool = False, **extra: Any) -> None:
-        """``run.json``: what runs where, and how far it got (a failure to write fails the run;
-        ``strict``: raises it)."""
-        if self._run_dir is None:
-            return
-        self._meta_at, self._meta_events = time.monotonic(), self.state.events
-        sups = list(self._supervisors)  # a snapshot (a restart may be replacing them)
-        supervisors = {s.group: {"pid": s.proc.pid, "transport": s.transport.kind,
-                                 "host": s.launch.host.name if s.launch.host is not None else LOCAL_GROUP}
-                       for s in sups}
-        tasks = {n: {"pid": t.pid, "state": t.state, "host": t.host} for n, t in self.state.tasks.items()}
-        try:
-            self.folder.write_meta(name=self.config.name, state=state, mode=self.config.parallelism.mode,
-                                   launcher=self._launcher, supervisors=supervisors, tasks=tasks,
-                                   step=self.state.step, summary=self.state.summary(), **extra)
-        except OSError as exc:
-            if strict:
-                raise
-            if state in ("finished", "failed", "stopped"):
-                return  # the end was decided already; the folder's trouble is in the reason or beyond help
-            self._folder_failed(self._folder_problem(exc, self.folder.run_json))
+    def _record_failed(self, reason: str) -> None:
+        """The run folder can no longer be written or vanished: the run fails, saying why."""
+        self._act(self._feed(lc.LauncherFailed(reason)))
 
 
 class _Tick:
