@@ -3,6 +3,7 @@ burst with the run's fields (``created`` kept), and a folder that fails or vanis
 
 from __future__ import annotations
 
+import contextlib
 import json
 import resource
 import shutil
@@ -116,11 +117,10 @@ def test_a_line_as_received_is_written_as_is_and_close_flushes_what_is_held(fold
     assert not record.writing
 
 
-@pytest.fixture
-def small_files() -> Iterator[int]:
-    """Files of this process may grow to 4 KiB only (a real failed write: the kernel writes part of a
-    line, then refuses)."""
-    limit = 4096
+@contextlib.contextmanager
+def small_files(limit: int = 4096) -> Iterator[int]:
+    """Files of this process may grow to ``limit`` bytes only (a real failed write: the kernel writes part
+    of a line, then refuses). Only around the writes: pytest's own output (maybe to a file) must not meet it."""
     old_limits = resource.getrlimit(resource.RLIMIT_FSIZE)
     old_handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     resource.setrlimit(resource.RLIMIT_FSIZE, (limit, old_limits[1]))
@@ -132,27 +132,29 @@ def small_files() -> Iterator[int]:
 
 
 def test_a_failed_write_leaves_whole_lines_fails_the_run_once_and_stops_writing(
-        folder: RunFolder, run: Recorded, small_files: int) -> None:
+        folder: RunFolder, run: Recorded) -> None:
     record = record_of(folder, run, flush_s=60.0)
     record.write_meta("starting", strict=True)  # before the file is full
     sent = 0
-    for _ in range(20):
-        for _ in range(10):
-            record.write_event(events.make("info", "launcher", message="x" * 150, i=sent))
-            sent += 1
-        record.catch_up(dry)
-        if run.failures:
-            break
+    with small_files() as limit:
+        for _ in range(20):
+            for _ in range(10):
+                record.write_event(events.make("info", "launcher", message="x" * 150, i=sent))
+                sent += 1
+            record.catch_up(dry)
+            if run.failures:
+                break
     assert len(run.failures) == 1, run.failures
     assert run.failures[0].startswith("the run folder cannot be written (")
     assert str(folder.events) in run.failures[0]
     kept = lines(folder.events)  # whole lines only, each one valid
-    assert 0 < len(kept) < sent and folder.events.stat().st_size <= small_files
+    assert 0 < len(kept) < sent and folder.events.stat().st_size <= limit
     assert [e["i"] for e in kept] == list(range(len(kept)))
     assert not record.writing
-    record.write_event(events.make("info", "launcher", message="after"))
-    record.catch_up(dry)
-    record.check_folder()
+    with small_files():
+        record.write_event(events.make("info", "launcher", message="after"))
+        record.catch_up(dry)
+        record.check_folder()
     assert len(run.failures) == 1 and len(lines(folder.events)) == len(kept)
     record.close()
 
