@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -67,14 +68,36 @@ def create_window(argv: Sequence[str] = ()) -> MainWindow:
     return window
 
 
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def stop_on_signals(app: QApplication, window: MainWindow) -> dict[str, int]:
+    """Ctrl-C, SIGTERM and SIGHUP stop the run as Stop does and then close the window; the returned dict
+    gets the signal's number. A timer lets Python run its handlers while Qt waits for events."""
+    received: dict[str, int] = {}
+
+    def handler(signum: int, _frame: object) -> None:
+        received.setdefault("signal", signum)
+        QTimer.singleShot(0, window.runs.quit_on_signal)
+
+    for s in STOP_SIGNALS:
+        signal.signal(s, handler)
+    wake = QTimer(app)
+    wake.setObjectName("signalWake")
+    wake.timeout.connect(lambda: None)
+    wake.start(200)
+    return received
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the app until its window closes; returns the exit status."""
+    """Run the app until its window closes; returns the exit status (128 + the signal when one ended it)."""
     argv = sys.argv[1:] if argv is None else argv
     app = application()
     window = create_window(argv)
+    received = stop_on_signals(app, window)
     code = app.exec()
     del window
-    return int(code)
+    return 128 + received["signal"] if "signal" in received else int(code)
 
 
 if __name__ == "__main__":

@@ -55,6 +55,16 @@ class RunActions(QObject):
             self.message.emit("Stopping the run before quitting…", 0)
         return False
 
+    def quit_on_signal(self) -> None:
+        """SIGINT, SIGTERM or SIGHUP (a terminal closed, a session ended): stop the run as Stop does and close
+        once it has ended, without asking (nobody may be there to answer)."""
+        self.quitting = True
+        if self.controller.is_running:
+            self.controller.stop_run()
+            self.message.emit("Stopping the run before quitting (a signal asked to quit)…", 0)
+        else:
+            QTimer.singleShot(0, self.closeReady.emit)
+
     def _run_state_changed(self, _state: str) -> None:
         if self.quitting and not self.controller.is_running:
             QTimer.singleShot(0, self.closeReady.emit)
