@@ -10,6 +10,7 @@ an item is never deleted inside its own event handler.
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable
 from functools import partial
 
@@ -20,6 +21,7 @@ from PySide6.QtGui import (
     QColor,
     QContextMenuEvent,
     QFont,
+    QFontMetricsF,
     QKeySequence,
     QPainter,
     QPainterPath,
@@ -55,6 +57,8 @@ READABLE_SCALE = 0.62
 #: While a run is watched the cluster is a compact status view: smaller, so every chip's state shows.
 COMPACT_SCALE = 0.3
 MAX_SCALE = 1.3
+#: The accent of a Slurm group's badge.
+SLURM_COLOR = "#0f7b8a"
 
 
 def _defer(fn: Callable[[], object]) -> None:
@@ -66,6 +70,32 @@ def gpu_list(ids: list[int]) -> str:
     if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
         return f"{ids[0]}–{ids[-1]}"
     return ", ".join(str(g) for g in ids)
+
+
+def plural(n: int, word: str) -> str:
+    return f"{n} {word}{'' if n == 1 else 's'}"
+
+
+def slurm_subtitle(host: Host) -> str:
+    """What a Slurm group's header says instead of an address: ``Slurm · partition debug · 2 nodes``."""
+    s = host.slurm
+    if s is None:
+        return "Slurm · no slurm block"
+    where = f"partition {s.partition}" if s.partition else "default partition"
+    return f"Slurm · {where} · {plural(s.nodes, 'node')}"
+
+
+def slurm_resources(host: Host) -> str:
+    """A Slurm group's request per node and per task and its time limit, in one line (its GPU row; the
+    tooltip says the rest)."""
+    s = host.slurm
+    if s is None:
+        return ""
+    parts = [f"{plural(s.gpus_per_node, 'GPU')}/node" if s.gpus_per_node > 0 else "no GPU (CPU only)",
+             f"{plural(s.cpus_per_task, 'CPU')}/task"]
+    if s.time_limit:
+        parts.append(f"limit {s.time_limit}")
+    return " · ".join(parts)
 
 
 class ChipItem(QGraphicsObject):
@@ -82,6 +112,7 @@ class ChipItem(QGraphicsObject):
         self.run_state: TaskState | None = None
         self.gpus: list[int] = []  # the host's GPU ids this task owns
         self.gpu_color: QColor | None = None  # the colour of its GPUs on the host's GPU row
+        self.node: int | None = None  # a Slurm group's task: the node of the allocation it runs on
         self.home = QPointF()
         self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
         self.setCursor(Qt.CursorShape.OpenHandCursor)
@@ -98,8 +129,10 @@ class ChipItem(QGraphicsObject):
     def update_tooltip(self) -> None:
         t = self.task
         lines = [f"<b>{t.name}</b> — port {'auto' if t.port is None else t.port}"]
+        if self.node is not None:
+            lines.append(f"On node {self.node} of the Slurm allocation (tasks fill the nodes in drawn order)")
         if self.gpus:
-            lines.append(f"GPU {gpu_list(self.gpus)} of its host")
+            lines.append(f"GPU {gpu_list(self.gpus)} of its {'node' if self.node is not None else 'host'}")
         lines.append("Drag onto another host to move it; right-click for more.")
         if self.run_state is not None and self.run_state.state != "pending":
             s = self.run_state
@@ -140,8 +173,12 @@ class ChipItem(QGraphicsObject):
         port = "port auto" if self.task.port is None else f"port {self.task.port}"
         where = f"GPU {gpu_list(self.gpus)}" if self.gpus else port
         state = self.run_state.state if self.run_state is not None else ""
+        if self.node is not None:
+            where = f"node {self.node} · {where}"
         detail = f"{state} · {where}" if state and state != "pending" else where
-        painter.drawText(QRectF(10, 20, CHIP_W - 14, 16), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
+        width = CHIP_W - (34 if self.problems else 14)
+        detail = QFontMetricsF(font).elidedText(detail, Qt.TextElideMode.ElideRight, width)
+        painter.drawText(QRectF(10, 20, width, 16), Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter,
                          detail)
         if state and state != "pending":
             painter.setPen(QPen(QColor("white"), 1.5))
@@ -185,13 +222,16 @@ class HostItem(QGraphicsObject):
         self.height = host_height(len(host.tasks))
         self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
         gpus = split_gpus(host, mode)
-        self.gpu_owner: dict[int, str] = {g: name for name, ids in gpus.items() for g in ids}
+        # a Slurm group's GPU ids repeat on every node: its row names the request, the chips their GPUs
+        self.gpu_owner: dict[int, str] = {} if host.is_slurm else {g: name for name, ids in gpus.items() for g in ids}
         owners = [name for name, ids in gpus.items() if ids]
         self.owner_colors: dict[str, QColor] = {name: QColor(theme.curve_color(k)) for k, name in enumerate(owners)}
+        nodes = {t.name: n for n, group in enumerate(host.node_tasks()) for t in group} if host.is_slurm else {}
         for j, task in enumerate(host.tasks):
             chip = ChipItem(canvas, index, j, task, self)
             chip.gpus = gpus.get(task.name, [])
             chip.gpu_color = self.owner_colors.get(task.name)
+            chip.node = nodes.get(task.name)
             chip.update_tooltip()
             chip.home = QPointF(PAD + (j % COLUMNS) * (CHIP_W + PAD), HEADER_H + GPU_ROW_H + (j // COLUMNS) * (CHIP_H + PAD))
             chip.setPos(chip.home)
@@ -209,8 +249,43 @@ class HostItem(QGraphicsObject):
     def boundingRect(self) -> QRectF:
         return QRectF(-2, -2, HOST_W + 4, self.height + 4)
 
+    def subtitle(self) -> str:
+        """The header's second line: the address, or what a Slurm group allocates."""
+        return slurm_subtitle(self.host) if self.host.is_slurm else self.host.address
+
+    def _slurm_tooltip(self) -> list[str]:
+        h = self.host
+        s = h.slurm
+        if s is None:
+            return [f"<b>{html.escape(h.name)}</b> — a Slurm group without its slurm block"]
+        where = f"partition <b>{html.escape(s.partition)}</b>" if s.partition else "the default partition"
+        lines = [f"<b>{html.escape(h.name)}</b> — Slurm group: {plural(s.nodes, 'node')} in {where}, "
+                 f"{plural(s.gpus_per_node, 'GPU')} per node" + (f" (--gres=gpu:{s.gpus_per_node})"
+                                                                  if s.gpus_per_node else "")]
+        for n, group in enumerate(h.node_tasks()):
+            lines.append(f"node {n}: {', '.join(t.name for t in group) or 'no task'}")
+        ask = [f"{plural(s.cpus_per_task, 'CPU')} per task"]
+        for text, value in (("memory per task", s.mem_per_task), ("time limit", s.time_limit),
+                            ("account", s.account), ("QoS", s.qos)):
+            if value:
+                ask.append(f"{text} {html.escape(value)}")
+        lines.append(", ".join(ask))
+        for text, options in (("sbatch", s.sbatch_options), ("srun", s.srun_options)):
+            if options:
+                lines.append(f"{text} options: {html.escape(' '.join(options))}")
+        lines.append("Tasks fill the nodes in drawn order; salloc allocates them, srun starts one supervisor "
+                     "per node.")
+        return lines
+
     def update_tooltip(self) -> None:
         h = self.host
+        if h.is_slurm:
+            lines = self._slurm_tooltip()
+            lines.append("Drag to move; right-click to add tasks or GPUs per node.")
+            for p in self.problems:
+                lines.append(f"<span style='color:{theme.PROBLEM_COLOR}'>⚠ {html.escape(p)}</span>")
+            self.setToolTip("<br>".join(lines))
+            return
         lines = [f"<b>{h.name}</b> at {h.address} — {h.gpus} GPU{'s' if h.gpus != 1 else ''}"]
         by_owner: dict[str, list[int]] = {}
         for g, owner in sorted(self.gpu_owner.items()):
@@ -239,28 +314,54 @@ class HostItem(QGraphicsObject):
         painter.drawRoundedRect(rect, 10, 10)
         header = QPainterPath()
         header.addRoundedRect(QRectF(1, 1, HOST_W - 2, HEADER_H - 2), 9, 9)
-        painter.fillPath(header, QColor("#363c47") if dark else QColor("#eef1f5"))
+        slurm = self.host.is_slurm
+        if slurm:
+            painter.fillPath(header, QColor("#2f3d45") if dark else QColor("#e3f1f3"))
+        else:
+            painter.fillPath(header, QColor("#363c47") if dark else QColor("#eef1f5"))
         text = pal.text().color()
         painter.setPen(text)
         font = QFont(painter.font())
         font.setBold(True)
         font.setPointSizeF(10.5)
         painter.setFont(font)
-        painter.drawText(QRectF(PAD, 3, HOST_W - 2 * PAD - 20, 20), Qt.AlignmentFlag.AlignVCenter, self.host.name)
+        name_w = HOST_W - 2 * PAD - 20 - (52 if slurm else 0)
+        name = QFontMetricsF(font).elidedText(self.host.name, Qt.TextElideMode.ElideRight, name_w)
+        painter.drawText(QRectF(PAD, 3, name_w, 20), Qt.AlignmentFlag.AlignVCenter, name)
+        if slurm:
+            self._paint_badge(painter, font)
         font.setBold(False)
         font.setPointSizeF(8.5)
         painter.setFont(font)
         painter.setPen(pal.placeholderText().color())
-        painter.drawText(QRectF(PAD, 21, HOST_W - 2 * PAD, 16), Qt.AlignmentFlag.AlignVCenter, self.host.address)
+        sub = QFontMetricsF(font).elidedText(self.subtitle(), Qt.TextElideMode.ElideRight, HOST_W - 2 * PAD)
+        painter.drawText(QRectF(PAD, 21, HOST_W - 2 * PAD, 16), Qt.AlignmentFlag.AlignVCenter, sub)
         if self.problems:
             painter.setPen(QColor(theme.PROBLEM_COLOR))
             painter.drawText(QRectF(HOST_W - 28, 4, 20, 20), Qt.AlignmentFlag.AlignCenter, "⚠")
         self._paint_gpus(painter, text)
 
+    def _paint_badge(self, painter: QPainter, font: QFont) -> None:
+        """The SLURM badge at the header's right (left of a problem's ⚠)."""
+        badge = QRectF(HOST_W - PAD - 24 - 46, 6, 46, 15)
+        painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(QColor(SLURM_COLOR))
+        painter.drawRoundedRect(badge, 4, 4)
+        small = QFont(font)
+        small.setPointSizeF(7)
+        painter.setFont(small)
+        painter.setPen(QColor("white"))
+        painter.drawText(badge, Qt.AlignmentFlag.AlignCenter, "SLURM")
+
     def _paint_gpus(self, painter: QPainter, text: QColor) -> None:
         y = HEADER_H + 3
         gpus = self.host.gpus
         painter.setPen(self.canvas.palette().placeholderText().color())
+        if self.host.is_slurm:
+            line = QFontMetricsF(painter.font()).elidedText(slurm_resources(self.host), Qt.TextElideMode.ElideRight,
+                                                            HOST_W - 2 * PAD)
+            painter.drawText(QRectF(PAD, y, HOST_W - 2 * PAD, 16), Qt.AlignmentFlag.AlignVCenter, line)
+            return
         if gpus <= 0:
             painter.drawText(QRectF(PAD, y, 120, 16), Qt.AlignmentFlag.AlignVCenter, "no GPU (CPU only)")
             return
@@ -599,12 +700,26 @@ class ClusterCanvas(QWidget):
             for role in ROLES:
                 add(f"Add {role} task", partial(c.add_task, i, role), f"Place a new {role} task on this host")
             menu.addSeparator()
-            gpus = item.host.gpus
-            add("Add GPU", lambda: c.update_host(i, gpus=gpus + 1), "One more GPU slot on this host")
-            add("Remove GPU", lambda: c.update_host(i, gpus=gpus - 1), "One GPU slot fewer", enabled=gpus > 0)
+            slurm = item.host.slurm if item.host.is_slurm else None
+            if slurm is not None:
+                per = slurm.gpus_per_node
+                add("Add GPU per node", lambda: c.update_slurm(i, gpus_per_node=per + 1),
+                    "Ask Slurm for one more GPU on each node (--gres=gpu:N)")
+                add("Remove GPU per node", lambda: c.update_slurm(i, gpus_per_node=per - 1),
+                    "Ask Slurm for one GPU fewer on each node", enabled=per > 0)
+                add("Make a machine", lambda: c.set_host_kind(i, "machine"),
+                    "Turn this Slurm group into one machine (its GPUs per node become the machine's GPUs)")
+            else:
+                gpus = item.host.gpus
+                add("Add GPU", lambda: c.update_host(i, gpus=gpus + 1), "One more GPU slot on this host")
+                add("Remove GPU", lambda: c.update_host(i, gpus=gpus - 1), "One GPU slot fewer", enabled=gpus > 0)
+                add("Make a Slurm group", lambda: c.set_host_kind(i, "slurm"),
+                    "Run these tasks on nodes Slurm allocates (partition, nodes, time limit in its properties)")
             menu.addSeparator()
             add("Delete host", lambda: c.remove_host(i), "Remove this host and its tasks")
         else:
             pos = (scene_pos.x(), scene_pos.y()) if scene_pos is not None else None
             add("Add host here", lambda: c.add_host(pos), "Add a host box at this place")
+            add("Add Slurm group here", lambda: c.add_host(pos, kind="slurm"),
+                "Add a group of nodes Slurm allocates (partition, nodes, GPUs per node, time limit) at this place")
         return menu

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from engine.contract import config as cfg
-from engine.contract.config import ROLES, Cluster, Host, RunConfig, Task
+from engine.contract.config import HOST_KINDS, ROLES, Cluster, Host, RunConfig, Slurm, Task
 
 # Geometry of a host box on the canvas (scene units): the canvas draws with these, the auto layout
 # places hosts with them.
@@ -117,9 +117,17 @@ def _replace_host(cluster: Cluster, i: int, host: Host) -> Cluster:
 # --------------------------------------------------------------------------- edits
 
 
-def add_host(doc: Document, position: Position | None = None, name: str | None = None) -> Document:
+def add_host(doc: Document, position: Position | None = None, name: str | None = None,
+             kind: str = "machine") -> Document:
+    """One more host: a machine (localhost, no GPU) or, ``kind='slurm'``, a Slurm group of one node."""
+    if kind not in HOST_KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(HOST_KINDS)}, got {kind!r}")
     cluster = doc.config.cluster
-    host = Host(name=name or unique_host_name(cluster), address="localhost", gpus=0)
+    if kind == "slurm":
+        host = Host(name=name or unique_host_name(cluster, "slurm"), address="localhost", gpus=0, kind="slurm",
+                    slurm=Slurm())
+    else:
+        host = Host(name=name or unique_host_name(cluster), address="localhost", gpus=0)
     grown = Cluster(hosts=cluster.hosts + (host,))
     if position is None:
         return doc.with_cluster(grown)
@@ -142,6 +150,32 @@ def remove_host(doc: Document, i: int) -> Document:
 def update_host(doc: Document, i: int, **changes: object) -> Document:
     cluster = doc.config.cluster
     return doc.with_cluster(_replace_host(cluster, i, cfg.replace(cluster.hosts[i], **changes)))
+
+
+def set_host_kind(doc: Document, i: int, kind: str) -> Document:
+    """Host ``i`` as a machine or a Slurm group; its GPUs carry over (a machine's GPUs become the group's
+    GPUs per node and back), its name, tasks and python stay."""
+    if kind not in HOST_KINDS:
+        raise ValueError(f"kind: expected one of {', '.join(HOST_KINDS)}, got {kind!r}")
+    host = doc.config.cluster.hosts[i]
+    if host.kind == kind:
+        return doc
+    if kind == "slurm":
+        slurm = host.slurm or Slurm(gpus_per_node=max(0, host.gpus))
+        new = cfg.replace(host, kind="slurm", slurm=slurm, gpus=0)
+    else:
+        gpus = host.slurm.gpus_per_node if host.slurm is not None else host.gpus
+        new = cfg.replace(host, kind="machine", slurm=None, gpus=gpus)
+    return doc.with_cluster(_replace_host(doc.config.cluster, i, new))
+
+
+def update_slurm(doc: Document, i: int, **changes: object) -> Document:
+    """Change fields of the slurm block of host ``i`` (a Slurm group), e.g. ``nodes=2, partition='debug'``."""
+    host = doc.config.cluster.hosts[i]
+    if not host.is_slurm:
+        raise ValueError(f"cluster.hosts[{i}].kind: expected 'slurm' to edit its slurm block, got {host.kind!r}")
+    slurm = cfg.replace(host.slurm or Slurm(), **changes)
+    return doc.with_cluster(_replace_host(doc.config.cluster, i, cfg.replace(host, slurm=slurm)))
 
 
 def move_host(doc: Document, i: int, position: Position) -> Document:

@@ -185,8 +185,10 @@ class DocumentModel(QObject):
 
     # ------------------------------------------------------------------ cluster
 
-    def add_host(self, position: tuple[float, float] | None = None) -> int:
-        self.edit(doc_ops.add_host(self._doc, position), "Add host")
+    def add_host(self, position: tuple[float, float] | None = None, kind: str = "machine") -> int:
+        """Add a machine (or, ``kind='slurm'``, a Slurm group) and select it; returns its index."""
+        text = "Add Slurm group" if kind == "slurm" else "Add host"
+        self.edit(doc_ops.add_host(self._doc, position, kind=kind), text)
         i = len(self.config.cluster.hosts) - 1
         self.select(("host", i))
         return i
@@ -198,6 +200,18 @@ class DocumentModel(QObject):
     def update_host(self, i: int, **changes: Any) -> None:
         key = f"host[{i}]." + ",".join(sorted(changes))
         self.edit(doc_ops.update_host(self._doc, i, **changes), f"Edit host {self.config.cluster.hosts[i].name}", key)
+
+    def set_host_kind(self, i: int, kind: str) -> None:
+        """Make host ``i`` a machine or a Slurm group (one undoable edit)."""
+        name = self.config.cluster.hosts[i].name
+        text = f"Make {name} a Slurm group" if kind == "slurm" else f"Make {name} a machine"
+        self.edit(doc_ops.set_host_kind(self._doc, i, kind), text)
+
+    def update_slurm(self, i: int, **changes: Any) -> None:
+        """Edit the slurm block of Slurm group ``i`` (``nodes=2``); edits of one field in a row merge."""
+        key = f"host[{i}].slurm." + ",".join(sorted(changes))
+        name = self.config.cluster.hosts[i].name
+        self.edit(doc_ops.update_slurm(self._doc, i, **changes), f"Edit Slurm group {name}", key)
 
     def move_host(self, i: int, position: tuple[float, float]) -> None:
         self.edit(doc_ops.move_host(self._doc, i, position), f"Move host {self.config.cluster.hosts[i].name}")
