@@ -53,9 +53,14 @@ def test_two_worker_restart_resumes_every_replica_from_the_checkpoint(runs_root:
     rec = Recorder()
     killed: dict[str, Any] = {}
 
+    reached: dict[int, int] = {}
+
     def kill_after_checkpoint(event: dict[str, Any]) -> None:
-        # replicas run in lock-step: a step >= 110 means worker:0 has written ckpt-100 before step 101
-        if not killed and event["kind"] == "step" and event["step"] >= 110:
+        # replicas run in lock-step: a step >= 110 means worker:0 has written ckpt-100 before step 101;
+        # both replicas' steps up to 110 must have arrived (their events race each other to the launcher)
+        if event["kind"] == "step":
+            reached[event["replica"]] = max(reached.get(event["replica"], 0), event["step"])
+        if not killed and len(reached) == 2 and min(reached.values()) >= 110:
             killed["at"] = len(rec.snapshot())
             pid = run.state.tasks["worker:1"].pid
             assert pid
