@@ -59,6 +59,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("runs_folder", "Runs &Folder…", "Choose the folder new runs are written to"),
     ActionSpec("quit", "&Quit", "Quit ClusterDeck", K.Quit),
     ActionSpec("add_host", "Add &Host", "Add a host (localhost) to the cluster", "Ctrl+Shift+H"),
+    ActionSpec("add_slurm", "Add &Slurm Group", "Add a group of nodes that Slurm allocates (partition, nodes, "
+                                                 "GPUs per node: set them in the group's properties)"),
     ActionSpec("add_task", "Add &Task", "Add a worker to the selected host (the arrow offers other roles)",
                "Ctrl+Shift+T"),
     ActionSpec("delete", "&Delete Selected", "Delete the selected host or task (Del on the canvas)"),
@@ -74,7 +76,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
 MENUS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("&File", ("new", "open", "@recent", "@presets", "-", "save", "save_as", "export", "-",
                "open_run", "compare", "clear_compare", "runs_folder", "-", "quit")),
-    ("&Edit", ("undo", "redo", "-", "add_host", "@add_task", "delete")),
+    ("&Edit", ("undo", "redo", "-", "add_host", "add_slurm", "@add_task", "delete")),
     ("&Run", ("run", "stop", "-", "scaling")),
     ("&View", ("@docks", "-", "fit", "@theme")),
     ("&Help", ("about",)),

@@ -11,7 +11,7 @@ import yaml
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QFileDialog, QLineEdit, QSpinBox
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract.config import Slurm
 from gui import document as doc_ops
 from gui.canvas import slurm_resources
@@ -257,13 +257,13 @@ def test_every_new_field_has_a_tooltip(window: Any) -> None:
 
 
 def test_kind_changes_and_slurm_edits_are_pure_and_round_trip() -> None:
-    doc = doc_ops.Document.of(cfg.default_config())
+    doc = doc_ops.Document.of(config_mod.default_config())
     group = doc_ops.set_host_kind(doc, 0, "slurm")
     assert group.config.cluster.hosts[0].slurm == Slurm() and doc.config.cluster.hosts[0].kind == "machine"
     assert doc_ops.set_host_kind(group, 0, "slurm") is group
     edited = doc_ops.update_slurm(group, 0, nodes=2, time_limit="1-00:00:00", srun_options=("--exclusive",))
-    assert cfg.validate(edited.config) == []
-    assert cfg.from_dict(cfg.to_dict(edited.config)) == edited.config
+    assert config_mod.validate(edited.config) == []
+    assert config_mod.from_dict(config_mod.to_dict(edited.config)) == edited.config
     with pytest.raises(ValueError, match="kind"):
         doc_ops.update_slurm(doc, 0, nodes=2)
     with pytest.raises(ValueError, match="kind"):
@@ -282,3 +282,12 @@ def test_problem_fields_and_typed_options() -> None:
     for bad in ("--x='open", "constraint=a100"):
         with pytest.raises(ValueError, match="expected options"):
             parse_options(bad)
+
+
+def test_edit_menu_adds_a_slurm_group(qtbot: Any, window: Any) -> None:
+    before = len(window.controller.config.cluster.hosts)
+    window.commands["add_slurm"].trigger()
+    hosts = window.controller.config.cluster.hosts
+    assert len(hosts) == before + 1 and hosts[-1].kind == "slurm"
+    window.commands["undo"].trigger()
+    assert len(window.controller.config.cluster.hosts) == before
