@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract.config import HOST_KINDS, ROLES, Cluster, Host, RunConfig, Slurm, Task
 
 # Geometry of a host box on the canvas (scene units): the canvas draws with these, the auto layout
@@ -53,7 +53,7 @@ def auto_layout(cluster: Cluster) -> tuple[Position, ...]:
 class Document:
     """A config and the canvas position of each of its hosts (one per host, same order)."""
 
-    config: RunConfig = field(default_factory=cfg.default_config)
+    config: RunConfig = field(default_factory=config_mod.default_config)
     layout: tuple[Position, ...] = ()
 
     @staticmethod
@@ -63,7 +63,7 @@ class Document:
     def with_cluster(self, cluster: Cluster, layout: tuple[Position, ...] | None = None) -> Document:
         """The document with ``cluster``: a layout the user never changed follows the new cluster; hosts
         without a position get their automatic one."""
-        new = cfg.replace(self.config, cluster=cluster)
+        new = config_mod.replace(self.config, cluster=cluster)
         auto = auto_layout(cluster)
         if layout is None:
             layout = auto if self.layout == auto_layout(self.config.cluster) else self.layout
@@ -84,8 +84,8 @@ def renumber(cluster: Cluster) -> Cluster:
         for t in h.tasks:
             index = counters.get(t.role, 0)
             counters[t.role] = index + 1
-            tasks.append(t if t.index == index else cfg.replace(t, index=index))
-        hosts.append(cfg.replace(h, tasks=tuple(tasks)))
+            tasks.append(t if t.index == index else config_mod.replace(t, index=index))
+        hosts.append(config_mod.replace(h, tasks=tuple(tasks)))
     return Cluster(hosts=tuple(hosts))
 
 
@@ -93,7 +93,7 @@ def close_gap(cluster: Cluster, role: str, index: int) -> Cluster:
     """After ``role:index`` left the cluster: the tasks of ``role`` above it move down by one, the rest keep
     their names (the user did not touch them)."""
     return Cluster(hosts=tuple(
-        cfg.replace(h, tasks=tuple(cfg.replace(t, index=t.index - 1) if t.role == role and t.index > index else t
+        config_mod.replace(h, tasks=tuple(config_mod.replace(t, index=t.index - 1) if t.role == role and t.index > index else t
                                    for t in h.tasks))
         for h in cluster.hosts))
 
@@ -149,7 +149,7 @@ def remove_host(doc: Document, i: int) -> Document:
 
 def update_host(doc: Document, i: int, **changes: object) -> Document:
     cluster = doc.config.cluster
-    return doc.with_cluster(_replace_host(cluster, i, cfg.replace(cluster.hosts[i], **changes)))
+    return doc.with_cluster(_replace_host(cluster, i, config_mod.replace(cluster.hosts[i], **changes)))
 
 
 def set_host_kind(doc: Document, i: int, kind: str) -> Document:
@@ -162,10 +162,10 @@ def set_host_kind(doc: Document, i: int, kind: str) -> Document:
         return doc
     if kind == "slurm":
         slurm = host.slurm or Slurm(gpus_per_node=max(0, host.gpus))
-        new = cfg.replace(host, kind="slurm", slurm=slurm, gpus=0)
+        new = config_mod.replace(host, kind="slurm", slurm=slurm, gpus=0)
     else:
         gpus = host.slurm.gpus_per_node if host.slurm is not None else host.gpus
-        new = cfg.replace(host, kind="machine", slurm=None, gpus=gpus)
+        new = config_mod.replace(host, kind="machine", slurm=None, gpus=gpus)
     return doc.with_cluster(_replace_host(doc.config.cluster, i, new))
 
 
@@ -174,8 +174,8 @@ def update_slurm(doc: Document, i: int, **changes: object) -> Document:
     host = doc.config.cluster.hosts[i]
     if not host.is_slurm:
         raise ValueError(f"cluster.hosts[{i}].kind: expected 'slurm' to edit its slurm block, got {host.kind!r}")
-    slurm = cfg.replace(host.slurm or Slurm(), **changes)
-    return doc.with_cluster(_replace_host(doc.config.cluster, i, cfg.replace(host, slurm=slurm)))
+    slurm = config_mod.replace(host.slurm or Slurm(), **changes)
+    return doc.with_cluster(_replace_host(doc.config.cluster, i, config_mod.replace(host, slurm=slurm)))
 
 
 def move_host(doc: Document, i: int, position: Position) -> Document:
@@ -189,7 +189,7 @@ def add_task(doc: Document, i: int, role: str = "worker") -> Document:
         raise ValueError(f"role: expected one of {', '.join(ROLES)}, got {role!r}")
     cluster = doc.config.cluster
     host = cluster.hosts[i]
-    host = cfg.replace(host, tasks=host.tasks + (Task(role=role, index=len(cluster.tasks_of(role))),))
+    host = config_mod.replace(host, tasks=host.tasks + (Task(role=role, index=len(cluster.tasks_of(role))),))
     return doc.with_cluster(_replace_host(cluster, i, host))
 
 
@@ -198,7 +198,7 @@ def remove_task(doc: Document, i: int, j: int) -> Document:
     host = cluster.hosts[i]
     tasks = list(host.tasks)
     gone = tasks.pop(j)
-    cluster = _replace_host(cluster, i, cfg.replace(host, tasks=tuple(tasks)))
+    cluster = _replace_host(cluster, i, config_mod.replace(host, tasks=tuple(tasks)))
     return doc.with_cluster(close_gap(cluster, gone.role, gone.index))
 
 
@@ -210,8 +210,8 @@ def update_task(doc: Document, i: int, j: int, **changes: object) -> Document:
     if "role" in changes and changes["role"] != old.role:
         # the task takes the next index of its new role; its old role closes the gap
         changes = {**changes, "index": len(cluster.tasks_of(str(changes["role"])))}
-    tasks[j] = cfg.replace(old, **changes)
-    cluster = _replace_host(cluster, i, cfg.replace(host, tasks=tuple(tasks)))
+    tasks[j] = config_mod.replace(old, **changes)
+    cluster = _replace_host(cluster, i, config_mod.replace(host, tasks=tuple(tasks)))
     if tasks[j].role != old.role:
         cluster = close_gap(cluster, old.role, old.index)
     return doc.with_cluster(cluster)
@@ -224,8 +224,8 @@ def move_task(doc: Document, i: int, j: int, k: int) -> Document:
     hosts = list(doc.config.cluster.hosts)
     src = list(hosts[i].tasks)
     task = src.pop(j)
-    hosts[i] = cfg.replace(hosts[i], tasks=tuple(src))
-    hosts[k] = cfg.replace(hosts[k], tasks=hosts[k].tasks + (task,))
+    hosts[i] = config_mod.replace(hosts[i], tasks=tuple(src))
+    hosts[k] = config_mod.replace(hosts[k], tasks=hosts[k].tasks + (task,))
     return doc.with_cluster(Cluster(hosts=tuple(hosts)))
 
 
@@ -251,7 +251,7 @@ def cluster_fix(config: RunConfig, mode: str, from_mode: str = "") -> tuple[Clus
     if mode == "async":
         chiefs = [(i, j) for i, ts in enumerate(hosts) for j, t in enumerate(ts) if t.role == "chief"]
         for i, j in chiefs[1:]:
-            hosts[i][j] = cfg.replace(hosts[i][j], role="worker")
+            hosts[i][j] = config_mod.replace(hosts[i][j], role="worker")
             changes.append("turn the extra chief tasks into workers")
         if not chiefs:
             hosts[0].insert(0, Task(role="chief"))
@@ -272,14 +272,14 @@ def cluster_fix(config: RunConfig, mode: str, from_mode: str = "") -> tuple[Clus
             changes.append("remove the chief task (it coordinated the async run; in data mode it would train "
                            "as one more replica)")
         if mode == "model" and count("chief"):
-            hosts = [[cfg.replace(t, role="worker") if t.role == "chief" else t for t in ts] for ts in hosts]
+            hosts = [[config_mod.replace(t, role="worker") if t.role == "chief" else t for t in ts] for ts in hosts]
             changes.append("turn the chief task into a worker")
         if count("chief") + count("worker") == 0:
             hosts[0].append(Task(role="worker"))
             changes.append(f"add a worker task to host {cluster.hosts[0].name!r}")
     if not changes:
         return cluster, []
-    fixed = Cluster(hosts=tuple(cfg.replace(h, tasks=tuple(ts)) for h, ts in zip(cluster.hosts, hosts, strict=True)))
+    fixed = Cluster(hosts=tuple(config_mod.replace(h, tasks=tuple(ts)) for h, ts in zip(cluster.hosts, hosts, strict=True)))
     return renumber(fixed), list(dict.fromkeys(changes))
 
 
@@ -295,13 +295,13 @@ def mesh_fix(config: RunConfig) -> tuple[int, int]:
 def mode_fix(config: RunConfig, mode: str) -> tuple[RunConfig, list[str]]:
     """``config`` switched to parallelism ``mode`` with the cluster (and, for model, the mesh) it needs,
     and what changed, in words."""
-    switched = cfg.replace(config, parallelism=cfg.replace(config.parallelism, mode=mode))
+    switched = config_mod.replace(config, parallelism=config_mod.replace(config.parallelism, mode=mode))
     cluster, changes = cluster_fix(switched, mode, from_mode=config.parallelism.mode)
-    new = cfg.replace(switched, cluster=cluster)
+    new = config_mod.replace(switched, cluster=cluster)
     if mode == "model":
         batch, model = mesh_fix(new)
         p = new.parallelism
         if (batch, model) != (p.mesh_batch, p.mesh_model):
             changes.append(f"set the mesh to batch {batch} x model {model} (the {batch * model} worker devices)")
-            new = cfg.replace(new, parallelism=cfg.replace(p, mesh_batch=batch, mesh_model=model))
+            new = config_mod.replace(new, parallelism=config_mod.replace(p, mesh_batch=batch, mesh_model=model))
     return new, changes

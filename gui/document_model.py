@@ -14,7 +14,7 @@ from typing import Any
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoCommand, QUndoStack
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract import presets
 from engine.contract.config import ConfigError, Problem, RunConfig
 from engine.control.launcher import launch_problems
@@ -83,7 +83,7 @@ class DocumentModel(QObject):
     def __init__(self, config: RunConfig | None = None, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.undo_stack = QUndoStack(self)
-        self._doc = Document.of(config if config is not None else cfg.default_config())
+        self._doc = Document.of(config if config is not None else config_mod.default_config())
         self._problems: list[Problem] = launch_problems(self._doc.config)
         self._selection: Selection = None
         self._path: Path | None = None
@@ -127,7 +127,7 @@ class DocumentModel(QObject):
         self._doc = doc
         self._fix_selection()
         cluster = old.config.cluster != doc.config.cluster or old.layout != doc.layout
-        settings = cfg.replace(old.config, cluster=doc.config.cluster) != doc.config
+        settings = config_mod.replace(old.config, cluster=doc.config.cluster) != doc.config
         if cluster:
             self.clusterChanged.emit()
         if settings:
@@ -162,10 +162,10 @@ class DocumentModel(QObject):
         parts = path.split(".")
         config = self._doc.config
         if len(parts) == 1:
-            new = cfg.replace(config, **{parts[0]: value})
+            new = config_mod.replace(config, **{parts[0]: value})
         elif len(parts) == 2:
             section = getattr(config, parts[0])
-            new = cfg.replace(config, **{parts[0]: cfg.replace(section, **{parts[1]: value})})
+            new = config_mod.replace(config, **{parts[0]: config_mod.replace(section, **{parts[1]: value})})
         else:
             raise ValueError(f"path: expected 'section.field' or 'field', got {path!r}")
         self.set_config(new, f"Set {path}", merge_key=path)
@@ -175,8 +175,8 @@ class DocumentModel(QObject):
 
         Returns what the fix changed, in words."""
         config = self._doc.config
-        parallelism = cfg.replace(config.parallelism, mode=mode)
-        new = cfg.replace(config, parallelism=parallelism)
+        parallelism = config_mod.replace(config.parallelism, mode=mode)
+        new = config_mod.replace(config, parallelism=parallelism)
         changes: list[str] = []
         if fix_cluster:
             new, changes = doc_ops.mode_fix(config, mode)
@@ -256,12 +256,12 @@ class DocumentModel(QObject):
     # ------------------------------------------------------------------ files
 
     def new(self, config: RunConfig | None = None) -> None:
-        self.replace(config if config is not None else cfg.default_config(), None)
+        self.replace(config if config is not None else config_mod.default_config(), None)
 
     def open(self, path: str | Path) -> RunConfig:
         """Load a YAML preset (raises :class:`ConfigError` naming the field)."""
         path = Path(path)
-        config = cfg.load(path, check=False)
+        config = config_mod.load(path, check=False)
         self.replace(config, path)
         return config
 
@@ -276,7 +276,7 @@ class DocumentModel(QObject):
             raise ConfigError([Problem("", "is a preset shipped with ClusterDeck and is never overwritten; "
                                            "expected a path outside the bundled presets folder")], str(target))
         try:
-            cfg.save(self.config, target)
+            config_mod.save(self.config, target)
         except OSError as exc:
             raise ConfigError([Problem("", f"cannot be written: {exc.strerror or exc}")], str(target)) from None
         self.undo_stack.setClean()

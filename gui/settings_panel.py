@@ -28,7 +28,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem
 from gui import document as doc_ops
 from gui import theme
@@ -283,11 +283,11 @@ class SettingsPanel(QScrollArea):
 
     def _set(self, path: str, value: Any) -> None:
         if path == "training.steps":
-            training = cfg.replace(self.document.config.training, steps=int(value), epochs=None)
+            training = config_mod.replace(self.document.config.training, steps=int(value), epochs=None)
             if training != self.document.config.training:
                 self.document.set_value("training", training)
             return
-        if path == "data.source" and value in cfg.KNOWN_DATA:
+        if path == "data.source" and value in config_mod.KNOWN_DATA:
             # a known data set brings its own example shape and classes: one edit, one undo
             data = self._data_for(str(value))
             if data != self.document.config.data:
@@ -302,11 +302,11 @@ class SettingsPanel(QScrollArea):
         c = self.document
         if mode == c.config.parallelism.mode:
             return
-        probe = cfg.replace(c.config, parallelism=cfg.replace(c.config.parallelism, mode=mode))
+        probe = config_mod.replace(c.config, parallelism=config_mod.replace(c.config.parallelism, mode=mode))
         fixed, changes = doc_ops.mode_fix(c.config, mode)
         fix = True  # a mesh that only follows the devices needs no question
         if fixed.cluster != probe.cluster:
-            left = cfg.validate(fixed)
+            left = config_mod.validate(fixed)
             text = (f"{MODE_HELP[mode]}.\n\nThe current cluster does not fit this mode. Change it?\n\n"
                     + "\n".join(f"• {x}" for x in changes))
             if left:
@@ -335,12 +335,12 @@ class SettingsPanel(QScrollArea):
         form.setRowVisible(self.min_shard_bytes, mode == "async" and part == "min_size")
         form.setRowVisible(self.timeout, mode != "async")
         c = self.document.config
-        file_source = c.data.source in cfg.FILE_SOURCES
+        file_source = c.data.source in config_mod.FILE_SOURCES
         self.data_form.setRowVisible(self._rows["data.path"], file_source)
         self.data_form.setRowVisible(self.x_key, c.data.source in ("npz", "tfrecord"))
         self.data_form.setRowVisible(self.y_key, c.data.source in ("npz", "csv", "tfrecord"))
         self.data_form.setRowVisible(self.data_size, True)
-        token = c.model.name in cfg.TOKEN_MODELS
+        token = c.model.name in config_mod.TOKEN_MODELS
         self.model_form.setRowVisible(self.vocab_size, token)
         self.model_form.setRowVisible(self.embed_dim, token)
         self.model_form.setRowVisible(self.heads, c.model.name == "transformer")
@@ -353,26 +353,26 @@ class SettingsPanel(QScrollArea):
         greyed out, their tooltip saying why: the config's own rules decide, so the choices follow them."""
         config = self.document.config
         for combo, path, probe in (
-            (self.source, "data.source", lambda v: cfg.replace(config, data=self._data_for(v))),
-            (self.model_name, "model.name", lambda v: cfg.replace(config, model=cfg.replace(config.model, name=v))),
+            (self.source, "data.source", lambda v: config_mod.replace(config, data=self._data_for(v))),
+            (self.model_name, "model.name", lambda v: config_mod.replace(config, model=config_mod.replace(config.model, name=v))),
         ):
             items = combo.model()
             for i in range(combo.count()):
                 value = combo.itemText(i)
-                why = [p.message for p in cfg.validate(probe(value)) if p.field == path]
+                why = [p.message for p in config_mod.validate(probe(value)) if p.field == path]
                 item = items.item(i) if isinstance(items, QStandardItemModel) else None
                 if item is not None:
                     item.setEnabled(not why or value == combo.currentText())
                     item.setToolTip("\n".join(why) if why else "")
                     item.setForeground(combo.palette().placeholderText() if why else combo.palette().text())
 
-    def _data_for(self, source: str) -> cfg.Data:
+    def _data_for(self, source: str) -> config_mod.Data:
         """The data section with ``source`` chosen (a known data set brings its shape and classes)."""
         data = self.document.config.data
-        if source in cfg.KNOWN_DATA:
-            shape, classes = cfg.KNOWN_DATA[source]
-            return cfg.replace(data, source=source, shape=shape, classes=classes)
-        return cfg.replace(data, source=source)
+        if source in config_mod.KNOWN_DATA:
+            shape, classes = config_mod.KNOWN_DATA[source]
+            return config_mod.replace(data, source=source, shape=shape, classes=classes)
+        return config_mod.replace(data, source=source)
 
     def mark_problems(self, problems: list[Problem]) -> None:
         """A red frame and the message in the tooltip of each setting a problem names."""

@@ -65,7 +65,7 @@ class ReplayRun:
 
 
 def three_host_config() -> Any:
-    from engine.contract import config as cfg
+    from engine.contract import config as config_mod
     from engine.contract.config import Cluster, Host, Task
 
     hosts = (
@@ -76,10 +76,10 @@ def three_host_config() -> Any:
         Host(name="node-c", address="10.0.0.13", gpus=3,
              tasks=(Task("worker", 5), Task("worker", 6), Task("worker", 7))),
     )
-    base = cfg.default_config()
-    return cfg.replace(base, name="async-3hosts", cluster=Cluster(hosts=hosts),
-                       parallelism=cfg.replace(base.parallelism, mode="async"),
-                       training=cfg.replace(base.training, steps=3000, global_batch_size=256))
+    base = config_mod.default_config()
+    return config_mod.replace(base, name="async-3hosts", cluster=Cluster(hosts=hosts),
+                       parallelism=config_mod.replace(base.parallelism, mode="async"),
+                       training=config_mod.replace(base.training, steps=3000, global_batch_size=256))
 
 
 def replay_events(config: Any, steps: int, t0: float) -> list[dict[str, Any]]:

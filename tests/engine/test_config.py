@@ -13,7 +13,7 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.contract import config as cfgmod
+from engine.contract import config as config_mod
 from engine.contract.config import (
     Cluster,
     ConfigError,
@@ -161,7 +161,7 @@ def test_presets_round_trip_through_files_and_text(preset: Path, tmp_path: Path)
 
     plain = yaml.safe_load(out.read_text(encoding="utf-8"))
     assert plain == to_dict(config)
-    assert plain["schema"] == cfgmod.SCHEMA_VERSION
+    assert plain["schema"] == config_mod.SCHEMA_VERSION
 
 
 def test_presets_are_found() -> None:
@@ -589,7 +589,7 @@ def test_empty_file(tmp_path: Path) -> None:
 
 def test_oversized_file(tmp_path: Path) -> None:
     path = tmp_path / "big.yaml"
-    path.write_bytes(b"# " + b"x" * (cfgmod.MAX_CONFIG_BYTES + 10) + b"\n")
+    path.write_bytes(b"# " + b"x" * (config_mod.MAX_CONFIG_BYTES + 10) + b"\n")
     with pytest.raises(ConfigError) as exc:
         load(path)
     assert_problem(exc.value, "", "larger than 4 MiB")
@@ -777,9 +777,9 @@ def test_a_fifo_and_a_device_are_not_read(tmp_path: Path) -> None:
 def test_the_byte_cap_holds_while_reading(tmp_path: Path) -> None:
     path = tmp_path / "p.yaml"
     path.write_bytes(b"name: a\n" + b"#" * 100 + b"\n")
-    assert cfgmod.read_capped(path, limit=200) == path.read_bytes()
+    assert config_mod.read_capped(path, limit=200) == path.read_bytes()
     with pytest.raises(ConfigError, match="larger than"):
-        cfgmod.read_capped(path, limit=50)
+        config_mod.read_capped(path, limit=50)
 
 
 def test_allow_oversubscribe_reads_and_round_trips() -> None:

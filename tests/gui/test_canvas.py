@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QFileDialog, QToolButton
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 
 
 def click_action(qtbot: Any, window: Any, action: Any) -> None:
@@ -24,7 +24,7 @@ def click_item(qtbot: Any, window: Any, item: Any) -> None:
     qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=pos)
 
 
-def names(config: cfg.RunConfig) -> list[tuple[str, list[str]]]:
+def names(config: config_mod.RunConfig) -> list[tuple[str, list[str]]]:
     return [(h.name, [t.name for t in h.tasks]) for h in config.cluster.hosts]
 
 
@@ -68,7 +68,7 @@ def test_add_host_and_workers_undo_redo_save_and_reopen(qtbot: Any, window: Any,
     assert names(c.config)[1] == ("host1", ["worker:2", "worker:3"])
     qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
     qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier)
-    assert c.config.cluster.hosts[1] == cfg.Host("gpu-box", "localhost", 2, c.config.cluster.hosts[1].tasks)
+    assert c.config.cluster.hosts[1] == config_mod.Host("gpu-box", "localhost", 2, c.config.cluster.hosts[1].tasks)
     assert window.isWindowModified()
     expected = c.config
 

@@ -12,7 +12,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QFileDialog
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.run_folder import RunFolder
 
@@ -28,7 +28,7 @@ def make_run_folder(root: Path, name: str, steps: int = 120, loss_scale: float =
     run = RunFolder(root / name)
     folder = run.path
     folder.mkdir(parents=True)
-    config = cfg.replace(cfg.default_config(), name=name)
+    config = config_mod.replace(config_mod.default_config(), name=name)
     run.write_config(config)
     writer = events.EventWriter(run.events)
 

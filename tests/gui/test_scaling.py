@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QImage
 from PySide6.QtWidgets import QFileDialog, QInputDialog
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract import events
 from engine.control.scaling import ScalingPoint, ScalingReport, read_csv
 from gui.scaling_plot import render_png
@@ -169,7 +169,7 @@ def test_a_live_run_feeds_the_flags_from_its_dispatcher_thread(qtbot: Any, windo
 def test_an_opened_run_folder_shows_its_stragglers(qtbot: Any, window: Any, tmp_path: Path) -> None:
     folder = tmp_path / "slow-run"
     folder.mkdir()
-    cfg.save(cfg.replace(cfg.default_config(), name="slow-run"), folder / "config.yaml")
+    config_mod.save(config_mod.replace(config_mod.default_config(), name="slow-run"), folder / "config.yaml")
     writer = events.EventWriter(folder / "events.jsonl")
     for event in step_events(slow=0):
         writer.write(event)

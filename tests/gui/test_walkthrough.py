@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import QPoint, Qt
 from PySide6.QtWidgets import QFileDialog, QMessageBox
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.config import Cluster, Host, Task
 from engine.contract.presets import presets_dir
@@ -49,7 +49,7 @@ def test_bundled_presets_show_whole_and_open_read_only(qtbot: Any, window: Any, 
     qtbot.keyClick(window, Qt.Key.Key_S, Qt.KeyboardModifier.ControlModifier)
     assert asked and not asked[0].startswith(str(presets_dir()))
     assert (presets_dir() / "async-embedding-2ps.yaml").read_text(encoding="utf-8") == shipped
-    assert cfg.load(tmp_path / "mine.yaml").training.steps == 77
+    assert config_mod.load(tmp_path / "mine.yaml").training.steps == 77
     assert not c.document.read_only and window.save_action.text() == "&Save"
 
 
@@ -57,7 +57,7 @@ def test_a_big_cluster_scrolls_with_a_hint_and_a_small_one_is_large(qtbot: Any, 
     doc = window.controller.document
     window.resize(1366, 768)
     hosts = tuple(Host(name=f"h{i}", tasks=tuple(Task("worker", 12 * i + j) for j in range(12))) for i in range(4))
-    doc.new(cfg.replace(cfg.default_config(), cluster=Cluster(hosts=hosts)))
+    doc.new(config_mod.replace(config_mod.default_config(), cluster=Cluster(hosts=hosts)))
     window.splitter.setSizes([150, 600])  # the user made the cluster pane small
     canvas = window.canvas
     qtbot.waitUntil(lambda: canvas.scroll_hint.isVisibleTo(window))
@@ -72,7 +72,7 @@ def test_a_big_cluster_scrolls_with_a_hint_and_a_small_one_is_large(qtbot: Any, 
 def test_opening_a_config_clears_the_previous_run(qtbot: Any, window: Any, tmp_path: Path) -> None:
     run = RunFolder(tmp_path / "old-run")
     run.path.mkdir()
-    run.write_config(cfg.replace(cfg.default_config(), name="old"))
+    run.write_config(config_mod.replace(config_mod.default_config(), name="old"))
     writer = events.EventWriter(run.events)
     for step in range(1, 201):
         writer.write(events.make("step", "worker:0", replica=0, step=step, loss=1.0 / step))
@@ -94,10 +94,10 @@ def test_opening_a_config_clears_the_previous_run(qtbot: Any, window: Any, tmp_p
 
 def test_gpu_owners_are_shown_and_the_async_chief_takes_none(qtbot: Any, window: Any) -> None:
     host = Host(name="box", gpus=2, tasks=(Task("chief", 0), Task("worker", 0), Task("worker", 1), Task("ps", 0)))
-    base = cfg.default_config()
-    window.controller.document.new(cfg.replace(base, cluster=Cluster(hosts=(host,)),
-                                               parallelism=cfg.replace(base.parallelism, mode="async"),
-                                               training=cfg.replace(base.training, global_batch_size=120)))
+    base = config_mod.default_config()
+    window.controller.document.new(config_mod.replace(base, cluster=Cluster(hosts=(host,)),
+                                               parallelism=config_mod.replace(base.parallelism, mode="async"),
+                                               training=config_mod.replace(base.training, global_batch_size=120)))
     # 2 workers + 2 GPUs: the coordinating chief is not counted among the tasks that split them
     assert not [p for p in window.controller.problems if p.field.endswith(".gpus")]
     item = window.canvas.hosts[0]
@@ -119,7 +119,7 @@ def test_leaving_async_names_every_change_and_what_is_left(qtbot: Any, window: A
     assert kind == "question" and "remove the chief" in text and "remove the 1 ps task" in text
     c = window.controller
     assert [t.role for _, t in c.config.cluster.tasks()] == ["worker", "worker"]
-    left = cfg.validate(c.config)
+    left = config_mod.validate(c.config)
     assert all(str(p) in text for p in left)  # what the fix leaves is said before it is done
 
 
@@ -138,7 +138,7 @@ def test_dragging_a_chip_keeps_the_other_tasks_names(qtbot: Any, window: Any) ->
     qtbot.mouseRelease(view.viewport(), Qt.MouseButton.LeftButton, pos=end)
     qtbot.waitUntil(lambda: len(doc.config.cluster.hosts[1].tasks) == 2)
     assert [[t.name for t in h.tasks] for h in doc.config.cluster.hosts] == [["worker:1"], ["worker:2", "worker:0"]]
-    assert not [p for p in cfg.validate(doc.config) if p.field.startswith("cluster")]  # indices still valid
+    assert not [p for p in config_mod.validate(doc.config) if p.field.startswith("cluster")]  # indices still valid
 
 
 def test_clicking_a_problem_focuses_its_field(qtbot: Any, window: Any) -> None:
@@ -222,12 +222,12 @@ def test_settings_offer_the_choices_that_work_in_the_mode(qtbot: Any, window: An
     combo = panel.model_name
     for i in range(combo.count()):
         name = combo.itemText(i)
-        works = "model" in cfg.MODEL_MODES.get(name, cfg.MODES)
+        works = "model" in config_mod.MODEL_MODES.get(name, config_mod.MODES)
         item = combo.model().item(i)
         assert item.isEnabled() == (works or name == combo.currentText()), name
         assert bool(item.toolTip()) == (not works), name
     # a combination that cannot work says why in the problem list
-    bad = next((m for m in cfg.MODELS if "model" not in cfg.MODEL_MODES.get(m, cfg.MODES)), None)
+    bad = next((m for m in config_mod.MODELS if "model" not in config_mod.MODEL_MODES.get(m, config_mod.MODES)), None)
     if bad is not None:
         doc.set_value("model.name", bad)
         assert any(p.field == "model.name" and "'model'" in p.message for p in window.controller.problems)
@@ -248,7 +248,7 @@ def test_run_settings_fit_a_laptop_screen_in_model_mode(qtbot: Any, window: Any)
 def test_a_run_folder_dropped_or_given_opens_it(qtbot: Any, window: Any, tmp_path: Path) -> None:
     run = RunFolder(tmp_path / "dropped")
     run.path.mkdir()
-    run.write_config(cfg.replace(cfg.default_config(), name="dropped"))
+    run.write_config(config_mod.replace(config_mod.default_config(), name="dropped"))
     run.write_meta(state="finished")
     assert window.open_any(run.path)
     assert window.controller.run_dir == run.path and window.controller.config.name == "dropped"

@@ -9,7 +9,7 @@ import pytest
 from PySide6.QtCore import QSize, Qt
 from PySide6.QtWidgets import QDockWidget, QMainWindow, QWidget
 
-from engine.contract import config as cfg
+from engine.contract import config as config_mod
 from engine.contract.run_folder import RunFolder
 from gui.preferences import app_settings
 from gui.window_layout import LAYOUT_SHARES, WindowLayout, screen_fit_size
@@ -29,7 +29,7 @@ def drag_splitter(window: Any, fraction: float) -> None:
 def test_each_layout_keeps_the_users_sizes(qtbot: Any, window: Any, tmp_path: Path) -> None:
     run = RunFolder(tmp_path / "past-run")
     run.path.mkdir()
-    run.write_config(cfg.default_config())
+    run.write_config(config_mod.default_config())
     run.write_meta(state="finished")
     assert window.layout_mode == "design"
     assert share(window) == pytest.approx(LAYOUT_SHARES["design"], abs=0.02)
