@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -105,3 +107,27 @@ def require(condition: bool, why: str, *, needed_in_ci: bool = True) -> None:
 def needs() -> Callable[..., None]:
     """``needs(condition, why)``: :func:`require` as a fixture (skips here, fails with ``CI=true``)."""
     return require
+
+
+class EventRecorder:
+    """Every event of a run, as a listener receives them (listeners run on the launcher's dispatcher thread)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, event: dict[str, Any]) -> None:
+        with self.lock:
+            self.events.append(event)
+
+    def snapshot(self) -> list[dict[str, Any]]:
+        with self.lock:
+            return list(self.events)
+
+    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
+        """The events of ``kind`` whose fields equal ``match``."""
+        with self.lock:
+            return [e for e in self.events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+
+    def pids(self) -> set[int]:
+        return {e["pid"] for e in self.of("status") if isinstance(e.get("pid"), int)}

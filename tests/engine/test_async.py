@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ import pytest
 from engine.contract import config as config_mod
 from engine.contract.config import RunConfig
 from engine.control.launcher import Run
-from tests.conftest import PRESETS, wait_gone
+from tests.conftest import PRESETS, EventRecorder, wait_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -29,23 +28,7 @@ def preset(steps: int, **training: Any) -> RunConfig:
     return config_mod.replace(config, training=config_mod.replace(config.training, steps=steps, **training))
 
 
-class Recorder:
-    """Collects every event of a run (listeners run on the launcher's dispatcher thread)."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        with self.lock:
-            self.events.append(event)
-
-    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
-        with self.lock:
-            return [e for e in self.events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
-
-    def pids(self) -> set[int]:
-        return {e["pid"] for e in self.of("status") if isinstance(e.get("pid"), int)}
+Recorder = EventRecorder
 
 
 def launch(config: RunConfig, runs_root: Path, *listeners: Any) -> tuple[Run, Recorder]:

@@ -17,7 +17,7 @@ from engine.contract import config as config_mod
 from engine.contract.config import RunConfig, replace
 from engine.contract.run_folder import RunFolder
 from engine.control.launcher import Run
-from tests.conftest import PRESETS, wait_gone
+from tests.conftest import PRESETS, EventRecorder, wait_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -32,18 +32,7 @@ def small(cfg: RunConfig, steps: int, **training: Any) -> RunConfig:
     return replace(cfg, training=replace(cfg.training, steps=steps, epochs=None, **training))
 
 
-class Recorder:
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        with self.lock:
-            self.events.append(event)
-
-    def snapshot(self) -> list[dict[str, Any]]:
-        with self.lock:
-            return list(self.events)
+Recorder = EventRecorder
 
 
 def test_two_worker_restart_resumes_every_replica_from_the_checkpoint(runs_root: Path) -> None:

@@ -15,7 +15,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -30,7 +29,7 @@ from engine.contract import config as config_mod
 from engine.contract.config import RunConfig
 from engine.control import slurm
 from engine.control.launcher import Run
-from tests.conftest import IN_CI, PRESETS, ROOT, SESSION_MARK, wait_gone
+from tests.conftest import IN_CI, PRESETS, ROOT, SESSION_MARK, EventRecorder, wait_gone
 from tests.engine import slurm_cluster
 
 pytestmark = pytest.mark.cluster
@@ -64,20 +63,8 @@ def cluster() -> Iterator[slurm_cluster.Cluster]:
         up.stop()
 
 
-class Recorder:
-    """Every event of a run (listeners run on the launcher's dispatcher thread)."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, event: dict[str, Any]) -> None:
-        with self.lock:
-            self.events.append(event)
-
-    def of(self, kind: str, **match: Any) -> list[dict[str, Any]]:
-        with self.lock:
-            return [e for e in self.events if e["kind"] == kind and all(e.get(k) == v for k, v in match.items())]
+class Recorder(EventRecorder):
+    """Every event of a run, and waiting for one."""
 
     def wait_for(self, what: str, test: Any, timeout: float) -> None:
         deadline = time.monotonic() + timeout

@@ -90,3 +90,26 @@ def window(qtbot: Any, runs_root: Path) -> Iterator[Any]:
     active = [t.objectName() or repr(t) for t in win.findChildren(QTimer) if t.isActive()]
     assert not active, f"timers left running after close: {active}"
     win.deleteLater()
+
+
+class ReplayRun:
+    """A started run as the session sees it (what ``RunSession.watch`` needs of a run): the test feeds its
+    events to the listeners, and sets ``done`` when the run has ended."""
+
+    def __init__(self) -> None:
+        self.listeners: list[Any] = []
+        self.done = False
+
+    def add_listener(self, fn: Any) -> None:
+        self.listeners.append(fn)
+
+    def stop(self, reason: str = "", wait: bool = True) -> None:
+        self.done = True
+
+    def pids(self) -> list[int]:
+        return []
+
+    def feed(self, *events: dict[str, Any]) -> None:
+        for event in events:
+            for fn in self.listeners:
+                fn(event)

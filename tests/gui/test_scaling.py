@@ -15,6 +15,7 @@ from engine.contract import events
 from engine.control.scaling import ScalingPoint, ScalingReport, read_csv
 from gui.scaling_plot import render_png
 from gui.task_table import COLUMNS
+from tests.gui.conftest import ReplayRun
 
 
 def menu_action(window: Any, menu: str, text: str) -> Any:
@@ -134,24 +135,8 @@ def test_a_straggler_is_flagged_in_the_task_table_and_the_status_bar(qtbot: Any,
 def test_a_live_run_feeds_the_flags_from_its_dispatcher_thread(qtbot: Any, window: Any) -> None:
     import threading
 
-    class LiveRun:
-        """A started run as the session sees it (the launcher's Run protocol), fed by a thread."""
-
-        def __init__(self) -> None:
-            self.listeners: list[Any] = []
-            self.done = False
-
-        def add_listener(self, fn: Any) -> None:
-            self.listeners.append(fn)
-
-        def stop(self, reason: str = "", wait: bool = True) -> None:
-            self.done = True
-
-        def pids(self) -> list[int]:
-            return []
-
     c = window.controller
-    run = LiveRun()
+    run = ReplayRun()
     c.session.watch(run, c.config, state="running")
     try:
         assert len(run.listeners) == 2  # the session's fold and the straggler watch

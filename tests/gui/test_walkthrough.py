@@ -15,7 +15,7 @@ from engine.contract.config import Cluster, Host, Task
 from engine.contract.presets import presets_dir
 from engine.contract.run_folder import RunFolder
 from gui import theme
-from tests.gui.conftest import PRESETS
+from tests.gui.conftest import PRESETS, ReplayRun
 
 
 def preset_action(window: Any, stem: str) -> Any:
@@ -179,22 +179,8 @@ def test_empty_plots_show_no_numbers(window: Any) -> None:
 
 
 def test_starting_tasks_are_counted_not_shown_as_step_zero(qtbot: Any, window: Any) -> None:
-    class Replay:
-        def __init__(self) -> None:
-            self.listeners: list[Any] = []
-            self.done = False
-
-        def add_listener(self, fn: Any) -> None:
-            self.listeners.append(fn)
-
-        def stop(self, reason: str = "", wait: bool = True) -> None:
-            self.done = True
-
-        def pids(self) -> list[int]:
-            return []
-
     c = window.controller
-    run = Replay()
+    run = ReplayRun()
     c.session.watch(run, c.config)
     for fn in run.listeners:
         fn(events.make("status", "worker:0", state="running", pid=1))
@@ -263,23 +249,9 @@ def test_runs_folder_can_be_changed(qtbot: Any, window: Any, tmp_path: Path) -> 
 
 
 def test_a_run_held_in_the_scheduler_queue_says_so_with_the_reason(qtbot: Any, window: Any) -> None:
-    class Replay:
-        def __init__(self) -> None:
-            self.listeners: list[Any] = []
-            self.done = False
-
-        def add_listener(self, fn: Any) -> None:
-            self.listeners.append(fn)
-
-        def stop(self, reason: str = "", wait: bool = True) -> None:
-            self.done = True
-
-        def pids(self) -> list[int]:
-            return []
-
     c = window.controller
     assert window.run_status.badge.text() == "Ready"
-    run = Replay()
+    run = ReplayRun()
     c.session.watch(run, c.config)
     for fn in run.listeners:
         fn(events.make("run", "launcher", state="pending", job_id="17", reason="PartitionDown",
