@@ -405,6 +405,19 @@ class _Reader:
     def fail(self, key: str, message: str) -> None:
         self.problems.append(Problem(self.where(key), message))
 
+    def items(self, key: str, what: str, most: int, most_what: str) -> list[Any]:
+        """The list under ``key`` (missing: empty), cut to its first ``most`` items; a non-list or a longer
+        list is a problem naming the field."""
+        value = self.raw(key)
+        if value is None:
+            return []
+        if not isinstance(value, list):
+            self.fail(key, f"expected a list of {what}, got {_show(value)}")
+            return []
+        if len(value) > most:
+            self.fail(key, f"expected at most {most} {most_what}, got {len(value)}")
+        return value[:most]
+
     def raw(self, key: str) -> Any:
         self.seen.add(key)
         return self.data.get(key)
@@ -524,17 +537,10 @@ def _parse_task(r: _Reader, fallback_index: int) -> Task:
 
 
 def _parse_cluster(r: _Reader) -> Cluster:
-    raw_hosts = r.raw("hosts")
+    raw_hosts = r.items("hosts", "hosts", MAX_HOSTS, "hosts")
     hosts: list[Host] = []
     role_counts: dict[str, int] = {}
-    if raw_hosts is None:
-        raw_hosts = []
-    if not isinstance(raw_hosts, list):
-        r.fail("hosts", f"expected a list of hosts, got {_show(raw_hosts)}")
-        raw_hosts = []
-    if len(raw_hosts) > MAX_HOSTS:
-        r.fail("hosts", f"expected at most {MAX_HOSTS} hosts, got {len(raw_hosts)}")
-    for i, raw_host in enumerate(raw_hosts[:MAX_HOSTS]):
+    for i, raw_host in enumerate(raw_hosts):
         h = _Reader(raw_host, f"{r.where('hosts')}[{i}]", r.problems)
         name = h.str("name", f"host{i}", nonempty=True)
         address = h.str("address", "localhost", nonempty=True)
@@ -543,16 +549,9 @@ def _parse_cluster(r: _Reader) -> Cluster:
         ssh_port = h.int("ssh_port", 22, minimum=1, maximum=65535)
         python = h.str("python", "python3", nonempty=True)
         ssh_host = h.str("ssh_host", "")
-        raw_tasks = h.raw("tasks")
+        raw_tasks = h.items("tasks", "tasks", MAX_TASKS_PER_HOST, "tasks on one host")
         tasks: list[Task] = []
-        if raw_tasks is None:
-            raw_tasks = []
-        if not isinstance(raw_tasks, list):
-            h.fail("tasks", f"expected a list of tasks, got {_show(raw_tasks)}")
-            raw_tasks = []
-        if len(raw_tasks) > MAX_TASKS_PER_HOST:
-            h.fail("tasks", f"expected at most {MAX_TASKS_PER_HOST} tasks on one host, got {len(raw_tasks)}")
-        for j, raw_task in enumerate(raw_tasks[:MAX_TASKS_PER_HOST]):
+        for j, raw_task in enumerate(raw_tasks):
             tr = _Reader(raw_task, f"{h.where('tasks')}[{j}]", r.problems)
             role_guess = raw_task.get("role") if isinstance(raw_task, Mapping) else None
             role_key = role_guess if isinstance(role_guess, str) else "worker"

@@ -107,14 +107,9 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
     line = line.strip()
     if not line.startswith("{"):
         return None
-    try:
-        event = json.loads(line, parse_constant=_null, parse_float=_finite_float, parse_int=_int64)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(event, dict):
-        return None
-    version = event.get("v")
-    if not isinstance(version, int) or isinstance(version, bool) or version != EVENT_VERSION:
+    event = _versioned_object(line, EVENT_VERSION, parse_constant=_null, parse_float=_finite_float,
+                              parse_int=_int64)
+    if event is None:
         return None
     if event.get("kind") not in KINDS:
         return None
@@ -129,6 +124,20 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
 # Numbers no reader can use read as null, as :func:`encode` writes non-finite floats: ``NaN`` and
 # ``Infinity`` (not JSON, yet Python writes them), floats that overflow (``1e999``) and integers
 # beyond 64 bits (which would break every later ``float()``).
+
+
+def _versioned_object(line: str, version: int, **parse: Any) -> dict[str, Any] | None:
+    """The JSON object on ``line`` when its ``v`` is ``version`` (events and commands share the framing)."""
+    try:
+        obj = json.loads(line, **parse)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(obj, dict):
+        return None
+    v = obj.get("v")
+    if not isinstance(v, int) or isinstance(v, bool) or v != version:
+        return None
+    return obj
 
 
 def _null(_: str) -> None:
@@ -213,14 +222,8 @@ def decode_command(line: str | bytes) -> dict[str, Any] | None:
             line = line.decode("utf-8")
         except UnicodeDecodeError:
             return None
-    try:
-        cmd = json.loads(line, parse_constant=_null)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(cmd, dict):
-        return None
-    version = cmd.get("v")
-    if not isinstance(version, int) or isinstance(version, bool) or version != COMMAND_VERSION:
+    cmd = _versioned_object(line, COMMAND_VERSION, parse_constant=_null)
+    if cmd is None:
         return None
     fields = COMMANDS.get(cmd.get("command"))  # type: ignore[arg-type]
     if fields is None:
