@@ -26,6 +26,17 @@ class TaskContext:
     devices: int  # devices asked for by the plan (real or emulated)
     gpus_assigned: bool
     stop: StopSignal = field(default_factory=StopSignal)  # set on SIGTERM: checkpoint and leave
+    # what must outlive training until the process exits (see keep)
+    kept: list[Any] = field(default_factory=list, repr=False)
+
+    def keep(self, obj: Any) -> None:
+        """Keep ``obj`` alive until the process exits (a task ends with ``os._exit``).
+
+        Tearing down a strategy's distributed iterator waits for its prefetch threads, which can be
+        blocked on a peer that has already left: seconds of nothing between the last checkpoint and
+        the task's ``finished``. Nothing needs that teardown, so nothing runs it.
+        """
+        self.kept.append(obj)
 
     @property
     def task_dir(self) -> Path:

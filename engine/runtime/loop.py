@@ -73,6 +73,7 @@ class TrainingLoop:
     def __init__(self, ctx: TaskContext, adapter: Adapter) -> None:
         self.ctx = ctx
         self.adapter = adapter
+        ctx.keep(adapter)  # its datasets and strategy are never torn down: the task exits without it
         self.total = ctx.config.total_steps()
         self.start = 0
         self.done = 0  # the last step known to have finished

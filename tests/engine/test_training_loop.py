@@ -126,3 +126,21 @@ def test_lockstep_tasks_agree_on_the_step_to_stop_after(tmp_path: Path) -> None:
     assert fresh.stop_after(False, 3) is None
     assert fresh.stop_after(True, 3) == 4
     assert StopAgreement(None).stop_after(True, 5) == 5  # alone: at once
+
+
+def test_the_adapter_outlives_the_loop_until_the_task_exits(tmp_path: Path) -> None:
+    """Dropping a strategy's iterators at the end blocked a worker for seconds on a peer that had
+    left; the task now exits (``os._exit``) with its adapter still alive."""
+    import gc
+    import weakref
+
+    ctx, _ = context(tmp_path, steps=3, every=0)
+    adapter = Recording()
+    alive = weakref.ref(adapter)
+    TrainingLoop(ctx, adapter).run()
+    del adapter
+    gc.collect()
+    assert alive() is not None
+    ctx.kept.clear()
+    gc.collect()
+    assert alive() is None  # nothing else holds it: the context is what keeps it
