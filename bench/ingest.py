@@ -253,13 +253,14 @@ def stage_costs(replicas: int, ticks: int) -> dict[str, float]:
     filled: dict[int, int] = {}
     for s in history.series.values():
         ax = s._axis
-        for a in (ax.x, ax.t, s._y):
+        steps = ax.x.a if ax.x is not None else None
+        for a in (steps, ax.t, s._y):
             if a is not None:
                 arrays[id(a)] = a.nbytes
-        filled[id(s._y)] = len(s) * 8
-        filled[id(ax.x)] = ax.n * 8
-        if ax.t is not None:
-            filled[id(ax.t)] = ax.n * 8
+        filled[id(s._y)] = len(s) * s._y.itemsize
+        filled[id(ax.t)] = ax.n * ax.t.itemsize
+        if ax.x is not None:  # a column of steps read by several axes counts once, at its longest
+            filled[id(ax.x.a)] = ax.x.n * ax.x.a.itemsize
     points = history.total_points()
     out["points"] = points
     out["bytes_per_point"] = sum(arrays.values()) / points

@@ -1,5 +1,6 @@
 """What the launcher's side makes of the event stream: per-task and per-replica state,
-progress with ETA, and the full history for plots (never downsampled here)."""
+progress with ETA, and the full history for plots (never downsampled here, stored compactly:
+see :class:`Series`)."""
 
 from __future__ import annotations
 
@@ -47,7 +48,19 @@ def _is_number(value: Any) -> TypeGuard[int | float]:
     return type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
 
-def _grown(a: np.ndarray, n: int) -> np.ndarray:
+#: Steps are kept as float32 while every one is an integer of magnitude below this (float32 holds
+#: each of them exactly); the first that is not widens its column to float64.
+EXACT_STEPS = 2.0**24
+#: Wall times are kept as float32 seconds from a base time (the history's first event) while within
+#: this many seconds of it: float32 rounds them by less than a millisecond there (a spacing of at
+#: most 2**-9 s). The first time past it widens its axis' times to float64 (offsets still).
+TIME_SPAN = 2.0**15
+#: Values are float32 (losses come from float32 tensors: exact; rates, times and percentages need no
+#: more than 7 digits); one beyond float32's range widens its series to float64.
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _grown(a: np.ndarray, n: int, dtype: Any = None) -> np.ndarray:
     """A copy of ``a``'s first ``n`` items in an array half as large again (at least 256 items).
 
     Only the filled part is copied: the rest stays untouched, and as large arrays are ``mmap``
@@ -56,62 +69,123 @@ def _grown(a: np.ndarray, n: int) -> np.ndarray:
     ``np.concatenate`` (which writes the spare room too) ended at 316 MB RSS; copying the filled
     part only, 307 MB; with shared axes, 273 MB by an eighth, 265 MB by half, 264 MB by doubling.
     By half: most of the gain, with less idle room than doubling; 12 reallocations to 36,000 points, not 42.
+    ``dtype``: the copy's (a widening), else ``a``'s.
     """
-    b = np.empty(max(256, len(a) + len(a) // 2), dtype=np.float64)
+    b = np.empty(max(256, len(a) + len(a) // 2), dtype=a.dtype if dtype is None else dtype)
     b[:n] = a[:n]
     return b
 
 
-class _Axis:
-    """Growable x and t (wall time) arrays: where the points of one series are, or of several
-    series of one owner that got a point from every event since they started (see :class:`History`).
+def _wide(a: np.ndarray, n: int) -> np.ndarray:
+    """``a`` as float64, same capacity (its first ``n`` items copied)."""
+    b = np.empty(len(a), dtype=np.float64)
+    b[:n] = a[:n]
+    return b
 
-    ``t is None``: x is the wall time.
+
+class _Steps:
+    """A growable column of steps that several axes may read (see :class:`_Axis`): float32 while every
+    step is an integer below :data:`EXACT_STEPS`, float64 after."""
+
+    __slots__ = ("a", "n")
+
+    def __init__(self, capacity: int = 256, dtype: Any = np.float32) -> None:
+        self.a = np.empty(capacity, dtype=dtype)
+        self.n = 0
+
+    def push(self, x: float) -> None:
+        n = self.n
+        a = self.a
+        if a.dtype == np.float32 and not (-EXACT_STEPS < x < EXACT_STEPS and int(x) == x):
+            a = self.a = _wide(a, n)
+        if n == len(a):
+            a = self.a = _grown(a, n)
+        a[n] = x
+        self.n = n + 1
+
+    def copy(self, start: int, stop: int) -> _Steps:
+        n = stop - start
+        col = _Steps(max(256, n + n // 2), self.a.dtype)
+        col.a[:n] = self.a[start:stop]
+        col.n = n
+        return col
+
+
+class _Axis:
+    """Where the points of one series are, or of several series of one owner that got a point from
+    every event since they started (see :class:`History`): steps x and wall times t.
+
+    ``t`` holds seconds from ``base`` (float32 while within :data:`TIME_SPAN` of it, else float64).
+    ``x`` is a :class:`_Steps` column, possibly read by other axes too: an axis reads its first
+    ``n`` items. Replicas of a synchronous run report the same steps, so the axes of every replica
+    read one column: an axis appends to it when it is at its end, compares when behind (the same
+    step costs nothing), and copies its part to a column of its own at the first step that differs.
+    ``x is None``: x is the wall time (a series by time).
     """
 
-    __slots__ = ("x", "t", "n")
+    __slots__ = ("x", "t", "n", "base")
 
-    def __init__(self, capacity: int = 256, t_is_x: bool = False) -> None:
-        self.x = np.empty(capacity, dtype=np.float64)
-        self.t: np.ndarray | None = None if t_is_x else np.empty(capacity, dtype=np.float64)
+    def __init__(self, capacity: int = 256, t_is_x: bool = False, base: float | None = None,
+                 steps: _Steps | None = None) -> None:
+        self.x: _Steps | None = None if t_is_x else (steps if steps is not None else _Steps(capacity))
+        self.t = np.empty(capacity, dtype=np.float32)
         self.n = 0
+        self.base = base
 
     def append(self, x: float, t: float) -> None:
         n = self.n
-        if n == len(self.x):
-            self.x = _grown(self.x, n)
-            if self.t is not None:
-                self.t = _grown(self.t, n)
-        self.x[n] = x
-        if self.t is not None:
-            self.t[n] = t
+        col = self.x
+        if col is not None:
+            if col.n == n:
+                col.push(x)
+            elif float(col.a[n]) != x:  # a step other than the column's: this axis keeps its own steps from now on
+                col = self.x = col.copy(0, n)
+                col.push(x)
+        base = self.base
+        if base is None:
+            base = self.base = t
+        offset = t - base
+        a = self.t
+        if a.dtype == np.float32 and not -TIME_SPAN < offset < TIME_SPAN:
+            a = self.t = _wide(a, n)
+        if n == len(a):
+            a = self.t = _grown(a, n)
+        a[n] = offset
         self.n = n + 1
 
     def part(self, start: int, stop: int) -> _Axis:
-        """A copy of ``[start, stop)`` with room to grow."""
+        """A copy of ``[start, stop)`` with room to grow (steps from the start still read the same column)."""
         n = stop - start
-        axis = _Axis(max(256, n + n // 2), self.t is None)
-        axis.x[:n] = self.x[start:stop]
-        if self.t is not None and axis.t is not None:
-            axis.t[:n] = self.t[start:stop]
+        axis = _Axis(0, self.x is None, self.base)
+        axis.t = np.empty(max(256, n + n // 2), dtype=self.t.dtype)
+        axis.t[:n] = self.t[start:stop]
+        if self.x is not None:
+            axis.x = self.x if start == 0 else self.x.copy(start, stop)
         axis.n = n
         return axis
 
 
 class Series:
-    """Growable float64 arrays x, y and t (wall time) with amortised O(1) appends.
+    """One curve's points: steps x, values y and wall times t, with amortised O(1) appends.
 
-    ``t_is_x``: the series is by time (x is the wall time), so no separate t array is kept.
+    Stored compactly (float32 values, float32 steps while exact, wall times as float32 seconds from
+    a base: see :data:`EXACT_STEPS`, :data:`TIME_SPAN`, :data:`FLOAT32_MAX`). ``x`` and ``y`` are
+    views of what is stored; ``t`` (and ``x`` of a series by time) are absolute wall times, made
+    as float64 on each access: where that copy matters, read ``t_rel`` (the stored seconds) and
+    ``t_base`` (``t == t_base + t_rel``), or ``x_rel`` and ``x_base`` likewise.
+
+    ``t_is_x``: the series is by time (x is the wall time), so no separate x is kept.
     ``x`` and ``t`` may be views of an axis shared with other series of the same owner
     (:class:`History` does that); ``y`` is always the series' own.
     """
 
     __slots__ = ("_axis", "_start", "_y", "_n", "_shared")
 
-    def __init__(self, capacity: int = 256, *, t_is_x: bool = False) -> None:
-        self._axis = _Axis(capacity, t_is_x)
+    def __init__(self, capacity: int = 256, *, t_is_x: bool = False, t_base: float | None = None,
+                 steps: _Steps | None = None) -> None:
+        self._axis = _Axis(capacity, t_is_x, t_base, steps)
         self._start = 0
-        self._y = np.empty(capacity, dtype=np.float64)
+        self._y = np.empty(capacity, dtype=np.float32)
         self._n = 0
         self._shared = False
 
@@ -120,7 +194,7 @@ class Series:
         """A series whose x and t are ``axis`` from index ``start`` on (it gets a point at each of them)."""
         s = cls.__new__(cls)
         s._axis, s._start, s._n, s._shared = axis, start, 0, True
-        s._y = np.empty(256, dtype=np.float64)
+        s._y = np.empty(256, dtype=np.float32)
         return s
 
     def append(self, x: float, y: float, t: float) -> None:
@@ -132,9 +206,12 @@ class Series:
     def _push(self, y: float) -> None:
         """Append y only: its x and t are already at the axis' index ``_start + len(self)``."""
         n = self._n
-        if n == len(self._y):
-            self._y = _grown(self._y, n)
-        self._y[n] = y
+        a = self._y
+        if (y > FLOAT32_MAX or y < -FLOAT32_MAX) and a.dtype == np.float32 and y - y == 0.0:
+            a = self._y = _wide(a, n)  # finite, beyond float32: this series keeps float64 values
+        if n == len(a):
+            a = self._y = _grown(a, n)
+        a[n] = y
         self._n = n + 1
 
     def _detach(self) -> None:
@@ -147,17 +224,44 @@ class Series:
         return self._n
 
     @property
-    def x(self) -> np.ndarray:
-        return self._axis.x[self._start: self._start + self._n]
-
-    @property
     def y(self) -> np.ndarray:
         return self._y[: self._n]
 
     @property
+    def t_rel(self) -> np.ndarray:
+        """The stored wall times: seconds from :attr:`t_base` (float32, or float64 past :data:`TIME_SPAN`)."""
+        return self._axis.t[self._start: self._start + self._n]
+
+    @property
+    def t_base(self) -> float:
+        base = self._axis.base
+        return 0.0 if base is None else base
+
+    @property
     def t(self) -> np.ndarray:
-        axis = self._axis
-        return (axis.x if axis.t is None else axis.t)[self._start: self._start + self._n]
+        """Wall times in seconds (float64, absolute; a new array at each access)."""
+        return self.t_base + self.t_rel.astype(np.float64)
+
+    @property
+    def by_time(self) -> bool:
+        return self._axis.x is None
+
+    @property
+    def x_rel(self) -> np.ndarray:
+        """x as stored: the steps, or for a series by time its :attr:`t_rel` (``x == x_base + x_rel``)."""
+        col = self._axis.x
+        if col is None:
+            return self.t_rel
+        return col.a[self._start: self._start + self._n]
+
+    @property
+    def x_base(self) -> float:
+        return self.t_base if self._axis.x is None else 0.0
+
+    @property
+    def x(self) -> np.ndarray:
+        """The steps (a view of what is stored), or for a series by time its wall times (:attr:`t`)."""
+        return self.t if self._axis.x is None else self.x_rel
 
 
 class _Owner:
@@ -189,7 +293,9 @@ class History:
 
     The metrics of one event have the same x and t: the series of one replica (of one task)
     share a single x and t axis as long as each got a point from every event (5 arrays per
-    replica instead of 9). ``series[key]`` is still every point of each, in order.
+    replica instead of 9), and the replicas' axes share one column of steps while they report
+    the same steps (a synchronous run: 4 arrays per replica). ``series[key]`` is still every point
+    of each, in order, stored compactly (see :class:`Series`).
     """
 
     def __init__(self) -> None:
@@ -199,11 +305,12 @@ class History:
         self._owners: dict[str, _Owner] = {}  # by key prefix
         self._by_replica: dict[Any, _Owner] = {}
         self._by_task: dict[str, _Owner] = {}
+        self._steps = _Steps()  # the steps every replica's axis reads while they report the same ones
 
     def _series(self, key: str, by_time: bool = False) -> Series:
         s = self.series.get(key)
         if s is None:
-            s = self.series[key] = Series(t_is_x=by_time)
+            s = self.series[key] = Series(t_is_x=by_time, t_base=self.t0)
         return s
 
     def _owner(self, prefix: str, by_time: bool) -> _Owner:
@@ -226,7 +333,7 @@ class History:
             if at < 0:
                 axis = owner.axis
                 if axis is None:
-                    axis = owner.axis = _Axis(t_is_x=owner.t_is_x)
+                    axis = owner.axis = _Axis(t_is_x=owner.t_is_x, base=self.t0, steps=self._steps)
                 at = axis.n
                 axis.append(x, t)
             if s is None:

@@ -34,10 +34,10 @@ def test_series_grows_past_its_capacity() -> None:
     for i in range(1000):
         s.append(i, i * 2.0, i / 10)
     assert len(s) == 1000
-    assert s.x.dtype == s.y.dtype == s.t.dtype == np.float64
+    assert s.x.dtype == s.y.dtype == s.t_rel.dtype == np.float32 and s.t.dtype == np.float64
     np.testing.assert_array_equal(s.x, np.arange(1000, dtype=np.float64))
     np.testing.assert_array_equal(s.y, np.arange(1000) * 2.0)
-    np.testing.assert_allclose(s.t, np.arange(1000) / 10)
+    np.testing.assert_allclose(s.t, np.arange(1000) / 10, rtol=0, atol=2**-14)
 
 
 @pytest.mark.parametrize("capacity", [0, 1, 256])
@@ -58,7 +58,7 @@ def test_series_views_are_only_the_filled_part() -> None:
 # --------------------------------------------------------------------------- History
 
 
-def test_history_keeps_every_point_in_float64() -> None:
+def test_history_keeps_every_point_compactly() -> None:
     h = History()
     for i in range(5000):
         h.add(step("worker:0", 0, i, i * 0.01, loss=1.0 / (i + 1)))
@@ -66,9 +66,9 @@ def test_history_keeps_every_point_in_float64() -> None:
     assert h.keys("replica/0/") == ["replica/0/examples_per_sec", "replica/0/loss", "replica/0/step_time"]
     loss = h.series["replica/0/loss"]
     assert len(loss) == 5000, "no downsampling"
-    assert loss.x.dtype == np.float64 and loss.y.dtype == np.float64
+    assert loss.x.dtype == np.float32 and loss.y.dtype == np.float32
     np.testing.assert_array_equal(loss.x, np.arange(5000, dtype=np.float64))
-    np.testing.assert_allclose(loss.y, 1.0 / (np.arange(5000) + 1))
+    np.testing.assert_array_equal(loss.y, (1.0 / (np.arange(5000) + 1)).astype(np.float32))
     assert "replica/1/loss" not in h.series, "a missing figure is not a point"
     assert h.replicas() == [0, 1]
     assert h.total_points() == 5000 * 3 + 5000 * 2
@@ -233,7 +233,7 @@ def test_eval_events_are_kept_and_plotted_by_step() -> None:
     assert [e["step"] for e in rs.evals] == [100, 200]
     assert rs.history.series["eval/loss"].x.tolist() == [100.0, 200.0]
     assert rs.history.series["eval/loss"].y.tolist() == [0.5, 0.25]
-    assert rs.history.series["eval/accuracy"].y.tolist() == [0.8], "a bool is not a figure"
+    assert rs.history.series["eval/accuracy"].y.tolist() == [float(np.float32(0.8))], "a bool is not a figure"
     assert rs.replicas == {}, "evaluation is not training progress"
 
 
@@ -259,26 +259,126 @@ def test_aligned_metrics_of_a_replica_share_one_step_and_time_axis() -> None:
         h.add(step("worker:0", 0, i, i * 0.1))
     loss, eps, st = (h.series[f"replica/0/{m}"] for m in METRICS)
     assert np.shares_memory(loss.x, eps.x) and np.shares_memory(loss.x, st.x)
-    assert np.shares_memory(loss.t, eps.t) and np.shares_memory(loss.t, st.t)
+    assert np.shares_memory(loss.t_rel, eps.t_rel) and np.shares_memory(loss.t_rel, st.t_rel)
     assert not np.shares_memory(loss.y, eps.y) and not np.shares_memory(loss.y, st.y)
     for s in (loss, eps, st):
         assert len(s.x) == len(s.y) == len(s.t) == len(s) == 1000
-        assert s.x.dtype == s.y.dtype == s.t.dtype == np.float64
+        assert s.x.dtype == s.y.dtype == s.t_rel.dtype == np.float32
         np.testing.assert_array_equal(s.x, np.arange(1000.0))
-        np.testing.assert_array_equal(s.t, T0 + np.arange(1000) * 0.1)
+        assert s.t_base == T0
+        np.testing.assert_array_equal(s.t_rel, ((T0 + np.arange(1000) * 0.1) - T0).astype(np.float32))
+        np.testing.assert_allclose(s.t, T0 + np.arange(1000) * 0.1, rtol=0, atol=2**-17)
 
 
-def test_a_replica_holds_five_arrays_not_nine() -> None:
+def test_a_replica_holds_five_float32_arrays_not_nine() -> None:
     h = History()
     n = 20_000
     for i in range(n):
         h.add(step("worker:0", 0, i, i * 0.1))
     series = [h.series[f"replica/0/{m}"] for m in METRICS]
-    buffers = _buffers(*(a for s in series for a in (s.x, s.y, s.t)))
+    buffers = _buffers(*(a for s in series for a in (s.x, s.y, s.t_rel)))
     assert len(buffers) == 5, "one x, one t and three y"
     held = sum(b.nbytes for b in buffers)
-    assert held <= 5 * 8 * (n + n // 2 + 256), held  # room to grow included
-    assert held < 9 * 8 * n, "less than what a private x and t per metric would take, filled alone"
+    assert held <= 5 * 4 * (n + n // 2 + 256), held  # room to grow included
+    assert held < 9 * 4 * n, "less than what a private x and t per metric would take, filled alone"
+
+
+def test_replicas_reporting_the_same_steps_read_one_column_of_steps() -> None:
+    h = History()
+    for i in range(3000):
+        for r in range(4):
+            h.add(step(f"worker:{r}", r, i * 5, i * 0.1 + r * 1e-3))
+    xs = [h.series[f"replica/{r}/loss"].x for r in range(4)]
+    assert all(np.shares_memory(xs[0], x) for x in xs[1:]), "one column for four replicas"
+    assert not np.shares_memory(h.series["replica/0/loss"].t_rel, h.series["replica/1/loss"].t_rel)
+    # a replica whose steps differ from the others' (a worker of its own pace) copies its part once
+    for r in (0, 1, 3):
+        h.add(step(f"worker:{r}", r, 3000 * 5, 300.0))
+    h.add(step("worker:2", 2, 3000 * 5 + 1, 300.0))
+    for i in range(3001, 3100):
+        for r in range(4):
+            h.add(step(f"worker:{r}", r, i * 5 + (r == 2), i * 0.1))
+    loss = [h.series[f"replica/{r}/loss"] for r in range(4)]
+    assert not np.shares_memory(loss[2].x, loss[0].x) and np.shares_memory(loss[3].x, loss[0].x)
+    np.testing.assert_array_equal(loss[2].x, np.r_[np.arange(3000) * 5, np.arange(3000, 3100) * 5 + 1])
+    for r in (0, 1, 3):
+        np.testing.assert_array_equal(loss[r].x, np.arange(3100) * 5)
+    assert all(len(s) == 3100 for s in loss)
+
+
+def test_a_replica_starting_late_or_behind_reads_the_steps_it_reports() -> None:
+    h = History()
+    for i in range(100):
+        h.add(step("worker:0", 0, i, float(i)))
+    for i in range(50, 150):  # joins at step 50
+        h.add(step("worker:1", 1, i, float(i)))
+        h.add(step("worker:0", 0, i + 50, float(i)))
+    for i in range(60):  # a third that starts from 0 and stays behind the first
+        h.add(step("worker:2", 2, i, float(i)))
+    assert h.series["replica/1/loss"].x.tolist() == [float(i) for i in range(50, 150)]
+    assert h.series["replica/0/loss"].x.tolist() == [float(i) for i in range(200)]
+    assert h.series["replica/2/loss"].x.tolist() == [float(i) for i in range(60)]
+    assert np.shares_memory(h.series["replica/2/loss"].x, h.series["replica/0/loss"].x)
+
+
+def test_steps_past_float32s_exact_integers_widen_the_column() -> None:
+    h = History()
+    big = 2**24 - 2
+    for i in range(4):
+        h.add(step("worker:0", 0, big + i, float(i)))  # 2**24 + 1 has no float32
+        h.add(step("worker:1", 1, big + i, float(i)))
+    x0, x1 = h.series["replica/0/loss"].x, h.series["replica/1/loss"].x
+    assert x0.dtype == np.float64 and np.shares_memory(x0, x1)
+    assert x0.tolist() == x1.tolist() == [float(big + i) for i in range(4)]
+    s = Series()
+    s.append(1.0, 1.0, 0.0)
+    s.append(2.5, 1.0, 0.0)  # not an integer: float32 would hold it, but steps are widened at once
+    s.append(16_777_217.0, 1.0, 0.0)
+    assert s.x.tolist() == [1.0, 2.5, 16_777_217.0]
+
+
+def test_float32_losses_round_trip_exactly_and_other_values_within_float32_rounding() -> None:
+    rng = np.random.default_rng(7)
+    losses = rng.lognormal(size=2000).astype(np.float32)  # what a float32 tensor's loss reads as
+    rates = rng.uniform(10, 1e6, size=2000)  # float64 figures
+    h = History()
+    for i in range(2000):
+        h.add(step("worker:0", 0, i, i * 0.1, loss=float(losses[i]), eps=float(rates[i])))
+    assert h.series["replica/0/loss"].y.tolist() == losses.astype(np.float64).tolist(), "bit for bit"
+    eps = h.series["replica/0/examples_per_sec"].y.astype(np.float64)
+    assert np.all(np.abs(eps - rates) <= rates * 2.0**-24)
+    np.testing.assert_array_equal(eps, rates.astype(np.float32))
+
+
+def test_values_beyond_float32_widen_their_series_only() -> None:
+    h = History()
+    for i in range(300):
+        h.add(step("worker:0", 0, i, float(i), loss=1e300 if i == 200 else float(i)))
+    loss, eps = h.series["replica/0/loss"], h.series["replica/0/examples_per_sec"]
+    assert loss.y.dtype == np.float64 and eps.y.dtype == np.float32
+    assert loss.y[200] == 1e300 and loss.y[:200].tolist() == [float(i) for i in range(200)]
+    h.add(step("worker:0", 0, 300, 300.0, loss=float("inf"), eps=float("nan")))
+    assert np.isinf(loss.y[-1]) and np.isnan(eps.y[-1]) and eps.y.dtype == np.float32, "inf and nan fit float32"
+
+
+def test_wall_times_keep_within_a_millisecond_and_widen_after_hours() -> None:
+    h = History()
+    times = np.cumsum(np.random.default_rng(3).uniform(0.05, 0.15, size=5000))
+    times[-10:] += 2.0**15  # nine hours later
+    for i, t in enumerate(times):
+        h.add(step("worker:0", 0, i, float(t)))
+        h.add(ev("device", "worker:0", float(t) + 1e-4, cpu_percent=50.0))
+    loss, cpu = h.series["replica/0/loss"], h.series["task/worker:0/cpu_percent"]
+    assert loss.t_rel.dtype == cpu.t_rel.dtype == np.float64, "past the span: float64 from then on"
+    assert loss.t_base == cpu.t_base == cpu.x_base == T0 + times[0] and loss.x_base == 0.0
+    np.testing.assert_allclose(loss.t, T0 + times, rtol=0, atol=2**-10)
+    np.testing.assert_allclose(cpu.x, T0 + times + 1e-4, rtol=0, atol=2**-10)
+    np.testing.assert_array_equal(loss.t[-10:], T0 + times[-10:]), "times after the widening are exact"
+    short = History()
+    for i, t in enumerate(times[:-10]):
+        short.add(step("worker:0", 0, i, float(t)))
+    assert short.series["replica/0/loss"].t_rel.dtype == np.float32
+    np.testing.assert_allclose(short.series["replica/0/loss"].t, T0 + times[:-10], rtol=0, atol=2**-10)
 
 
 def test_task_metrics_share_their_time_axis() -> None:
@@ -286,8 +386,9 @@ def test_task_metrics_share_their_time_axis() -> None:
     for i in range(300):
         h.add(ev("device", "worker:0", float(i), cpu_percent=50.0 + i, rss_bytes=1000 + i, gpu_util=None))
     cpu, rss = h.series["task/worker:0/cpu_percent"], h.series["task/worker:0/rss_bytes"]
-    assert np.shares_memory(cpu.x, rss.x) and np.shares_memory(cpu.t, cpu.x), "by time: t is x"
+    assert np.shares_memory(cpu.x_rel, rss.x_rel) and np.shares_memory(cpu.t_rel, cpu.x_rel), "by time: t is x"
     np.testing.assert_array_equal(cpu.t, T0 + np.arange(300.0))
+    np.testing.assert_array_equal(cpu.x, cpu.t)
     np.testing.assert_array_equal(rss.y, 1000.0 + np.arange(300))
 
 
@@ -299,8 +400,8 @@ def test_a_metric_missing_from_a_step_goes_its_own_way() -> None:
     for i in range(11, 600):
         h.add(step("worker:0", 0, i, i * 0.1))
     loss, eps, st = (h.series[f"replica/0/{m}"] for m in METRICS)
-    assert not np.shares_memory(loss.x, eps.x) and not np.shares_memory(loss.t, eps.t)
-    assert np.shares_memory(eps.x, st.x), "the other two still share"
+    assert not np.shares_memory(loss.t_rel, eps.t_rel)
+    assert np.shares_memory(eps.t_rel, st.t_rel), "the other two still share"
     expected = [float(i) for i in range(600) if i != 10]
     assert loss.x.tolist() == expected and len(loss.t) == len(loss.y) == len(loss) == 599
     assert eps.x.tolist() == [float(i) for i in range(600)] and len(st) == 600
@@ -326,7 +427,7 @@ def test_views_taken_earlier_never_change() -> None:
         h.add(step("worker:0", 0, i % 700, i * 0.1, loss=None if i % 997 == 5 else float(i)))
         if i % 50 == 0:
             s = h.series["replica/0/loss"] if "replica/0/loss" in h.series else h.series["replica/0/step_time"]
-            seen.append((s.x, s.y, s.t, s.x.tolist(), s.y.tolist(), s.t.tolist()))
+            seen.append((s.x, s.y, s.t_rel, s.x.tolist(), s.y.tolist(), s.t_rel.tolist()))
     for x, y, t, xs, ys, ts in seen:
         assert x.tolist() == xs and y.tolist() == ys and t.tolist() == ts
 
@@ -339,8 +440,13 @@ def test_series_shared_detaches_on_a_direct_append() -> None:
     loss.append(99.0, 9.0, T0 + 99.5)
     h.add(step("worker:0", 0, 3, 3.0))
     assert loss.x.tolist() == [0.0, 1.0, 2.0, 99.0, 3.0]
-    assert (loss.t - T0).tolist() == [0.0, 1.0, 2.0, 99.5, 3.0] and loss.y.tolist() == [1.0, 1.0, 1.0, 9.0, 1.0]
+    assert loss.t_rel.tolist() == [0.0, 1.0, 2.0, 99.5, 3.0] and loss.y.tolist() == [1.0, 1.0, 1.0, 9.0, 1.0]
     assert h.series["replica/0/step_time"].x.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def _f32(v: float) -> float:
+    """A figure as the history keeps it: rounded to float32 when it fits, else as is."""
+    return float(np.float32(v)) if abs(v) <= np.finfo(np.float32).max else float(v)
 
 
 # Figures as a step event may carry them: numbers, missing, None, or not numbers at all.
@@ -365,21 +471,23 @@ def test_history_matches_a_naive_model(events: list[tuple[Any, ...]], check_ever
                      **fields}
             for m, v in fields.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    model.setdefault(f"replica/{rid}/{m}", []).append((float(n), float(v), T0 + t))
+                    model.setdefault(f"replica/{rid}/{m}", []).append((float(n), _f32(v), T0 + t))
         else:
             task, cpu, rss, gpu = e
             fields = {m: v for m, v in (("cpu_percent", cpu), ("rss_bytes", rss), ("gpu_util", gpu)) if v is not ...}
             event = {"v": 1, "kind": "device", "task": task, "t": T0 + t, **fields}
             for m, v in fields.items():
                 if isinstance(v, (int, float)) and not isinstance(v, bool):
-                    model.setdefault(f"task/{task}/{m}", []).append((T0 + t, float(v), T0 + t))
+                    model.setdefault(f"task/{task}/{m}", []).append((T0 + t, _f32(v), T0 + t))
         h.add(event)
         if i % check_every == 0 or i == len(events) - 1:
             assert sorted(h.series) == sorted(model)
             for key, points in model.items():
                 s = h.series[key]
                 assert len(s) == len(s.x) == len(s.y) == len(s.t) == len(points)
-                assert s.x.dtype == s.y.dtype == s.t.dtype == np.float64
-                assert list(zip(s.x.tolist(), s.y.tolist(), s.t.tolist(), strict=True)) == points, key
+                assert s.t.dtype == np.float64 and s.t_base == T0
+                assert list(zip(s.x.tolist(), s.y.tolist(), strict=True)) == [p[:2] for p in points], key
+                # times: seconds from the history's first event, rounded to float32 (all within 200 s here)
+                assert s.t_rel.tolist() == [float(np.float32(p[2] - T0)) for p in points], key
     assert h.version == h.total_points() == sum(len(p) for p in model.values())
     assert h.replicas() == sorted({int(k.split("/")[1]) for k in model if k.startswith("replica/")})
