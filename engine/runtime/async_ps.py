@@ -12,10 +12,15 @@ through ``ClusterCoordinator.create_per_worker_dataset`` (:func:`worker_dataset`
 the worker is a tensor known only on the worker, see :class:`WorkerInputContext`).
 
 A custom loop only: Keras 3's ``model.fit`` does not run under this strategy.
-Each step returns its loss, the index of the worker that ran it and that
-worker's clock, so the chief reports every worker's loss, throughput and step
-time without an extra round trip. RemoteValues are fetched oldest first from a
-bounded window, so the pipeline never drains just to read a figure.
+Each step returns one small vector: its loss, the index of the worker that ran
+it, that worker's clock and how many batches that worker has read, so the chief
+reports every worker's loss, throughput and step time without an extra round
+trip. The chief waits for every step in order (a bounded window, so the pipeline
+never drains just to read a figure) but copies the figures of a sample only, a
+few per report interval: copying every step's result from its worker kept the
+chief busy on most of a core. Throughput and step time stay exact (the worker's
+batch count and clock between two samples); a report's loss is the mean of the
+sampled steps since the previous report.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
 #: Steps in flight per worker before the chief waits for the oldest one.
 WINDOW_PER_WORKER = 4
+#: Steps whose figures the chief copies per worker and report interval (``training.metrics_hz``).
+SAMPLES_PER_REPORT = 2
 #: Seconds a worker or ps task keeps serving after SIGTERM (the chief's last steps and checkpoint).
 SERVER_STOP_DELAY_S = 1.5
 _KEEP_ALIVE: list[Any] = []
@@ -236,10 +243,12 @@ def worker_dataset(config: RunConfig, workers: int) -> tf.data.Dataset:
 
 @dataclass
 class _WorkerFigures:
-    last_ts: float | None = None  # the worker's clock at its previous step
-    steps: int = 0  # steps since the last report
-    busy: float = 0.0  # seconds between consecutive steps since the last report
-    timed: int = 0  # steps with a previous one to time against
+    last_ts: float | None = None  # the worker's clock at its previous sample
+    last_count: int = -1  # the worker's batch count at its previous sample
+    ran: int = 0  # the worker's steps since the last report
+    steps: int = 0  # samples since the last report
+    busy: float = 0.0  # seconds between the worker's samples since the last report
+    timed: int = 0  # the worker's steps within those seconds
     loss_sum: float = 0.0
     last_step: int = 0
     last_loss: float | None = None
@@ -249,9 +258,11 @@ class _WorkerFigures:
 class WorkerReporter:
     """Per-worker ``step`` events at most ``metrics_hz`` per worker, plus ``progress`` events.
 
-    A report covers the worker's steps since its previous report: mean loss,
-    and step time measured on the worker's own clock between its consecutive
-    steps (so it includes any time the worker waited for work).
+    It is given a sample of the steps: a step's loss, the worker that ran it, that worker's clock and
+    its batch count (how many batches the worker has read, from 0). A report covers the worker's
+    samples since its previous report: the mean of their losses, and the step time over the steps the
+    worker ran between its samples, measured on its own clock (so it includes any time the worker
+    waited for work). A count that goes back (the worker restarted, its dataset with it) starts over.
     """
 
     def __init__(self, ctx: TaskContext, per_worker_batch: int, total: int, hz: float) -> None:
@@ -263,12 +274,16 @@ class WorkerReporter:
         self.last_progress = -float("inf")
         self.reports = 0
 
-    def step_done(self, step: int, loss: float, worker: int, ts: float) -> None:
+    def step_done(self, step: int, loss: float, worker: int, ts: float, count: int) -> None:
         w = self.workers.setdefault(worker, _WorkerFigures())
-        if w.last_ts is not None and ts > w.last_ts:
-            w.busy += ts - w.last_ts
-            w.timed += 1
-        w.last_ts = ts
+        if count > w.last_count:
+            w.ran += count - w.last_count
+            if w.last_ts is not None and ts > w.last_ts:
+                w.busy += ts - w.last_ts
+                w.timed += count - w.last_count
+        else:  # the worker started over: its steps count from its first batch again
+            w.ran += count + 1
+        w.last_ts, w.last_count = ts, count
         w.steps += 1
         w.loss_sum += loss
         w.last_step = max(w.last_step, step)
@@ -282,9 +297,9 @@ class WorkerReporter:
                 rate = self.batch / step_time if step_time else None
                 self.emitter.emit("step", replica=index, worker=index, step=w.last_step,
                                   loss=w.loss_sum / w.steps, examples_per_sec=rate, step_time=step_time,
-                                  steps=w.steps)
+                                  steps=w.ran, sampled=w.steps)
                 self.reports += 1
-                w.steps, w.busy, w.timed, w.loss_sum, w.last_emit = 0, 0.0, 0, 0.0, now
+                w.ran, w.steps, w.busy, w.timed, w.loss_sum, w.last_emit = 0, 0, 0.0, 0, 0.0, now
         if force or now - self.last_progress >= self.interval:
             self.emitter.emit("progress", step=completed, total=self.total, scheduled=scheduled, completed=completed)
             self.last_progress = now
@@ -335,20 +350,27 @@ class CoordinatorAdapter:
 
         @tf.function
         def per_worker_dataset() -> Any:
-            return strategy.distribute_datasets_from_function(lambda _: worker_dataset(config, workers))
+            return strategy.distribute_datasets_from_function(
+                lambda _: tf.data.Dataset.zip((tf.data.Dataset.counter(), worker_dataset(config, workers))))
 
         self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
         _KEEP_ALIVE.append(self.iterator)
 
         @tf.function
-        def train_step(it: Any) -> tuple[tf.Tensor, tf.Tensor, tf.Tensor]:
-            loss = strategy.run(trainable.step_fn, args=next(it))
-            return loss, tf_compat.current_worker_index(), tf.timestamp()
+        def train_step(it: Any) -> tf.Tensor:
+            count, batch = next(it)
+            loss = strategy.run(trainable.step_fn, args=batch)
+            # one tensor, so that reading a step's figures is one copy from its worker, not four
+            return tf.stack([tf.cast(loss, tf.float64), tf.cast(tf_compat.current_worker_index(), tf.float64),
+                             tf.timestamp(), tf.cast(count, tf.float64)])
 
         self.train_step = train_step
         self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
         self.window: deque[tuple[int, Any]] = deque()
         self.cap = max(2, WINDOW_PER_WORKER * workers)
+        # copy a step's figures at most this often: about SAMPLES_PER_REPORT per worker and report interval
+        self.sample_every = self.reporter.interval / (SAMPLES_PER_REPORT * workers)
+        self.last_sample = -float("inf")
         # steps scheduled and completed so far, counted from step 0 across restarts (fetched in order, so
         # ``completed`` is also the last finished step)
         self.scheduled = self.completed = 0
@@ -357,10 +379,18 @@ class CoordinatorAdapter:
 
     # -- fetching
 
-    def _fetch_oldest(self) -> None:
+    def _fetch_oldest(self, copy: bool = False) -> None:
+        """Wait for the oldest step in flight; copy its figures when ``copy`` or when a sample is due."""
         step, remote = self.window.popleft()
+        now = time.perf_counter()
+        copy = copy or now - self.last_sample >= self.sample_every
         try:
-            loss, worker, ts = remote.fetch()
+            if not copy:
+                tf_compat.wait_remote(remote)
+                self.completed += 1
+                return
+            self.last_sample = now
+            loss, worker, ts, count = remote.fetch()
         except (tf.errors.UnavailableError, tf.errors.CancelledError) as exc:
             # the step ran (its update reached the ps) but the worker holding its result died before
             # the chief copied it: only that step's figures are lost. A lost ps is fatal: re-raise.
@@ -373,7 +403,7 @@ class CoordinatorAdapter:
                                       "training goes on", lost_step=step)
             return
         self.completed += 1
-        self.reporter.step_done(step, float(loss), int(worker), float(ts))
+        self.reporter.step_done(step, float(loss), int(worker), float(ts), int(count))
 
     # -- the adapter
 
@@ -394,7 +424,7 @@ class CoordinatorAdapter:
 
     def settle(self) -> None:
         while self.window:
-            self._fetch_oldest()
+            self._fetch_oldest(copy=True)  # at most a window's worth: the last figures before a report
         self.coordinator.join()
 
     def flush(self, step: int) -> None:
