@@ -588,10 +588,10 @@ class Run:
     # -- stopping
 
     def _stop_supervisors(self, sups: list[_Supervisor], task_state: lc.TaskPhase, reason: str) -> None:
-        command = events.make_command("stop", state=str(task_state), reason=reason, grace_s=TASK_STOP_GRACE)
         deadline = time.monotonic() + STOP_TIMEOUT
         for sup in sups:
-            sup.send(command)
+            grace = self._stop_grace(sup, task_state)
+            sup.send(events.make_command("stop", state=str(task_state), reason=reason, grace_s=grace))
         for sup in sups:
             try:
                 sup.proc.wait(timeout=max(0.05, deadline - time.monotonic()))
@@ -605,6 +605,20 @@ class Run:
                 sup.proc.wait(timeout=1.0)
             except subprocess.TimeoutExpired:
                 pass
+
+    def _stop_grace(self, sup: _Supervisor, task_state: lc.TaskPhase) -> float:
+        """Seconds between SIGTERM and SIGKILL for the tasks ``sup`` still runs.
+
+        A finished run's training tasks are done: async servers left serving have nothing to save
+        and get none (they would serve on for their stop delay); an evaluator keeps its grace to
+        finish evaluating the final checkpoint.
+        """
+        if task_state is not lc.TaskPhase.FINISHED:
+            return TASK_STOP_GRACE
+        with self._lock:
+            live = [t for name in sup.tasks if (t := self.state.tasks.get(name)) is not None
+                    and t.state not in ("finished", "failed", "stopped")]
+        return TASK_STOP_GRACE if any(t.name.startswith("evaluator:") for t in live) else 0.0
 
     def _stop_all(self, outcome: lc.Outcome) -> None:
         try:
