@@ -119,7 +119,7 @@ class NvmlWatch:
 
 def check_run(cfg: config_mod.RunConfig, root: Path, buses: list[str]) -> dict[str, Any]:
     """One ClusterDeck run with every check; returns figures and the problems found."""
-    run = Run(cfg, runs_root=root)
+    run = Run(cfg, runs_root=root, keep_history=True)  # the plots' series are checked below
     collected: list[dict[str, Any]] = []
     run.add_listener(collected.append)
     with NvmlWatch() as watch:

@@ -139,7 +139,8 @@ def run_ingest(work: Path, replicas: int, ticks: int, hz: float, tasks: int) -> 
     wrapper.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{feeder}' '{params}'\n", encoding="utf-8")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     cfg = make_config(replicas, tasks)
-    run = Run(cfg, runs_root=work / "runs", python=str(wrapper), isolate=False, checked=True)
+    run = Run(cfg, runs_root=work / "runs", python=str(wrapper), isolate=False, checked=True,
+              keep_history=True)  # the fold as the app does it: curves included
     marks: dict[str, float] = {}
 
     def on_event(e: dict[str, Any]) -> None:  # one cheap check per event: the bulk's start mark

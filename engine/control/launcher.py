@@ -117,7 +117,7 @@ class Run:
 
     def __init__(self, config: RunConfig, *, runs_root: str | Path | None = None, run_dir: str | Path | None = None,
                  python: str | None = None, task_env: dict[str, str] | None = None,
-                 isolate: bool | None = None, checked: bool = False) -> None:
+                 isolate: bool | None = None, checked: bool = False, keep_history: bool = False) -> None:
         self.config = config
         self.runs_root = Path(runs_root) if runs_root is not None else default_runs_root()
         self._run_dir = Path(run_dir) if run_dir is not None else None
@@ -126,8 +126,11 @@ class Run:
         self.isolate = isolate  # None: on unless CLUSTERDECK_NETNS=0
         self.checked = checked  # the caller ran launch_problems(deep=True) already (off its UI thread)
         self.isolated = False
+        # the latest figures of every task and replica; curves only when asked (``keep_history``): the
+        # app folds the events into its own state, and a headless run draws none
         self.state = RunState(total_steps=config.total_steps(),
-                              tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()])
+                              tasks=[(t.name, t.role, h.name) for h, t in config.cluster.tasks()],
+                              keep_history=keep_history)
         self.plans: list[TaskPlan] = []
         self.started = False
         self._folder: RunFolder | None = None

@@ -398,16 +398,28 @@ class History:
         return sum(len(s) for s in self.series.values())
 
 
-class RunState:
-    """Folds events into the current picture of a run. Not thread-safe: feed it from one thread."""
+class _NoHistory(History):
+    """A history that keeps nothing: for a state whose owner draws no curves."""
 
-    def __init__(self, total_steps: int = 0, tasks: Iterable[tuple[str, str, str]] = ()) -> None:
+    def add(self, event: dict[str, Any]) -> None:
+        return None
+
+
+class RunState:
+    """Folds events into the current picture of a run. Not thread-safe: feed it from one thread.
+
+    ``keep_history=False``: the latest figures only, no curves (``history`` stays empty): a
+    launcher whose views fold the events into their own state, a headless run.
+    """
+
+    def __init__(self, total_steps: int = 0, tasks: Iterable[tuple[str, str, str]] = (),
+                 keep_history: bool = True) -> None:
         self.total_steps = total_steps
         self.tasks: dict[str, TaskState] = {}
         for name, role, host in tasks:
             self.tasks[name] = TaskState(name=name, role=role, host=host)
         self.replicas: dict[int, ReplicaState] = {}
-        self.history = History()
+        self.history = History() if keep_history else _NoHistory()
         self.infos: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self.state = "pending"
