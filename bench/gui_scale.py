@@ -324,23 +324,32 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
 
 def check_history(history: Any, replicas: int, ticks: int) -> int:
-    """Points missing or different from what was sent, over every series."""
+    """Points missing or different from what was sent, over every series.
+
+    The history keeps values as float32 (see ``engine/observe/telemetry.py``): a value counts as kept
+    when it is what was sent rounded to float32; steps must be exact; a wall time must be what was sent
+    within float32 rounding of its offset from the series' base (``Series.t_rel``, ``Series.t_base``).
+    """
     expected_ticks = np.arange(ticks)
 
-    def differing(key: str, y: np.ndarray, x: np.ndarray | None = None) -> int:
+    def differing(key: str, y: np.ndarray, t: np.ndarray, x: np.ndarray | None = None) -> int:
         s = history.series.get(key)
         if s is None:
             return ticks
         n = min(len(s), ticks)
-        wrong = np.count_nonzero(s.y[:n] != y[:n]) + (np.count_nonzero(s.x[:n] != x[:n]) if x is not None else 0)
+        wrong = np.count_nonzero(s.y[:n] != y[:n].astype(np.float32))
+        if x is not None:
+            wrong += np.count_nonzero(s.x[:n] != x[:n])
+        sent = (t[:n] - s.t_base).astype(s.t_rel.dtype)  # seconds from the base, as stored
+        wrong += np.count_nonzero(s.t_rel[:n] != sent)
         return abs(len(s) - ticks) + int(wrong)
 
     lost = 0
     for r in range(replicas):
         v = values(r, expected_ticks)
         for metric in ("loss", "examples_per_sec", "step_time"):
-            lost += differing(f"replica/{r}/{metric}", v[metric], v["step"])
-        lost += differing(f"task/worker:{r}/cpu_percent", v["cpu_percent"])
+            lost += differing(f"replica/{r}/{metric}", v[metric], v["t"], v["step"])
+        lost += differing(f"task/worker:{r}/cpu_percent", v["cpu_percent"], v["t"] + 5e-5)
     return lost
 
 

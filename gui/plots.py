@@ -50,9 +50,13 @@ PIXELS_PER_BLOCK = 1.0
 #: Above this many curves a plot draws 1-pixel lines: Qt strokes wider ones many times slower,
 #: and with that many curves wide lines only hide one another.
 THIN_ABOVE = 8
-#: Smoothed curves are kept for the screen only (the history and exports keep the exact points):
-#: float32 halves what an hour of 96 smoothed curves holds, ~7 significant digits drawn.
-SMOOTHED_DTYPE = np.float32
+#: A curve keeps the min and max of each block of this many drawn points (float32: 0.25 bytes per
+#: point), and no smoothed copy of its points: see :class:`_Summary`.
+SUMMARY_BLOCK = 32
+#: ... and the smoothing's state every this many points (a multiple of SUMMARY_BLOCK).
+CHECKPOINT = 1024
+#: Points smoothed by one matrix product (see :func:`_ema_from`).
+EMA_BLOCK = 64
 #: Legend entries per column: more curves than this make more columns.
 LEGEND_ROWS = 8
 
@@ -105,17 +109,6 @@ def ema(y: np.ndarray, weight: float, start: int = 0, prev: np.ndarray | None = 
     return out
 
 
-def _ema_tail(y: np.ndarray, weight: float, start: int, buf: np.ndarray) -> np.ndarray:
-    """``buf[start:len(y)]`` filled with the EMA of ``y`` continued from ``buf[start - 1]``; returns ``buf[:len(y)]``."""
-    n = len(y)
-    last = float(buf[start - 1])
-    w, a = weight, 1.0 - weight
-    for i in range(start, n):
-        last = w * last + a * y[i]
-        buf[i] = last
-    return buf[:n]
-
-
 def _natural(key: str) -> list[object]:
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", key)]
 
@@ -129,39 +122,161 @@ def _nice_ceiling(value: float) -> float:
     return float(10.0 * exp)
 
 
-class _Peaks:
-    """Min and max of each full block of ``size`` points of a curve, extended as the curve grows:
-    O(new points) per frame, so a frame never rescans hours of points."""
+def _ema_from(y: np.ndarray, weight: float, state: float) -> np.ndarray:
+    """EMA of ``y`` (float64) continued from ``state`` (the smoothed value before ``y[0]``), vectorised:
+    blocks of :data:`EMA_BLOCK` points are smoothed from zero by one matrix product, then each block
+    gets what the state before it adds (one step per block). Falls back to the plain loop where a
+    point is not finite (a NaN smooths to NaN from there on, as the loop does)."""
+    n = len(y)
+    w, a = weight, 1.0 - weight
+    if n <= 32 or not np.isfinite(y).all():
+        out = np.empty(n)
+        last = state
+        for i, v in enumerate(y.tolist()):
+            last = w * last + a * v
+            out[i] = last
+        return out
+    size = EMA_BLOCK
+    m = -(-n // size)
+    padded = np.zeros(m * size)
+    padded[:n] = y
+    local = padded.reshape(m, size) @ _ema_matrix(weight).T  # each block smoothed from a zero state
+    states = np.empty(m)
+    carry = w**size
+    last = state
+    ends = local[:, -1].tolist()
+    for j in range(m):
+        states[j] = last
+        last = ends[j] + carry * last
+    out = local + states[:, None] * (w ** np.arange(1, size + 1))[None, :]
+    return out.reshape(-1)[:n]
 
-    __slots__ = ("size", "weight", "lo", "hi", "done")
 
-    def __init__(self, size: int, weight: float) -> None:
-        self.size = size
-        self.weight = weight
-        self.lo = np.empty(64)
-        self.hi = np.empty(64)
-        self.done = 0  # full blocks summarised
+@functools.lru_cache(maxsize=16)
+def _ema_matrix(weight: float) -> np.ndarray:
+    """``M[i, k] = (1 - w) * w**(i - k)`` for ``k <= i``, else 0: one block's EMA from a zero state."""
+    k = np.arange(EMA_BLOCK)
+    lag = k[:, None] - k[None, :]
+    return np.where(lag >= 0, (1.0 - weight) * weight ** np.maximum(lag, 0), 0.0)
 
-    def changed_from(self, stable: int) -> None:
-        """Points from ``stable`` on changed: their blocks are summarised again at the next extend."""
-        self.done = min(self.done, stable // self.size)
 
-    def extend(self, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        size = self.size
-        full = len(y) // size
-        if full < self.done:
-            self.done = full
-        if full > self.done:
+class _Summary:
+    """What a curve keeps of its points for drawing, besides the history's own arrays: the min and
+    max of each block of :data:`SUMMARY_BLOCK` drawn (smoothed) points, and the smoothing's state
+    every :data:`CHECKPOINT` points, from which any stretch of the smoothed curve is made again
+    from the history's points at the cost of its length. Extended by each frame's new points only.
+
+    No smoothed copy of the curve is kept: a frame smooths its new points, a full draw smooths
+    only the stretches it shows at full resolution (a zoom, the last block). ~0.3 bytes per point.
+    """
+
+    __slots__ = ("weight", "n", "last", "lo", "hi", "marks", "plo", "phi")
+
+    def __init__(self, weight: float) -> None:
+        self.weight = weight  # 0: drawn as recorded
+        self.n = 0  # points summarised
+        self.last = math.nan  # the smoothed value of point n - 1
+        self.lo = np.empty(64, dtype=np.float32)  # per full block
+        self.hi = np.empty(64, dtype=np.float32)
+        self.marks = np.empty(16)  # marks[j]: the smoothed value before point j * CHECKPOINT
+        self.plo = self.phi = math.nan  # min and max of the partial block at the end
+
+    @property
+    def blocks(self) -> int:
+        return self.n // SUMMARY_BLOCK
+
+    def values(self, y: np.ndarray, i0: int, i1: int) -> np.ndarray:
+        """The drawn (smoothed) values of points ``[i0, i1)`` (``i1 <= n``), float64."""
+        if i1 <= i0:
+            return np.empty(0)
+        if not self.weight:
+            return y[i0:i1].astype(np.float64)
+        j = i0 // CHECKPOINT
+        start = j * CHECKPOINT
+        return _ema_from(y[start:i1], self.weight, float(self.marks[j]))[i0 - start:]
+
+    def extend(self, y: np.ndarray) -> np.ndarray:
+        """Summarise the points from ``n`` to ``len(y)``; their drawn values."""
+        n, end = self.n, len(y)
+        if end <= n:
+            return np.empty(0)
+        if self.weight:
+            if n == 0:
+                self.last = float(y[0])  # the EMA starts at the first point
+            # the states at the checkpoints this stretch passes
+            new = _ema_from(y[n:end], self.weight, self.last)
+            first, last_mark = -(-n // CHECKPOINT), (end - 1) // CHECKPOINT
+            if last_mark >= first:
+                if last_mark >= len(self.marks):
+                    self.marks = _grown_to(self.marks, last_mark + 1, first)
+                for j in range(first, last_mark + 1):
+                    self.marks[j] = self.last if j * CHECKPOINT == n else new[j * CHECKPOINT - n - 1]
+        else:
+            new = y[n:end].astype(np.float64)
+        self.last = float(new[-1])
+        # blocks: finish the partial one, add the full ones, start the next
+        size = SUMMARY_BLOCK
+        done = n // size
+        full = end // size
+        head = min(end, (done + 1) * size) - n  # points of ``new`` that belong to block ``done``
+        part = new[:head]
+        lo, hi = float(part.min()), float(part.max())  # NaN propagates, as a block's min/max do
+        if n % size:  # the block's earlier points
+            lo = math.nan if lo != lo or self.plo != self.plo else min(lo, self.plo)
+            hi = math.nan if hi != hi or self.phi != self.phi else max(hi, self.phi)
+        if full > done:
             if full > len(self.lo):
-                cap = full + full // 4 + 64
-                lo, hi = np.empty(cap), np.empty(cap)
-                lo[: self.done], hi[: self.done] = self.lo[: self.done], self.hi[: self.done]
-                self.lo, self.hi = lo, hi
-            block = y[self.done * size : full * size].reshape(-1, size)
-            self.lo[self.done : full] = block.min(axis=1)
-            self.hi[self.done : full] = block.max(axis=1)
-            self.done = full
-        return self.lo[:full], self.hi[:full]
+                self.lo = _grown_to(self.lo, full, done)
+                self.hi = _grown_to(self.hi, full, done)
+            self.lo[done], self.hi[done] = lo, hi
+            rest = new[head: head + (full - done - 1) * size].reshape(-1, size)
+            if len(rest):
+                self.lo[done + 1: full] = rest.min(axis=1)
+                self.hi[done + 1: full] = rest.max(axis=1)
+            tail = new[head + (full - done - 1) * size:]
+            self.plo, self.phi = (float(tail.min()), float(tail.max())) if len(tail) else (math.nan, math.nan)
+        else:
+            self.plo, self.phi = lo, hi
+        self.n = end
+        return new
+
+    def rewind(self, y: np.ndarray, k: int) -> None:
+        """Points from ``k`` on changed: forget what was summarised of them (extend redoes it)."""
+        if k >= self.n:
+            return
+        if k <= 0:
+            self.__init__(self.weight)  # type: ignore[misc]
+            return
+        start = (k // SUMMARY_BLOCK) * SUMMARY_BLOCK  # from the start of its block
+        self.last = float(self.values(y, start - 1, start)[0]) if start else math.nan
+        self.n = start
+        self.plo = self.phi = math.nan
+
+    def bounds(self) -> tuple[float, float]:
+        """Lowest and highest finite drawn value."""
+        k, partial = self.blocks, self.n % SUMMARY_BLOCK != 0
+        lo = finite_range(np.append(self.lo[:k], self.plo) if partial else self.lo[:k])[0]
+        hi = finite_range(np.append(self.hi[:k], self.phi) if partial else self.hi[:k])[1]
+        return lo, hi
+
+    def peaks(self, size: int, b0: int, b1: int) -> tuple[np.ndarray, np.ndarray]:
+        """Min and max of blocks ``[b0, b1)`` of ``size`` points (a multiple of SUMMARY_BLOCK)."""
+        g = size // SUMMARY_BLOCK
+        lo = self.lo[b0 * g: b1 * g].reshape(-1, g).min(axis=1)
+        hi = self.hi[b0 * g: b1 * g].reshape(-1, g).max(axis=1)
+        return lo, hi
+
+    def sample(self, most: int = 512) -> np.ndarray:
+        """Up to ~``most`` block maxima, evenly spread, and the latest drawn values (a robust y range)."""
+        hi = self.hi[: self.blocks]
+        return np.concatenate([hi[:: max(1, len(hi) // most)], [self.phi, self.plo, self.last]])
+
+
+def _grown_to(a: np.ndarray, n: int, keep: int) -> np.ndarray:
+    """``a`` with room for at least ``n`` items (a quarter more), its first ``keep`` kept."""
+    b = np.empty(n + n // 4 + 64, dtype=a.dtype)
+    b[:keep] = a[:keep]
+    return b
 
 
 class _RawCurves:
@@ -201,17 +316,18 @@ class _RawCurves:
 
 
 class _Source:
-    """The points behind one curve: x as recorded and y smoothed, before offset and scale.
+    """The points behind one curve: x and y as recorded (the history's arrays), before offset, smoothing
+    and scale, and the curve's :class:`_Summary`.
 
     ``signature``: what the points given to :meth:`MetricPlot.set_curve` last were (unchanged: nothing
     to do); ``shape``: what every drawn point depends on (unchanged: new points are appended)."""
 
-    __slots__ = ("x", "y", "offset", "weight", "shape", "signature", "shown")
+    __slots__ = ("x", "y", "offset", "summary", "shape", "signature", "shown")
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, offset: float, weight: float, shape: tuple[object, ...],
+    def __init__(self, x: np.ndarray, y: np.ndarray, offset: float, summary: _Summary, shape: tuple[object, ...],
                  signature: tuple[float, ...]) -> None:
         self.x, self.y = x, y
-        self.offset, self.weight, self.shape, self.signature = offset, weight, shape, signature
+        self.offset, self.summary, self.shape, self.signature = offset, summary, shape, signature
         self.shown: tuple[tuple[object, ...], tuple[np.ndarray, np.ndarray]] | None = None
 
 
@@ -269,10 +385,10 @@ class MetricPlot(QWidget):
         self._x_label: str | None = None
         self._owners: dict[str, tuple[History, int, list[str]]] = {}
         self.raw = _RawCurves()  # curve -> unsmoothed (x, y) as shown (offset and scale applied on access)
-        self._peaks: dict[str, _Peaks] = {}  # curve -> min/max per block of its drawn points
+        self._summaries: dict[str, _Summary] = {}  # curve -> min/max per block of its drawn points
+        self._view_cache: tuple[tuple[float, float] | None, int] | None = None
         self._view_key: tuple[float, ...] = ()
         self.labels: dict[str, str] = {}
-        self._ema: dict[str, tuple[float, int, np.ndarray]] = {}
         self._totals: dict[str, tuple[str, int, float, np.ndarray, tuple[str, ...]]] = {}  # run prefix -> (base, final n, x, total)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 2, 0, 0)
@@ -321,10 +437,13 @@ class MetricPlot(QWidget):
 
     def _bounds(self, src: _Source) -> list[float]:
         """x lo, x hi, y lo, y hi of a source's points in the view's coordinates."""
-        x, y, offset, scale = src.x, src.y, src.offset, self.spec.scale
+        x, offset, scale = src.x, src.offset, self.spec.scale
         if any(self.lines.log):
+            y = src.summary.values(src.y, 0, len(src.x))
             (x, y), offset, scale = self._screen(x - offset, y * scale), 0.0, 1.0
-        (x_lo, x_hi), (y_lo, y_hi) = finite_range(x), finite_range(y)
+            (x_lo, x_hi), (y_lo, y_hi) = finite_range(x), finite_range(y)
+        else:
+            (x_lo, x_hi), (y_lo, y_hi) = finite_range(x), src.summary.bounds()
         return [x_lo - offset, x_hi - offset, y_lo * scale, y_hi * scale]
 
     def _screen(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -385,9 +504,8 @@ class MetricPlot(QWidget):
         self._sources.clear()
         self.raw.clear()
         self.labels.clear()
-        self._ema.clear()
         self._totals.clear()
-        self._peaks.clear()
+        self._summaries.clear()
 
     def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
                width: float = 1.6) -> Curve:
@@ -472,33 +590,8 @@ class MetricPlot(QWidget):
             self._empty_axes()
         self.labels.pop(key, None)
         self.raw.pop(key, None)
-        self._ema.pop(key, None)
-        self._peaks.pop(key, None)
+        self._summaries.pop(key, None)
         self._sources.pop(key, None)
-
-    def _smoothed(self, key: str, y: np.ndarray, weight: float, stable: int | None = None) -> np.ndarray:
-        """EMA of ``y``, extended incrementally: a growable buffer per curve, so a frame costs only its new points."""
-        if weight <= 0 or not self.spec.smooth or len(y) == 0:
-            return y
-        n = len(y)
-        cached = self._ema.get(key)
-        if cached is None or cached[0] != weight or cached[1] > n:
-            start, buf = 0, np.empty(max(256, n + n // 8), dtype=SMOOTHED_DTYPE)
-        else:
-            _, start, buf = cached
-            if stable is not None and stable < start:
-                start = stable  # the points from ``stable`` on changed (the "total" curve)
-            if start == 0:
-                start, buf = 0, np.empty(max(256, n + n // 8), dtype=SMOOTHED_DTYPE)
-            elif start == n:
-                return buf[:n]
-            if n > len(buf):
-                grown = np.empty(max(n + 256, n + n // 8), dtype=SMOOTHED_DTYPE)
-                grown[:start] = buf[:start]
-                buf = grown
-        buf[:n] = ema(y, weight, start, buf[:n]) if start == 0 else _ema_tail(y, weight, start, buf)
-        self._ema[key] = (weight, n, buf)
-        return buf[:n]
 
     def set_curve(self, key: str, label: str, color: str, x: np.ndarray, y: np.ndarray, smoothing: float,
                   style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6, *, x_offset: float = 0.0,
@@ -522,21 +615,26 @@ class MetricPlot(QWidget):
         if self.spec.skip_first:  # also while it is the only point: it must not seed the smoothing
             x, y = x[1:], y[1:]
             stable = None if stable is None else max(0, stable - 1)
-        ys = self._smoothed(key, y, smoothing, stable)
-        peaks = self._peaks.get(key)
-        if peaks is not None and stable is not None:
-            peaks.changed_from(stable)
-        m = len(x)
-        shape = (float(x[0]) if m else math.nan, x_offset, smoothing, pixels, x_range)
-        if src is not None and src.shape == shape and 0 < len(src.x) <= m and (stable is None or stable >= len(src.x)):
-            # the curve grew at its end: only its new segments are drawn
-            first = len(src.x) - 1
-            src.x, src.y, src.signature = x, ys, signature
-            if m - first >= 2:
-                xs = x[first:m] - x_offset if x_offset else x[first:m]
-                curve.append(*self._screen(xs, ys[first:m] * scale if scale != 1.0 else ys[first:m]))
+        m = min(len(x), len(y))
+        weight = smoothing if self.spec.smooth and smoothing > 0 else 0.0
+        summary = self._summaries.get(key)
+        if summary is None or summary.weight != weight or summary.n > m:
+            summary = self._summaries[key] = _Summary(weight)
+        elif stable is not None:
+            summary.rewind(y, stable)  # the points from ``stable`` on changed (the "total" curve)
+        old, joint = summary.n, summary.last
+        new = summary.extend(y[:m])
+        shape = (float(x[0]) if m else math.nan, x_offset, weight, pixels, x_range)
+        if src is not None and src.shape == shape and src.summary is summary and 0 < len(src.x) == old:
+            # the curve grew at its end: only its new segments are drawn (from the last point it had)
+            src.x, src.y, src.signature = x, y, signature
+            if len(new):
+                xs = x[old - 1:m] - x_offset if x_offset else x[old - 1:m]
+                ys = np.empty(len(new) + 1)
+                ys[0], ys[1:] = joint, new
+                curve.append(*self._screen(xs, ys * scale if scale != 1.0 else ys))
             return
-        src = self._sources[key] = _Source(x, ys, x_offset, smoothing, shape, signature)
+        src = self._sources[key] = _Source(x[:m], y[:m], x_offset, summary, shape, signature)
         curve.set_source(functools.partial(self._display, key), self._bounds(src))
 
     def _display(self, key: str) -> tuple[np.ndarray, np.ndarray]:
@@ -549,7 +647,7 @@ class MetricPlot(QWidget):
         view = (len(src.x), pixels, x_range)
         if src.shown is not None and src.shown[0] == view:
             return src.shown[1]
-        xd, yd = self._decimate(key, src.x, src.y, src.weight, x_range, src.offset, pixels)
+        xd, yd = self._decimate(src, x_range, pixels)
         if src.offset:
             xd = xd - src.offset
         if self.spec.scale != 1.0:
@@ -559,7 +657,13 @@ class MetricPlot(QWidget):
         return xd, yd
 
     def _view(self) -> tuple[tuple[float, float] | None, int]:
-        """The shown x range (None while x follows the data) and the plot's width in pixels."""
+        """The shown x range (None while x follows the data) and the plot's width in pixels (asked of
+        the view once, then again after it moved, was resized or given to the user)."""
+        if self._view_cache is None:
+            self._view_cache = self._ask_view()
+        return self._view_cache
+
+    def _ask_view(self) -> tuple[tuple[float, float] | None, int]:
         vb = self.item.getViewBox()
         pixels = int(vb.width()) or 800
         if self.following or vb.autoRangeEnabled()[0]:
@@ -571,6 +675,7 @@ class MetricPlot(QWidget):
 
     def _view_moved(self, *_args: object) -> None:
         """The user's x range or the plot's width changed: curves are cut again at the next redraw."""
+        self._view_cache = None
         x_range, pixels = self._view()
         key = (pixels, *(x_range or ()))
         if key != self._view_key:
@@ -579,35 +684,38 @@ class MetricPlot(QWidget):
             self._view_key = key
             self.viewChanged.emit()
 
-    def _decimate(self, key: str, x: np.ndarray, y: np.ndarray, weight: float,
-                  x_range: tuple[float, float] | None, x_offset: float, pixels: int) -> tuple[np.ndarray, np.ndarray]:
-        n = len(x)
+    def _decimate(self, src: _Source, x_range: tuple[float, float] | None,
+                  pixels: int) -> tuple[np.ndarray, np.ndarray]:
+        x, y, summary = src.x, src.y, src.summary
+        n = min(len(x), summary.n)
         i0, i1 = 0, n
         if x_range is not None and n:
-            i0 = max(0, int(np.searchsorted(x, x_range[0] + x_offset, side="left")) - 1)
-            i1 = min(n, int(np.searchsorted(x, x_range[1] + x_offset, side="right")) + 1)
+            i0 = max(0, int(np.searchsorted(x[:n], x_range[0] + src.offset, side="left")) - 1)
+            i1 = min(n, int(np.searchsorted(x[:n], x_range[1] + src.offset, side="right")) + 1)
         blocks = max(1, int(pixels / PIXELS_PER_BLOCK))
         if i1 - i0 <= 2 * blocks:
-            return x[i0:i1], y[i0:i1]
+            return x[i0:i1].astype(np.float64), summary.values(y, i0, i1)
         size = 1 << int(np.ceil(np.log2((i1 - i0) / blocks)))
-        peaks = self._peaks.get(key)
-        if peaks is None or peaks.size != size or peaks.weight != weight:
-            peaks = self._peaks[key] = _Peaks(size, weight)
-        lo, hi = peaks.extend(y)
         b0, b1 = i0 // size, i1 // size
+        if size >= SUMMARY_BLOCK:
+            lo, hi = summary.peaks(size, b0, b1)
+        else:  # zoomed in: few enough points to smooth those in view again
+            block = summary.values(y, b0 * size, b1 * size).reshape(-1, size)
+            lo, hi = block.min(axis=1), block.max(axis=1)
         m = b1 - b0
         xd = np.empty(2 * m + (i1 - b1 * size))
         yd = np.empty_like(xd)
         xd[: 2 * m : 2] = xd[1 : 2 * m : 2] = x[b0 * size : b1 * size : size]
-        yd[: 2 * m : 2] = lo[b0:b1]
-        yd[1 : 2 * m : 2] = hi[b0:b1]
+        yd[: 2 * m : 2] = lo
+        yd[1 : 2 * m : 2] = hi
         xd[2 * m :] = x[b1 * size : i1]
-        yd[2 * m :] = y[b1 * size : i1]
+        yd[2 * m :] = summary.values(y, b1 * size, i1)
         return xd, yd
 
     def _user_range(self, *_args: object) -> None:
         self.robust = False  # the user zoomed: leave the range alone
         self.following = False
+        self._view_cache = None
 
     def follow_data(self) -> None:
         """Keep every point in view, moving the view only when the data leaves it or fills
@@ -618,6 +726,7 @@ class MetricPlot(QWidget):
             vb.disableAutoRange()
             self.following = True
             self.robust = self.spec.robust_y and not self.lines.log[1]
+            self._view_cache = None
             self._view_moved()
         if not self.following:
             return
@@ -644,12 +753,13 @@ class MetricPlot(QWidget):
         """Y from 0 to a little above the 99th percentile of the shown points."""
         if not self.robust or self.lines.log[1]:
             return
-        ys = [src.y for key, src in self._sources.items() if len(src.y) and self.curves[key].isVisible()]
-        if not ys:
+        samples = [src.summary.sample() for key, src in self._sources.items()
+                   if src.summary.n and self.curves[key].isVisible()]
+        if not samples:
             return
-        # an even sample of at most ~512 points per curve, and each curve's latest points: the
+        # an even sample of at most ~512 block maxima per curve, and each curve's latest values: the
         # percentile of hours of points would cost a frame
-        values = np.concatenate([y[:: max(1, len(y) // 512)] for y in ys] + [y[-16:] for y in ys])
+        values = np.concatenate(samples)
         values = values[np.isfinite(values)]
         if not len(values):
             return
@@ -865,12 +975,13 @@ class PlotsPanel(QWidget):
 
     def _xy(self, state: RunState, key: str) -> tuple[np.ndarray, np.ndarray, float]:
         """x as step, or as seconds since the run started (since its first figure when that is unknown):
-        the history's own arrays and the offset to subtract from x (applied to the drawn points only)."""
+        the history's own arrays (times as stored: seconds from the series' base) and the offset to
+        subtract from x (applied to the drawn points only)."""
         s = state.history.series[key]
-        t0 = state.started_at if state.started_at is not None else (state.history.t0 or 0.0)
-        if key.startswith("task/"):
-            return s.x, s.y, t0
-        return (s.t, s.y, t0) if self.by_time else (s.x, s.y, 0.0)
+        if key.startswith("task/") or self.by_time:
+            t0 = state.started_at if state.started_at is not None else (state.history.t0 or 0.0)
+            return s.t_rel, s.y, t0 - s.t_base
+        return s.x_rel, s.y, 0.0
 
     def _draw_run(self, plot: MetricPlot, state: RunState, label: str, weight: float, style: Qt.PenStyle,
                   shift: int = 0) -> None:
@@ -942,13 +1053,16 @@ def _total(cache: dict[str, tuple[str, int, float, np.ndarray, tuple[str, ...]]]
         key, final, x_at, old, _ = cached
         if key == base_key and 0 < final <= len(base_x) and base_x[final - 1] == x_at and final <= len(old):
             start = final
-    total = np.empty_like(base_x)
+    total = np.empty(len(base_x))
     if start:
         total[:start] = cached[3][:start]  # type: ignore[index]
     tail = base_x[start:]
     total[start:] = 0.0
-    for _, x, y in series:
-        total[start:] += np.interp(tail, x, y, left=0.0)
+    if len(tail):
+        for _, x, y in series:
+            # only the points around the tail: np.interp copies what it is given to float64
+            j = max(0, int(np.searchsorted(x, tail[0], side="left")) - 1)
+            total[start:] += np.interp(tail, x[j:], y[j:], left=0.0)
     final = int(np.searchsorted(base_x, min(float(x[-1]) for _, x, _ in series), side="right"))
     if final:
         cache[prefix] = (base_key, final, float(base_x[final - 1]), total, keys)

@@ -13,7 +13,7 @@ from PySide6.QtCore import QPointF, Qt
 from PySide6.QtGui import QImage
 
 from gui.curves import MAX_PENDING
-from gui.plots import PLOTS, MetricPlot, _total, ema
+from gui.plots import PLOTS, SUMMARY_BLOCK, MetricPlot, _ema_from, _total, ema
 
 LOSS = PLOTS[0]
 BLUE, ORANGE = "#3b82f6", "#f97316"
@@ -294,8 +294,60 @@ def test_the_total_is_drawn_where_every_replica_reported_and_keeps_its_points() 
 @pytest.mark.parametrize("weight", [0.0, 0.6, 0.95])
 def test_smoothing_extended_frame_by_frame_equals_smoothing_at_once(qtbot: Any, weight: float) -> None:
     rng = np.random.default_rng(1)
-    y = rng.normal(size=500)
-    plot = make_plot(qtbot)
-    for k in (1, 2, 50, 51, 300, 500):
-        got = plot._smoothed("a", y[:k], weight)
-    assert np.allclose(got, ema(y, weight) if weight else y)
+    y = rng.normal(size=5000)
+    x = np.arange(5000.0)
+    plot = make_plot(qtbot, x_range=None)
+    for k in (1, 2, 50, 51, 300, 500, 1023, 1024, 1025, 2100, 5000):
+        plot.set_curve("a", "a", BLUE, x[:k], y[:k], weight)
+    summary = plot._summaries["a"]
+    expected = ema(y, weight) if weight else y
+    assert np.allclose(summary.values(y, 0, 5000), expected, rtol=0, atol=1e-12)
+    for i0, i1 in ((0, 1), (1023, 1025), (1024, 3000), (4999, 5000), (37, 4100)):
+        assert np.allclose(summary.values(y, i0, i1), expected[i0:i1], rtol=0, atol=1e-12), (i0, i1)
+    # what a frame keeps: block extremes and checkpoints, no smoothed copy of the points
+    kept = summary.lo.nbytes + summary.hi.nbytes + summary.marks.nbytes
+    assert kept < 0.5 * len(y), kept
+    blocks = expected[: summary.blocks * SUMMARY_BLOCK].reshape(-1, SUMMARY_BLOCK)
+    assert np.allclose(summary.lo[: summary.blocks], blocks.min(axis=1), atol=1e-6)
+    assert np.allclose(summary.hi[: summary.blocks], blocks.max(axis=1), atol=1e-6)
+
+
+@pytest.mark.parametrize("weight", [0.3, 0.9, 0.999])
+def test_the_vectorised_smoothing_is_the_loop(weight: float) -> None:
+    y = np.random.default_rng(2).normal(size=3001) * 100
+    assert np.allclose(_ema_from(y, weight, 5.0), ema(np.r_[5.0, y], weight)[1:], rtol=1e-12, atol=1e-9)
+    y[1500] = np.nan  # a gap: NaN from there on, as the loop has it, and every point before it kept
+    got = _ema_from(y, weight, 5.0)
+    assert np.isfinite(got[:1500]).all() and np.isnan(got[1500:]).all()
+
+
+def test_a_smoothed_curve_zoomed_in_draws_every_point_smoothed(qtbot: Any) -> None:
+    n = 50_000
+    x = np.arange(n, dtype=np.float32)
+    y = (np.sin(np.arange(n) / 300.0) + np.random.default_rng(4).normal(size=n) * 0.1).astype(np.float32)
+    plot = make_plot(qtbot, x_range=(30_000.0, 30_400.0))
+    plot.set_curve("a", "a", BLUE, x, y, 0.9)
+    xd, yd = plot.curves["a"].getData()
+    smoothed = ema(y.astype(np.float64), 0.9)
+    i0 = int(xd[0])
+    assert 400 <= len(xd) <= 403 and np.array_equal(xd, np.arange(i0, i0 + len(xd)))
+    assert np.allclose(yd, smoothed[i0: i0 + len(xd)], rtol=0, atol=1e-9)
+    plot.item.setXRange(0, n, padding=0)  # the whole curve: block extremes of the smoothed points
+    plot.lines.flush()
+    xd, yd = plot.curves["a"].getData()
+    assert len(xd) < 3 * plot.item.getViewBox().width()
+    assert yd.max() == pytest.approx(smoothed.max(), abs=1e-6) and yd.min() == pytest.approx(smoothed.min(), abs=1e-6)
+
+
+def test_a_total_that_changes_its_last_points_is_smoothed_again_from_there(qtbot: Any) -> None:
+    x = np.arange(3000.0)
+    y = np.random.default_rng(5).normal(size=3000)
+    plot = make_plot(qtbot, x_range=None)
+    plot.set_curve("total", "total", BLUE, x[:2000], y[:2000], 0.8)
+    y2 = y.copy()
+    y2[1500:] += 1.0  # from point 1,500 on the sum changed (a replica's points arrived)
+    plot.set_curve("total", "total", BLUE, x, y2, 0.8, stable=1500)
+    _, yd = plot.curves["total"].getData()
+    assert len(yd) < 3000, "downsampled"
+    summary = plot._summaries["total"]
+    assert summary.n == 3000 and np.allclose(summary.values(y2, 0, 3000), ema(y2, 0.8), atol=1e-12)
