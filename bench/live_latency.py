@@ -164,7 +164,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             n = loss.points(key)  # points the loss curve holds (the screen may show fewer, downsampled)
             if n > seen["n"]:
                 series = controller.state.history.series[key]
-                gui_latency.extend((now - series.t[seen["n"]:n]).tolist())
+                # the stored times of the new points only (Series.t would make every point's absolute time)
+                gui_latency.extend(((now - series.t_base) - series.t_rel[seen["n"]:n].astype(float)).tolist())
                 seen["n"] = n
 
         window.plots.redrawn.connect(on_redrawn)
