@@ -58,6 +58,11 @@ TIME_SPAN = 2.0**15
 #: Values are float32 (losses come from float32 tensors: exact; rates, times and percentages need no
 #: more than 7 digits); one beyond float32's range widens its series to float64.
 FLOAT32_MAX = float(np.finfo(np.float32).max)
+#: Items an array of the history starts with: 64 KiB of float32, which glibc serves as an ``mmap``
+#: block of its own (see :mod:`engine.control.memory`), so its untouched room costs no memory and
+#: its growth leaves no holes in the heap (arrays that started at 256 items and grew through the
+#: heap left ~9 bytes per point of holes behind them in ``bench/gui_scale.py --large``).
+START_CAPACITY = 16_384
 
 
 def _grown(a: np.ndarray, n: int, dtype: Any = None) -> np.ndarray:
@@ -89,7 +94,7 @@ class _Steps:
 
     __slots__ = ("a", "n")
 
-    def __init__(self, capacity: int = 256, dtype: Any = np.float32) -> None:
+    def __init__(self, capacity: int = START_CAPACITY, dtype: Any = np.float32) -> None:
         self.a = np.empty(capacity, dtype=dtype)
         self.n = 0
 
@@ -105,7 +110,7 @@ class _Steps:
 
     def copy(self, start: int, stop: int) -> _Steps:
         n = stop - start
-        col = _Steps(max(256, n + n // 2), self.a.dtype)
+        col = _Steps(max(START_CAPACITY, n + n // 2), self.a.dtype)
         col.a[:n] = self.a[start:stop]
         col.n = n
         return col
@@ -125,7 +130,7 @@ class _Axis:
 
     __slots__ = ("x", "t", "n", "base")
 
-    def __init__(self, capacity: int = 256, t_is_x: bool = False, base: float | None = None,
+    def __init__(self, capacity: int = START_CAPACITY, t_is_x: bool = False, base: float | None = None,
                  steps: _Steps | None = None) -> None:
         self.x: _Steps | None = None if t_is_x else (steps if steps is not None else _Steps(capacity))
         self.t = np.empty(capacity, dtype=np.float32)
@@ -157,7 +162,7 @@ class _Axis:
         """A copy of ``[start, stop)`` with room to grow (steps from the start still read the same column)."""
         n = stop - start
         axis = _Axis(0, self.x is None, self.base)
-        axis.t = np.empty(max(256, n + n // 2), dtype=self.t.dtype)
+        axis.t = np.empty(max(START_CAPACITY, n + n // 2), dtype=self.t.dtype)
         axis.t[:n] = self.t[start:stop]
         if self.x is not None:
             axis.x = self.x if start == 0 else self.x.copy(start, stop)
@@ -181,7 +186,7 @@ class Series:
 
     __slots__ = ("_axis", "_start", "_y", "_n", "_shared")
 
-    def __init__(self, capacity: int = 256, *, t_is_x: bool = False, t_base: float | None = None,
+    def __init__(self, capacity: int = START_CAPACITY, *, t_is_x: bool = False, t_base: float | None = None,
                  steps: _Steps | None = None) -> None:
         self._axis = _Axis(capacity, t_is_x, t_base, steps)
         self._start = 0
@@ -194,7 +199,7 @@ class Series:
         """A series whose x and t are ``axis`` from index ``start`` on (it gets a point at each of them)."""
         s = cls.__new__(cls)
         s._axis, s._start, s._n, s._shared = axis, start, 0, True
-        s._y = np.empty(256, dtype=np.float32)
+        s._y = np.empty(START_CAPACITY, dtype=np.float32)
         return s
 
     def append(self, x: float, y: float, t: float) -> None:
