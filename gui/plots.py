@@ -220,7 +220,16 @@ class _Summary:
         full = end // size
         head = min(end, (done + 1) * size) - n  # points of ``new`` that belong to block ``done``
         part = new[:head]
-        lo, hi = float(part.min()), float(part.max())  # NaN propagates, as a block's min/max do
+        if head <= 8:  # a frame's few points: plain floats beat numpy's per-call cost
+            values = part.tolist()
+            lo = hi = values[0]
+            for v in values:
+                if v != v:
+                    lo = hi = math.nan  # NaN propagates, as a block's min/max do
+                    break
+                lo, hi = min(lo, v), max(hi, v)
+        else:
+            lo, hi = float(part.min()), float(part.max())
         if n % size:  # the block's earlier points
             lo = math.nan if lo != lo or self.plo != self.plo else min(lo, self.plo)
             hi = math.nan if hi != hi or self.phi != self.phi else max(hi, self.phi)
