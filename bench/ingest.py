@@ -497,8 +497,8 @@ def design_section(f: dict[str, Any]) -> str:
         f"per event on the wire; {per_event:.1f} µs of launcher CPU per event end to end (decode "
         f"{s['decode_us']:.1f}, fold {s['fold_us']:.1f}, re-encode and write {s['write_us']:.1f}, line and queue "
         f"{s['read_us'] + s['queue_us']:.1f}); {bpp:.1f} bytes of history per point allocated "
-        f"({s['filled_bytes_per_point']:.1f} filled; float64 x, t and y, x and t shared by a replica's metrics, "
-        "arrays grown by half).",
+        f"({s['filled_bytes_per_point']:.1f} filled; float32 values, steps and time offsets, a replica's metrics "
+        "sharing one axis and replicas one column of steps, arrays grown by half).",
         "",
         f"- **CPU of the launcher.** 1,000 replicas reporting a step and a device event at 10 Hz are "
         f"{rate_1k:,} events/s: {rate_1k * per_event / 1e6:.0%} of one core at {per_event:.1f} µs each, all of it "
@@ -508,10 +508,10 @@ def design_section(f: dict[str, Any]) -> str:
         f"points an hour: {points_1k_hour * bpp / 2**30:.1f} GiB at {bpp:.1f} bytes per point, where the app's "
         "budget is 0.4 GB. Full resolution of every series cannot stay in memory.",
         "- **The app's 400 MB at 128 replicas x 2 hours (section 3a).** 128 replicas x 4 metrics x 10 Hz x "
-        "7,200 s is 36.9 M points; a replica's step event stores x, t and 3 values (40 bytes for 3 points), its "
-        "task's CPU point x and a value (16 bytes): 14 bytes per point filled, "
-        f"{36_864_000 * 14 / 2**20:,.0f} MiB before any growth slack, on top of the ~110 MB the app holds before "
-        "its window opens. Full-resolution float64 history cannot meet that goal; tiers (below) can.",
+        "7,200 s is 36.9 M points; a replica's step event stores a time offset and 3 values (16 bytes for 3 "
+        "points, its step read from a column shared by every replica), its task's CPU point a time offset and a "
+        f"value (8 bytes): 6 bytes per point filled, {36_864_000 * 6 / 2**20:,.0f} MiB, on top of the ~110 MB the "
+        "app holds before its window opens; what the app holds in all is measured in section 3a.",
         "- **Bytes on the pipe and on disk.** "
         f"{s['bytes_per_event']:.0f} bytes per event: {rate_1k * s['bytes_per_event'] / 1e6:.1f} MB/s at 1,000 "
         f"replicas and 10 Hz, written twice (each task's file, then the run's), {rate_1k * s['bytes_per_event'] * 3600 / 2**30:.1f} "
