@@ -136,7 +136,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser.add_argument("--large", action="store_true",
                         help="128 replicas x 2 simulated hours, RSS goal 400 MB, its own section of the document")
     parser.add_argument("--chunk", type=float, default=None,
-                        help="simulated seconds queued per fast-forward tick (default 60, quick 5)")
+                        help="simulated seconds queued per fast-forward tick (default 60 at 32 replicas, fewer with "
+                             "more: the same 19,200 events at once; quick 5)")
     parser.add_argument("--live", type=float, default=None, help="seconds at real speed after the hour (default 15, quick 3)")
     parser.add_argument("--profile", type=Path, default=None, help="write a cProfile of the live phase here")
     add_doc_flags(parser)
@@ -144,7 +145,10 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     minutes = args.minutes if args.minutes is not None else (2.0 if args.quick else 120.0 if args.large else 60.0)
     args.replicas = args.replicas or (128 if args.large else 32)
     goal_rss = GOAL_RSS_LARGE_MB if args.large else GOAL_RSS_MB
-    chunk = args.chunk or (5.0 if args.quick else 60.0)
+    # as many events queued at once as the 32-replica hour (60 s x 32 replicas x 2 events): a live run never
+    # queues more than a few ticks, and 60 s of 128 replicas (153,600 event dicts held at once, twice over)
+    # left ~100 MB of Python heap behind that no live run would have
+    chunk = args.chunk or (5.0 if args.quick else 60.0 * 32 / args.replicas)
     live = args.live if args.live is not None else (3.0 if args.quick else 15.0)
 
     import tempfile
