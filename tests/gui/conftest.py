@@ -6,13 +6,14 @@ import os
 
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")  # before any QApplication exists
 
+import gc  # noqa: E402
 from collections.abc import Iterator  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
 import pytest  # noqa: E402
-from PySide6.QtCore import QSettings, QTimer  # noqa: E402
+from PySide6.QtCore import QCoreApplication, QEvent, QSettings, QTimer  # noqa: E402
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 import gui  # noqa: E402,F401 - first: guards the Qt binding before any Qt call
@@ -54,6 +55,19 @@ def dialogs(monkeypatch: pytest.MonkeyPatch) -> Dialogs:
         monkeypatch.setattr(QMessageBox, kind, staticmethod(informative(kind)))
     monkeypatch.setattr(QMessageBox, "question", staticmethod(question))
     return rec
+
+
+@pytest.fixture(autouse=True)
+def collect_between_tests() -> Iterator[None]:
+    """Each test's widgets are deleted and its garbage collected when it ends, where no Qt call is
+    running. Left to a collection that starts inside the next test's Qt calls, a previous window's
+    garbage can deadlock the GUI thread: pyqtgraph disconnecting a signal while building a plot holds
+    one of Qt's signal-slot locks and calls back into Python, the collection that allocation starts
+    frees a QObject whose destructor needs that same lock (seen as a window that hung being built)."""
+    yield
+    if QCoreApplication.instance() is not None:
+        QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    gc.collect()
 
 
 @pytest.fixture(autouse=True)
