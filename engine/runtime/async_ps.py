@@ -52,7 +52,6 @@ WINDOW_PER_WORKER = 4
 SAMPLES_PER_REPORT = 2
 #: Seconds a worker or ps task keeps serving after SIGTERM (the chief's last steps and checkpoint).
 SERVER_STOP_DELAY_S = 1.5
-_KEEP_ALIVE: list[Any] = []
 
 
 # --------------------------------------------------------------------------- servers
@@ -326,7 +325,7 @@ class CoordinatorAdapter:
         coordinator = self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
         # tearing the coordinator (and its per-worker iterators) down waits on its threads for seconds; the
         # task process exits right after training (os._exit), so they are kept alive instead
-        _KEEP_ALIVE.append(coordinator)
+        ctx.keep(coordinator)
         global_batch = self.global_batch = config.training.global_batch_size
         self.lockstep = False  # only the chief runs the loop
         if global_batch % workers:
@@ -354,7 +353,7 @@ class CoordinatorAdapter:
                 lambda _: tf.data.Dataset.zip((tf.data.Dataset.counter(), worker_dataset(config, workers))))
 
         self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
-        _KEEP_ALIVE.append(self.iterator)
+        ctx.keep(self.iterator)
 
         @tf.function
         def train_step(it: Any) -> tf.Tensor:
