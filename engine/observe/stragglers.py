@@ -18,6 +18,10 @@ Choices, and why:
   flagged it is un-flagged (``reason="stale"``). Fewer than ``min_replicas`` fresh replicas: no
   comparison is possible, so no streak grows and a flagged replica stays flagged.
 - Missing, non-numeric, non-finite or non-positive step times are ignored.
+- An event costs the same whatever the number of replicas (the app folds 128 replicas' events on
+  its GUI thread): the fresh replicas are kept sorted, and an event looks only at those whose
+  state it changes. Its decisions are exactly those of comparing every fresh replica at every
+  event (``tests/engine/test_stragglers.py`` checks it against that comparison).
 
 In synchronous modes every replica waits for the slowest at each step, so their step times agree
 and a straggler shows only where a task reports its own compute time; in ``async`` mode each worker
@@ -27,6 +31,7 @@ runs at its own pace and a slow one shows directly.
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 import statistics
 from collections import deque
@@ -50,21 +55,29 @@ class StragglerChange:
     reason: str = "slow"  # "slow" (flagged), "recovered" or "stale" (un-flagged)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Replica:
+    rid: int
     task: str = ""
     samples: deque[tuple[float, float]] = field(default_factory=deque)  # (t, step_time)
     last_t: float = -math.inf
     level: float = math.nan  # smoothed step time, as of its latest sample
     above_since: float | None = None
     flagged: StragglerChange | None = None
+    # where the detector keeps it: the list of its state it sits in (None while stale), under which key
+    listed: list[tuple[float, int]] | None = None
+    key: tuple[float, int] = (math.nan, 0)
+    expires: float = math.inf  # about when it goes stale without a new sample (exactly: see fresh)
+    heap_key: float = math.inf  # the key of its entry in the detector's expiry heap
+    version: int = 0  # of that entry (older entries are left in the heap and skipped)
 
-    def add(self, t: float, step_time: float, smooth_s: float) -> None:
+    def add(self, t: float, step_time: float, smooth_s: float, stale_s: float) -> None:
         self.samples.append((t, step_time))
         self.last_t = max(self.last_t, t)
         while len(self.samples) > 1 and self.samples[0][0] < self.last_t - smooth_s:
             self.samples.popleft()
         self.level = statistics.median(s for _, s in self.samples)
+        self.expires = self.last_t + max(stale_s, 3.0 * self.samples[-1][1])
 
     def fresh(self, now: float, stale_s: float) -> bool:
         if not self.samples:
@@ -126,6 +139,13 @@ class StragglerDetector:
         self.now = -math.inf
         self._replicas: dict[int, _Replica] = {}
         self._flagged: dict[int, StragglerChange] = {}
+        self._levels: list[float] = []
+        self._calm: list[tuple[float, int]] = []
+        self._above: list[tuple[float, int]] = []
+        self._slow: list[tuple[float, int]] = []
+        self._streaks: list[tuple[float, int]] = []
+        self._expiry: list[tuple[float, int, int]] = []
+        self.reset()
 
     def update(self, event: dict[str, Any]) -> list[StragglerChange]:
         """Take one event (anything but a usable ``step`` event is ignored); return what changed."""
@@ -145,14 +165,28 @@ class StragglerDetector:
         self.now = max(self.now, t)
         r = self._replicas.get(replica)
         if r is None:
-            r = self._replicas[replica] = _Replica()
+            r = self._replicas[replica] = _Replica(replica)
         task = event.get("task")
         if isinstance(task, str):
             r.task = task
-        r.add(t, step_time, self.smooth_s)
+        was_listed = r.listed is not None
+        if was_listed:
+            self._unlist(r)
+        r.add(t, step_time, self.smooth_s, self.stale_s)
+        stale: list[StragglerChange] = []
+        if r.fresh(self.now, self.stale_s):
+            self._list(r)
+            if not was_listed or r.expires < r.heap_key:
+                self._watch_expiry(r)
+        else:  # a late sample of a replica already out of date
+            self._went_stale(r, stale)
+        self._expire(stale)
         changes = self._evaluate()
+        if stale:
+            changes = sorted(stale, key=lambda c: c.replica) + changes
         if changes:  # a new snapshot, never one changed in place (see the class docstring)
-            self._flagged = {rid: r.flagged for rid, r in sorted(self._replicas.items()) if r.flagged is not None}
+            slow = sorted(rid for _, rid in self._slow)  # every flagged replica is fresh, so listed there
+            self._flagged = {rid: self._replicas[rid].flagged for rid in slow}  # type: ignore[misc]
         return changes
 
     def flagged(self) -> dict[int, StragglerChange]:
@@ -164,44 +198,132 @@ class StragglerDetector:
         self.now = -math.inf
         self._replicas = {}
         self._flagged = {}
+        # The fresh replicas, kept sorted so that an event costs the same whatever the number of
+        # replicas: every fresh level (the medians read it), and the replicas by state, each list
+        # by (level, replica). A replica's ratio to the median of the others never decreases with
+        # its level (a higher level sits higher and leaves a lower median), so the replicas past a
+        # threshold are the top of each list: an event looks only at the ends of the lists, and at
+        # as many replicas as change state.
+        self._levels = []
+        self._calm = []  # not flagged, not above the margin
+        self._above = []  # not flagged, above the margin since above_since
+        self._slow = []  # flagged
+        self._streaks = []  # heap of (above_since, replica); outdated entries skipped
+        self._expiry = []  # heap of (expires, version, replica)
 
     # -- internals
 
-    def _evaluate(self) -> list[StragglerChange]:
-        now = self.now
-        changes: list[StragglerChange] = []
-        levels: dict[int, float] = {}
-        for rid, r in sorted(self._replicas.items()):
-            if r.fresh(now, self.stale_s):
-                levels[rid] = r.level
-                continue
-            r.above_since = None
-            if r.flagged is not None:
-                last = r.flagged
-                changes.append(StragglerChange(rid, r.task, False, last.step_time, last.median, last.ratio,
-                                               since=r.last_t, reason="stale"))
-                r.flagged = None
-        if len(levels) < self.min_replicas:
-            for rid in levels:
-                self._replicas[rid].above_since = None
-            return changes
-        ordered = sorted(levels.values())
-        for rid, level in levels.items():
+    def _list(self, r: _Replica) -> None:
+        """Put a fresh replica in the lists, in the one of its state."""
+        target = self._slow if r.flagged is not None else self._above if r.above_since is not None else self._calm
+        r.key = (r.level, r.rid)
+        bisect.insort(self._levels, r.level)
+        bisect.insort(target, r.key)
+        r.listed = target
+
+    def _unlist(self, r: _Replica) -> None:
+        listed = r.listed
+        if listed is None:
+            return
+        del self._levels[bisect.bisect_left(self._levels, r.key[0])]
+        del listed[bisect.bisect_left(listed, r.key)]
+        r.listed = None
+
+    def _move(self, r: _Replica, target: list[tuple[float, int]]) -> None:
+        listed = r.listed
+        assert listed is not None
+        del listed[bisect.bisect_left(listed, r.key)]
+        bisect.insort(target, r.key)
+        r.listed = target
+
+    def _watch_expiry(self, r: _Replica) -> None:
+        r.version += 1
+        r.heap_key = r.expires
+        heapq.heappush(self._expiry, (r.expires, r.version, r.rid))
+
+    def _went_stale(self, r: _Replica, changes: list[StragglerChange]) -> None:
+        self._unlist(r)
+        r.above_since = None
+        if r.flagged is not None:
+            last = r.flagged
+            changes.append(StragglerChange(r.rid, r.task, False, last.step_time, last.median, last.ratio,
+                                           since=r.last_t, reason="stale"))
+            r.flagged = None
+
+    def _expire(self, changes: list[StragglerChange]) -> None:
+        """Every listed replica that is no longer fresh leaves the lists (un-flagged as stale)."""
+        now, heap = self.now, self._expiry
+        # the heap's keys are the sums that fresh() compares as differences: a key within rounding
+        # of now is decided by fresh() itself
+        horizon = now + 1e-12 * (1.0 + abs(now))
+        near: list[tuple[float, int, int]] = []
+        while heap and heap[0][0] <= horizon:
+            entry = heapq.heappop(heap)
+            key, version, rid = entry
             r = self._replicas[rid]
-            median = _median_without(ordered, level)
-            ratio = level / median
-            if r.flagged is None:
-                if ratio > 1 + self.margin:
-                    if r.above_since is None:
-                        r.above_since = now
-                    if now - r.above_since >= self.window_s:
-                        r.flagged = StragglerChange(rid, r.task, True, level, median, ratio, since=r.above_since)
-                        changes.append(r.flagged)
-                else:
-                    r.above_since = None
-            elif ratio <= 1 + self.recover_margin:
-                changes.append(StragglerChange(rid, r.task, False, level, median, ratio, since=now,
-                                               reason="recovered"))
-                r.flagged = None
+            if version != r.version or r.listed is None:
+                continue  # replaced by a newer entry, or the replica already went stale
+            if r.expires > key:  # it reported since: its entry moves to its new time
+                r.heap_key = r.expires
+                heapq.heappush(heap, (r.expires, version, rid))
+            elif r.fresh(now, self.stale_s):
+                near.append(entry)
+            else:
+                self._went_stale(r, changes)
+        for entry in near:
+            heapq.heappush(heap, entry)
+
+    def _compare(self, level: float) -> tuple[float, float]:
+        """The median of the other fresh replicas and the ratio to it, for a replica at ``level``."""
+        median = _median_without(self._levels, level)
+        return median, level / median
+
+    def _evaluate(self) -> list[StragglerChange]:
+        """Flag, un-flag, start and end streaks as a comparison of every fresh replica would."""
+        now = self.now
+        if len(self._levels) < self.min_replicas:
+            while self._above:  # no comparison: no streak grows
+                r = self._replicas[self._above[-1][1]]
                 r.above_since = None
+                self._move(r, self._calm)
+            return []
+        up, back = 1 + self.margin, 1 + self.recover_margin
+        changes: list[StragglerChange] = []
+        while self._slow:  # flagged and back near the median: the lowest first
+            level, rid = self._slow[0]
+            median, ratio = self._compare(level)
+            if not ratio <= back:
+                break
+            r = self._replicas[rid]
+            changes.append(StragglerChange(rid, r.task, False, level, median, ratio, since=now, reason="recovered"))
+            r.flagged = None
+            r.above_since = None
+            self._move(r, self._calm)
+        while self._above:  # a streak that ends
+            level, rid = self._above[0]
+            if self._compare(level)[1] > up:
+                break
+            r = self._replicas[rid]
+            r.above_since = None
+            self._move(r, self._calm)
+        while self._calm:  # a streak that starts
+            level, rid = self._calm[-1]
+            if not self._compare(level)[1] > up:
+                break
+            r = self._replicas[rid]
+            r.above_since = now
+            self._move(r, self._above)
+            heapq.heappush(self._streaks, (now, rid))
+        streaks = self._streaks
+        while streaks and now - streaks[0][0] >= self.window_s:  # a streak long enough: flagged
+            since, rid = heapq.heappop(streaks)
+            r = self._replicas[rid]
+            if r.listed is not self._above or r.above_since != since:
+                continue  # that streak ended
+            median, ratio = self._compare(r.level)
+            r.flagged = StragglerChange(rid, r.task, True, r.level, median, ratio, since=since)
+            changes.append(r.flagged)
+            self._move(r, self._slow)
+        if len(changes) > 1:
+            changes.sort(key=lambda c: c.replica)
         return changes

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -258,3 +259,167 @@ def test_a_slow_replica_among_noisy_ones_is_flagged_once_and_no_other_is(seed: i
     assert c.ratio == pytest.approx(1.5, rel=0.1)
     assert t < 7.0  # found within the window and the smoothing
     assert list(det.flagged()) == [2]
+
+
+# --------------------------------------------------------------------------- the same decisions at any scale
+
+
+class _Reference:
+    """The detector as first written: every fresh replica compared at every event (O(replicas) per event).
+    The detector keeps its replicas sorted instead; its decisions must be exactly these."""
+
+    def __init__(self, margin: float = 0.25, window_s: float = 5.0, min_replicas: int = 2, *,
+                 recover_margin: float | None = None, smooth_s: float | None = None,
+                 stale_s: float | None = None) -> None:
+        self.margin, self.window_s, self.min_replicas = margin, window_s, min_replicas
+        self.recover = margin / 2 if recover_margin is None else recover_margin
+        self.smooth = window_s / 5 if smooth_s is None else smooth_s
+        self.stale = max(10.0, 2 * window_s) if stale_s is None else stale_s
+        self.now = -math.inf
+        self.replicas: dict[int, dict[str, Any]] = {}
+
+    def update(self, event: Any) -> list[StragglerChange]:
+        if not isinstance(event, dict) or event.get("kind") != "step":
+            return []
+        t, rid = event.get("t"), event.get("replica")
+        if (not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t)
+                or isinstance(rid, bool) or not isinstance(rid, int) or rid < 0):
+            return []
+        st = event.get("own_time")
+        if not isinstance(st, (int, float)) or isinstance(st, bool) or not math.isfinite(st):
+            st = event.get("step_time")
+            if not isinstance(st, (int, float)) or isinstance(st, bool) or not math.isfinite(st):
+                return []
+        if st <= 0:
+            return []
+        t, st = float(t), float(st)
+        self.now = max(self.now, t)
+        r = self.replicas.setdefault(rid, {"task": "", "samples": [], "last_t": -math.inf, "level": math.nan,
+                                           "above": None, "flagged": None})
+        if isinstance(event.get("task"), str):
+            r["task"] = event["task"]
+        r["samples"].append((t, st))
+        r["last_t"] = max(r["last_t"], t)
+        while len(r["samples"]) > 1 and r["samples"][0][0] < r["last_t"] - self.smooth:
+            r["samples"].pop(0)
+        r["level"] = statistics.median(s for _, s in r["samples"])
+        return self._evaluate()
+
+    def _evaluate(self) -> list[StragglerChange]:
+        now, changes, levels = self.now, [], {}
+        for rid, r in sorted(self.replicas.items()):
+            if now - r["last_t"] <= max(self.stale, 3.0 * r["samples"][-1][1]):
+                levels[rid] = r["level"]
+                continue
+            r["above"] = None
+            if r["flagged"] is not None:
+                last = r["flagged"]
+                changes.append(StragglerChange(rid, r["task"], False, last.step_time, last.median, last.ratio,
+                                               since=r["last_t"], reason="stale"))
+                r["flagged"] = None
+        if len(levels) < self.min_replicas:
+            for rid in levels:
+                self.replicas[rid]["above"] = None
+            return changes
+        for rid, level in levels.items():
+            r = self.replicas[rid]
+            others = sorted(v for k, v in levels.items() if k != rid)
+            median = statistics.median(others)
+            ratio = level / median
+            if r["flagged"] is None:
+                if ratio > 1 + self.margin:
+                    if r["above"] is None:
+                        r["above"] = now
+                    if now - r["above"] >= self.window_s:
+                        r["flagged"] = StragglerChange(rid, r["task"], True, level, median, ratio, since=r["above"])
+                        changes.append(r["flagged"])
+                else:
+                    r["above"] = None
+            elif ratio <= 1 + self.recover:
+                changes.append(StragglerChange(rid, r["task"], False, level, median, ratio, since=now,
+                                               reason="recovered"))
+                r["flagged"] = None
+                r["above"] = None
+        return changes
+
+
+def busy_stream(seed: int, replicas: int, seconds: float) -> list[dict[str, Any]]:
+    """A crowd that gives the detector every kind of decision: replicas slowing down and recovering at
+    random (several at once), pauses long enough to go stale, late and out-of-order reports, step times
+    shared by many replicas (ties), own times beside step times, and bad figures now and then."""
+    rng = random.Random(seed)
+    slow: dict[int, tuple[float, float, float]] = {}  # replica -> (from, to, factor)
+    silent: dict[int, tuple[float, float]] = {}
+    events = []
+    for k in range(int(seconds * HZ)):
+        now = k / HZ
+        if rng.random() < 0.2:
+            rid = rng.randrange(replicas)
+            slow[rid] = (now, now + rng.uniform(1.0, 15.0), rng.choice([1.1, 1.2, 1.3, 1.5, 2.0, 4.0]))
+        if rng.random() < 0.05:
+            rid = rng.randrange(replicas)
+            silent[rid] = (now, now + rng.uniform(1.0, 20.0))
+        pace = 0.1 * (1.0 + 0.3 * math.sin(k / 300))
+        for rid in range(replicas):
+            lo, hi = silent.get(rid, (0.0, -1.0))
+            if lo <= now < hi:
+                continue
+            st = round(pace * rng.choice([1.0, 1.0, 1.05, 0.95, rng.uniform(0.9, 1.1)]), 4)  # ties
+            a, b, f = slow.get(rid, (0.0, -1.0, 1.0))
+            if a <= now < b:
+                st *= f
+            t = now + rng.uniform(0.0, 0.05) - (rng.uniform(0.5, 15.0) if rng.random() < 0.002 else 0.0)
+            e = step(rid, t, st, k)
+            if rng.random() < 0.1:
+                e["own_time"] = st * 0.8
+            if rng.random() < 0.01:
+                e["step_time"] = rng.choice([math.nan, -1.0, 0.0, None, "x"])
+            events.append(e)
+    events.sort(key=lambda e: e["t"] + (rng.uniform(-0.03, 0.03) if rng.random() < 0.05 else 0.0))
+    return events
+
+
+@pytest.mark.parametrize(("seed", "replicas", "kwargs"), [
+    (1, 24, {}),
+    (2, 7, {"window_s": 2.0, "stale_s": 3.0}),
+    (3, 40, {"window_s": 0.0, "margin": 0.1, "recover_margin": 0.0}),
+    (4, 12, {"min_replicas": 9, "stale_s": 2.5, "smooth_s": 0.0, "window_s": 1.0}),
+    (5, 2, {"window_s": 1.0, "stale_s": 1.5}),
+])
+def test_decisions_are_those_of_comparing_every_replica_at_every_event(seed: int, replicas: int,
+                                                                        kwargs: dict[str, Any]) -> None:
+    events = busy_stream(seed, replicas, seconds=120.0)
+    det, ref = StragglerDetector(**kwargs), _Reference(**kwargs)
+    got, want = [], []
+    for e in events:
+        got.append(det.update(e))
+        want.append(ref.update(e))
+        assert got[-1] == want[-1], f"at t={e['t']}"
+    kinds = {(c.flagged, c.reason) for cs in want for c in cs}
+    # the stream exercised every decision (or the comparison above proves little)
+    every = {(True, "slow"), (False, "recovered"), (False, "stale")}
+    assert kinds == (every if replicas > 2 else {(True, "slow"), (False, "stale")})
+    assert det.flagged() == {r: c for r, c in sorted(
+        (rid, r["flagged"]) for rid, r in ref.replicas.items() if r["flagged"] is not None)}
+
+
+def test_the_work_per_event_does_not_grow_with_the_number_of_replicas(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.observe import stragglers
+
+    calls = [0]
+    original = stragglers._median_without
+
+    def counted(ordered: list[float], value: float) -> float:
+        calls[0] += 1
+        return original(ordered, value)
+
+    monkeypatch.setattr(stragglers, "_median_without", counted)
+    per_event = {}
+    for replicas in (8, 256):
+        events = stream(slow_between(1, 5.0, 15.0), replicas=replicas, until=20.0)
+        calls[0] = 0
+        changes = feed(StragglerDetector(), events)
+        assert [(c.replica, c.flagged) for _, c in changes] == [(1, True), (1, False)]
+        per_event[replicas] = calls[0] / len(events)
+    # a comparison of every replica at every event would make 32 times as many at 256 replicas
+    assert per_event[256] <= 1.5 * per_event[8] and per_event[256] < 5, per_event
