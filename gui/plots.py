@@ -39,6 +39,7 @@ from PySide6.QtWidgets import (
 from engine.observe.telemetry import History, RunState
 from gui import theme
 from gui.curves import Curve, CurveSet, finite_range
+from gui.legend import CompactLegend
 from gui.run_session import RunSession
 
 REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
@@ -59,6 +60,9 @@ CHECKPOINT = 1024
 EMA_BLOCK = 64
 #: Legend entries per column: more curves than this make more columns.
 LEGEND_ROWS = 8
+#: Above this many curves a plot's legend is a :class:`~gui.legend.CompactLegend` (one item naming
+#: every line) instead of pyqtgraph's, whose two widgets per entry cost ~55 KB each.
+COMPACT_LEGEND_ABOVE = 32
 
 
 @dataclass(frozen=True)
@@ -381,6 +385,11 @@ class MetricPlot(QWidget):
         # the legend and its entries are drawn from a cache: repainted only when they change, not at
         # every frame that draws the lines under them
         self.legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        # many curves: one item names them all (in the legend's place while there are that many)
+        self.compact_legend = CompactLegend()
+        self.compact_legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+        self._compact = False
+        self._compact_fit: tuple[float, float] = (0.0, 0.0)
         # every line of the plot is one item, drawn incrementally (see gui.curves)
         self.lines = CurveSet()
         self.item.addItem(self.lines)
@@ -477,6 +486,7 @@ class MetricPlot(QWidget):
             axis.setPen(pg.mkPen(pal.color(QPalette.ColorRole.Mid)))
             axis.setTextPen(pg.mkPen(text))
         self.legend.setLabelTextColor(text)
+        self.compact_legend.set_text_color(text)
         for _sample, label in self.legend.items:  # entries drawn before the switch take the new colour
             label.setText(label.text, color=text)
             label.update()
@@ -508,6 +518,8 @@ class MetricPlot(QWidget):
         self.lines.clear()
         self._owners.clear()
         self.legend.clear()
+        self.compact_legend.clear()
+        self._choose_legend()
         self._fit_legend()
         self._empty_axes()
         self._sources.clear()
@@ -523,10 +535,8 @@ class MetricPlot(QWidget):
             thin = len(self.curves) >= THIN_ABOVE
             curve = self.lines.add(key, pg.mkPen(color, width=1.0 if thin else width, style=style), label)
             self.labels[key] = label
-            self.legend.addItem(curve, short_label(label) if self._short_legend else label)
-            sample, text = self.legend.items[-1]
-            for entry in (sample, text, text.item):  # drawn from a cache, as the legend itself
-                entry.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+            if not self._choose_legend():  # (a legend made again holds every curve already)
+                self._legend_add(curve, label)
             self._fit_legend()
             self._empty_axes()
             if len(self.curves) == THIN_ABOVE + 1:
@@ -536,10 +546,49 @@ class MetricPlot(QWidget):
                     other.setPen(pen)
         return curve
 
+    def _legend_add(self, curve: Curve, label: str) -> None:
+        if self._compact:
+            self.compact_legend.add(curve, short_label(label), label)
+            return
+        self.legend.addItem(curve, short_label(label) if self._short_legend else label)
+        sample, text = self.legend.items[-1]
+        for entry in (sample, text, text.item):  # drawn from a cache, as the legend itself
+            entry.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+    def _choose_legend(self) -> bool:
+        """pyqtgraph's legend for up to :data:`COMPACT_LEGEND_ABOVE` curves, the compact one above; True
+        when it switched (the legend shown was made again from every curve)."""
+        compact = len(self.curves) > COMPACT_LEGEND_ABOVE
+        if compact == self._compact:
+            return False
+        self._compact = compact
+        layout = self.item.layout
+        old, new = (self.legend, self.compact_legend) if compact else (self.compact_legend, self.legend)
+        if compact:
+            self.legend.clear()  # its entries' widgets go
+        else:
+            self.compact_legend.clear()
+        layout.removeItem(old)
+        old.hide()
+        layout.addItem(new, 2, 3)
+        layout.setAlignment(new, Qt.AlignmentFlag.AlignTop)
+        new.show()
+        for key, curve in self.curves.items():
+            self._legend_add(curve, self.labels.get(key, key))
+        self._compact_fit = (0.0, 0.0)
+        return True
+
     def _fit_legend(self) -> None:
         """Many curves make more columns (a compact block, not a column taller than the plot); the
         legend is sized to its entries (pyqtgraph sizes it from its entries' last geometry, which
         keeps it stretched once it was)."""
+        if self._compact:  # the compact legend takes at most half of the plot's width and its height
+            vb = self.item.getViewBox()
+            size = (max(120.0, self.width() * 0.5), max(60.0, vb.height() or self.height() * 0.8))
+            if size != self._compact_fit:
+                self._compact_fit = size
+                self.compact_legend.fit(*size)
+            return
         short = len(self.curves) > LEGEND_ROWS
         if short != self._short_legend:  # many entries: "r3" for "replica 3", so more columns fit
             self._short_legend = short
@@ -593,11 +642,15 @@ class MetricPlot(QWidget):
 
     def remove_curve(self, key: str) -> None:
         curve = self.lines.remove(key)
+        self.labels.pop(key, None)
         if curve is not None:
-            self.legend.removeItem(curve)
+            if self._compact:
+                self.compact_legend.remove(curve)
+            else:
+                self.legend.removeItem(curve)
+            self._choose_legend()
             self._fit_legend()
             self._empty_axes()
-        self.labels.pop(key, None)
         self.raw.pop(key, None)
         self._summaries.pop(key, None)
         self._sources.pop(key, None)
@@ -685,6 +738,8 @@ class MetricPlot(QWidget):
     def _view_moved(self, *_args: object) -> None:
         """The user's x range or the plot's width changed: curves are cut again at the next redraw."""
         self._view_cache = None
+        if self._compact:
+            self._fit_legend()  # (only when the plot's size changed)
         x_range, pixels = self._view()
         key = (pixels, *(x_range or ()))
         if key != self._view_key:

@@ -351,3 +351,60 @@ def test_a_total_that_changes_its_last_points_is_smoothed_again_from_there(qtbot
     assert len(yd) < 3000, "downsampled"
     summary = plot._summaries["total"]
     assert summary.n == 3000 and np.allclose(summary.values(y2, 0, 3000), ema(y2, 0.8), atol=1e-12)
+
+
+def test_past_32_curves_one_compact_legend_names_every_line_and_hides_it_on_a_click(qtbot: Any) -> None:
+    x = np.arange(50.0)
+    plot = make_plot(qtbot)
+    plot.resize(900, 500)
+    colors = [BLUE, ORANGE]
+    for r in range(40):
+        plot.set_curve(f"replica/{r}/loss", f"replica {r}", colors[r % 2], x, np.sin(x / 10 + r), 0.0)
+    compact = plot.compact_legend
+    assert compact.isVisible() and not plot.legend.isVisible()
+    assert plot.legend.items == [], "pyqtgraph's entries (two widgets each) are let go"
+    assert compact.names == [f"r{r}" for r in range(40)] and compact.labels[7] == "replica 7"
+    assert compact.rows * compact.columns >= 40, "every name fits in a plot this size"
+    qtbot.waitUntil(lambda: compact.size().width() > 0)
+    # a click on "r7" hides replica 7's line, another shows it again
+    cell_w, cell_h = compact._cell
+    col, row = 7 % compact.columns, 7 // compact.columns
+    at = QPointF(compact.PAD + (col + 0.3) * cell_w, compact.PAD + (row + 0.5) * cell_h)
+    pos = plot.widget.mapFromScene(compact.mapToScene(at))
+    qtbot.mouseClick(plot.widget.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    assert not plot.curves["replica/7/loss"].isVisible()
+    assert sum(c.isVisible() for c in plot.curves.values()) == 39
+    qtbot.mouseClick(plot.widget.viewport(), Qt.MouseButton.LeftButton, pos=pos)
+    assert plot.curves["replica/7/loss"].isVisible()
+    # back to 32 curves: pyqtgraph's legend again, with every remaining curve
+    for r in range(32, 40):
+        plot.remove_curve(f"replica/{r}/loss")
+    assert plot.legend.isVisible() and not compact.isVisible() and len(compact) == 0
+    assert [label.text for _, label in plot.legend.items] == [f"r{r}" for r in range(32)]
+
+
+def test_a_compact_legend_too_long_for_the_plot_scrolls_and_says_how_many_are_out_of_sight(qtbot: Any) -> None:
+    from gui.legend import CompactLegend
+
+    class Line:
+        def __init__(self) -> None:
+            self.shown = True
+
+        def isVisible(self) -> bool:  # noqa: N802
+            return self.shown
+
+        def setVisible(self, visible: bool) -> None:  # noqa: N802
+            self.shown = visible
+
+        def pen(self) -> Any:
+            return pg.mkPen(BLUE)
+
+    legend = CompactLegend()
+    for r in range(100):
+        legend.add(Line(), f"r{r}", f"replica {r}")
+    legend.fit(200.0, 60.0)
+    shown = legend.rows * legend.columns - 1  # the last cell says "+N"
+    assert legend.rows < 100 / legend.columns and legend._more() == 100 - shown
+    legend.first_row = 10_000
+    legend.fit(200.0, 60.0)  # scrolled no further than the last row
+    assert legend._more() == 0 and legend.first_row == legend._hidden_rows() > 0
