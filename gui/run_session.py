@@ -9,6 +9,7 @@ folded on the GUI thread by a timer at <= 30 Hz; views connect to ``runUpdated``
 from __future__ import annotations
 
 import queue
+import time
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -16,6 +17,7 @@ from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.contract.config import ConfigError, Problem, RunConfig
 from engine.control.launcher import Run
+from engine.control.memory import TRIM_INTERVAL_S, trim_heap
 from engine.observe.run_reader import ENDED, EventFileReader, read_run_folder, run_state_for
 from engine.observe.telemetry import RunState
 
@@ -66,6 +68,7 @@ class RunSession(QObject):
         self._follow_timer.setObjectName("followTimer")
         self._follow_timer.setInterval(FOLLOW_INTERVAL_MS)
         self._follow_timer.timeout.connect(self._follow_tick)
+        self._trimmed_at = time.monotonic()
 
     # ------------------------------------------------------------------ reading
 
@@ -169,6 +172,10 @@ class RunSession(QObject):
             count += 1
         if count:
             self.runUpdated.emit()
+            if time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
+                # hours of folding and drawing leave free pages in the C heap: given back now and then
+                trim_heap()
+                self._trimmed_at = time.monotonic()
         if self.state.state != was and not self._stopping:
             self.runStateChanged.emit(self.state.state)
         if done and self._events.empty():
