@@ -12,15 +12,19 @@ through ``ClusterCoordinator.create_per_worker_dataset`` (:func:`worker_dataset`
 the worker is a tensor known only on the worker, see :class:`WorkerInputContext`).
 
 A custom loop only: Keras 3's ``model.fit`` does not run under this strategy.
-Each step returns one small vector: its loss, the index of the worker that ran
-it, that worker's clock and how many batches that worker has read, so the chief
-reports every worker's loss, throughput and step time without an extra round
-trip. The chief waits for every step in order (a bounded window, so the pipeline
-never drains just to read a figure) but copies the figures of a sample only, a
-few per report interval: copying every step's result from its worker kept the
-chief busy on most of a core. Throughput and step time stay exact (the worker's
-batch count and clock between two samples); a report's loss is the mean of the
-sampled steps since the previous report.
+A step is one of two functions, chosen when it is scheduled. Most steps return
+only their loss, as a hand-written loop's would. A sample of them (about one per
+worker and report interval, and every step of the run's last window) returns one
+small vector instead: its loss, the index of the worker that ran it, that
+worker's clock and how many batches that worker has read, which the chief copies.
+So the chief reports every worker's loss, throughput and step time without an
+extra round trip, and without making or copying figures for every step: copying
+every step's result from its worker kept the chief busy on most of a core, and
+even the figures of the steps nobody copies cost the workers time. The chief
+waits for every step in order (a bounded window, so the pipeline never drains
+just to read a figure). Throughput and step time stay exact (the worker's batch
+count and clock between two samples); a report's loss is the mean of the sampled
+steps since the previous report.
 """
 
 from __future__ import annotations
@@ -49,7 +53,7 @@ from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 #: Steps in flight per worker before the chief waits for the oldest one.
 WINDOW_PER_WORKER = 4
 #: Steps whose figures the chief copies per worker and report interval (``training.metrics_hz``).
-SAMPLES_PER_REPORT = 2
+SAMPLES_PER_REPORT = 1
 #: Seconds a worker or ps task keeps serving after SIGTERM (the chief's last steps and checkpoint).
 SERVER_STOP_DELAY_S = 1.5
 
@@ -357,6 +361,11 @@ class CoordinatorAdapter:
 
         @tf.function
         def train_step(it: Any) -> tf.Tensor:
+            _, batch = next(it)
+            return strategy.run(trainable.step_fn, args=batch)
+
+        @tf.function
+        def sampled_step(it: Any) -> tf.Tensor:
             count, batch = next(it)
             loss = strategy.run(trainable.step_fn, args=batch)
             # one tensor, so that reading a step's figures is one copy from its worker, not four
@@ -364,12 +373,15 @@ class CoordinatorAdapter:
                              tf.timestamp(), tf.cast(count, tf.float64)])
 
         self.train_step = train_step
+        self.sampled_step = sampled_step
         self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
-        self.window: deque[tuple[int, Any]] = deque()
+        self.window: deque[tuple[int, Any, bool]] = deque()  # (step, its result, whether it is a sample)
         self.cap = max(2, WINDOW_PER_WORKER * workers)
-        # copy a step's figures at most this often: about SAMPLES_PER_REPORT per worker and report interval
+        # a sample at most this often: about SAMPLES_PER_REPORT per worker and report interval; and every
+        # step of the last window, so each worker's last steps are counted
         self.sample_every = self.reporter.interval / (SAMPLES_PER_REPORT * workers)
         self.last_sample = -float("inf")
+        self.sample_all_after = config.total_steps() - self.cap
         # steps scheduled and completed so far, counted from step 0 across restarts (fetched in order, so
         # ``completed`` is also the last finished step)
         self.scheduled = self.completed = 0
@@ -378,17 +390,14 @@ class CoordinatorAdapter:
 
     # -- fetching
 
-    def _fetch_oldest(self, copy: bool = False) -> None:
-        """Wait for the oldest step in flight; copy its figures when ``copy`` or when a sample is due."""
-        step, remote = self.window.popleft()
-        now = time.perf_counter()
-        copy = copy or now - self.last_sample >= self.sample_every
+    def _fetch_oldest(self) -> None:
+        """Wait for the oldest step in flight; copy its figures if it is a sample."""
+        step, remote, sampled = self.window.popleft()
         try:
-            if not copy:
+            if not sampled:
                 tf_compat.wait_remote(remote)
                 self.completed += 1
                 return
-            self.last_sample = now
             loss, worker, ts, count = remote.fetch()
         except (tf.errors.UnavailableError, tf.errors.CancelledError) as exc:
             # the step ran (its update reached the ps) but the worker holding its result died before
@@ -413,7 +422,12 @@ class CoordinatorAdapter:
         return Restored(step, latest) if latest else None
 
     def run_step(self, step: int) -> None:
-        self.window.append((step, self.coordinator.schedule(self.train_step, args=(self.iterator,))))
+        now = time.perf_counter()
+        sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
+        if sample:
+            self.last_sample = now
+        fn = self.sampled_step if sample else self.train_step
+        self.window.append((step, self.coordinator.schedule(fn, args=(self.iterator,)), sample))
         self.scheduled += 1
         while len(self.window) > self.cap:
             self._fetch_oldest()
@@ -423,7 +437,7 @@ class CoordinatorAdapter:
 
     def settle(self) -> None:
         while self.window:
-            self._fetch_oldest(copy=True)  # at most a window's worth: the last figures before a report
+            self._fetch_oldest()
         self.coordinator.join()
 
     def flush(self, step: int) -> None:
