@@ -77,7 +77,8 @@ def test_two_workers_complete_with_events_from_both_replicas(runs_root: Path) ->
         acc.Reload()
         points = {int(ev.step): float(tensor_value(ev.tensor_proto)) for ev in acc.Tensors(f"replica_{r}/loss")}
         streamed = {e["step"]: e["loss"] for e in by_replica[r]}
-        assert points.keys() == streamed.keys()
+        # at most two points a second per replica in TensorBoard, the run's last one included
+        assert points and points.keys() <= streamed.keys() and max(points) == 60
         assert all(abs(points[k] - streamed[k]) < 1e-5 for k in points)
     # device use was sampled by the supervisor
     assert any(e["kind"] == "device" and "cpu_percent" in e for e in seen)
