@@ -207,10 +207,10 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         "",
         "Settings of each side. *Bare*: no events, no files, no supervisor; one sync at the end of the warm-up "
         "and one at the end. *ClusterDeck*: a `step` event per replica (async: per worker) at most "
-        f"{cfg.training.metrics_hz:g} Hz, each report fetching the losses (a sync of the loop; async: results "
-        "fetched oldest first from a window of 4 steps per worker); events written by each task to its "
+        f"{cfg.training.metrics_hz:g} Hz, each report fetching the losses (a sync of the loop; async: every step "
+        "waited for oldest first from a window of 4 steps per worker, the figures of about one per worker and report interval copied); events written by each task to its "
         "`events.jsonl` (one write per event) and its pipe, relayed by the supervisor and written again by the "
-        "launcher; TensorBoard summaries on a background thread (`flush_millis` 2000); a `device` event per task "
+        "launcher; TensorBoard summaries on a background thread (at most 2 points per second per replica, `flush_millis` 2000); a `device` event per task "
         "every 0.5 s from the supervisor (psutil) and, in the task, TensorFlow's allocator figures at most every "
         "0.5 s; the final checkpoint after the measured window.",
     ]

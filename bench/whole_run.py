@@ -223,12 +223,12 @@ def settings_text(bench: Bench) -> list[str]:
         "private network namespace (where user namespaces are allowed; it brings the loopback up itself), one `python -m engine.runtime.task` per task |",
         "| reporting | none (one line printed at the end) | a `step` event per replica at most "
         f"{t.metrics_hz:g} Hz (data: each report fetches the replicas' losses, a sync of the loop; async: the chief "
-        "waits for every step and copies the figures of a sample, two per worker and report interval); a `device` event per "
+        "waits for every step; a sample, about one per worker and report interval, returns the figures the chief copies, the other steps only their loss); a `device` event per "
         "task every 0.5 s (supervisor, psutil; NVML where GPUs exist); a live progress view in the terminal (8 Hz) |",
         "| writing | nothing | each task appends its events to `tasks/<task>/events.jsonl` (line-buffered: one "
         "write per event) and to its pipe; the launcher appends every event again to the run's `events.jsonl` "
         "(one write per burst); TensorBoard summaries of the same scalars on a background thread of each task "
-        "(`flush_millis` 2000); `run.json` at the start and the end; task logs |",
+        "(at most 2 points per second per replica, `flush_millis` 2000); `run.json` at the start and the end; task logs |",
         f"| checkpoints | none | data: `checkpoint_every: {t.checkpoint_every}` as the preset ships it, plus the "
         f"final one; async: `checkpoint_every: {async_cfg.training.checkpoint_every}`, the final one only |",
         "| end of a task | `os._exit(0)` after the last fetch (as ClusterDeck's tasks do: TensorFlow's own teardown "
