@@ -18,9 +18,11 @@ worker and report interval, and every step of the run's last window) returns one
 small vector instead: its loss, the index of the worker that ran it, that
 worker's clock and how many batches that worker has read, which the chief copies.
 So the chief reports every worker's loss, throughput and step time without an
-extra round trip, and without making or copying figures for every step: copying
-every step's result from its worker kept the chief busy on most of a core, and
-even the figures of the steps nobody copies cost the workers time. The chief
+extra round trip, and without making or copying figures for every step (copying
+every step's result from its worker kept the chief busy on most of a core; the
+steps whose figures nobody reads need not make them). A stopped run's last steps
+since each worker's latest sample are trained and checkpointed but not in its
+per-worker step counts. The chief
 waits for every step in order (a bounded window, so the pipeline never drains
 just to read a figure). Throughput and step time stay exact (the worker's batch
 count and clock between two samples); a report's loss is the mean of the sampled
