@@ -564,10 +564,7 @@ class MetricPlot(QWidget):
         self._compact = compact
         layout = self.item.layout
         old, new = (self.legend, self.compact_legend) if compact else (self.compact_legend, self.legend)
-        if compact:
-            self.legend.clear()  # its entries' widgets go
-        else:
-            self.compact_legend.clear()
+        old.clear()  # (pyqtgraph's: its entries' widgets go)
         layout.removeItem(old)
         old.hide()
         layout.addItem(new, 2, 3)

@@ -20,13 +20,12 @@ worker's clock and how many batches that worker has read, which the chief copies
 So the chief reports every worker's loss, throughput and step time without an
 extra round trip, and without making or copying figures for every step (copying
 every step's result from its worker kept the chief busy on most of a core; the
-steps whose figures nobody reads need not make them). A stopped run's last steps
-since each worker's latest sample are trained and checkpointed but not in its
-per-worker step counts. The chief
-waits for every step in order (a bounded window, so the pipeline never drains
-just to read a figure). Throughput and step time stay exact (the worker's batch
-count and clock between two samples); a report's loss is the mean of the sampled
-steps since the previous report.
+steps whose figures nobody reads need not make them). The chief waits for every
+step in order (a bounded window, so the pipeline never drains just to read a
+figure). Throughput and step time stay exact (the worker's batch count and clock
+between two samples); a report's loss is the mean of the sampled steps since the
+previous report. A stopped run's last steps since each worker's latest sample are
+trained and checkpointed but not in its per-worker step counts.
 """
 
 from __future__ import annotations
