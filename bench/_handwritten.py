@@ -9,7 +9,9 @@ teacher, seed 42, 8,192 examples, shuffled and repeated) with the same strategy:
 - ``mwms_loop.py``: ``MultiWorkerMirroredStrategy``, a ``tf.function`` step around
   ``strategy.run``, one fetch of the loss at the end (the data-parallel preset's loop);
 - ``pss_chief.py`` + ``pss_server.py``: ``ParameterServerStrategy`` with a
-  ``ClusterCoordinator``: every step ``schedule``d, one ``join`` and one fetch at the end;
+  ``ClusterCoordinator``: every step ``schedule``d (or, given a second argument K, groups
+  of K steps per scheduled function, as Keras' ``steps_per_execution``), one ``join`` and one
+  fetch at the end;
   worker and ps tasks are plain ``tf.distribute.Server``s (the async preset's loop);
 - ``dtensor_loop.py``: a DTensor mesh batch 2 x model 2 over 4 logical CPU devices (or
   4 GPUs), the MLP split Megatron style (hidden layer column-parallel, logits
@@ -130,6 +132,8 @@ server.join()
 '''
 
 PSS_CHIEF = _PRELUDE + r'''
+# steps per scheduled function (Keras' steps_per_execution); 1: every step scheduled
+PER_EXECUTION = int(sys.argv[2]) if len(sys.argv) > 2 else 1
 
 resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
 strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
@@ -167,21 +171,40 @@ def per_worker_dataset():
 iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
 
 
+def step_fn(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_mean(loss_obj(y, model(x, training=True)))
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
 @tf.function
 def train_step(it):
-    def step_fn(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(loss_obj(y, model(x, training=True)))
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
     return strategy.run(step_fn, args=next(it))
+
+
+@tf.function
+def train_steps(it, n):  # PER_EXECUTION > 1: a group of steps per scheduled function
+    loss = tf.constant(0.0)
+    for _ in tf.range(n):
+        loss = strategy.run(step_fn, args=next(it))
+    return loss
 
 
 stamp("built")
 window_start = None
-for step in range(1, STEPS + 1):
-    result = coordinator.schedule(train_step, args=(iterator,))
+# a group never spans the steps measured at (the first with stamps, the end of the warm-up with a summary)
+marks = sorted({STEPS} | ({1} if STAMPS else set()) | ({WARM} if SUMMARY else set()))
+counts = {}
+step = 0
+while step < STEPS:
+    n = min(PER_EXECUTION, next(m for m in marks if m > step) - step)
+    if n == 1:
+        result = coordinator.schedule(train_step, args=(iterator,))
+    else:
+        result = coordinator.schedule(train_steps, args=(iterator, counts.setdefault(n, tf.constant(n))))
+    step += n
     if step == 1 and STAMPS:
         result.fetch()
         stamp("first_step")
@@ -290,15 +313,15 @@ exit $((A | B))
 '''
 
 #: The async launch: ps and two workers serve, the chief trains, then the servers are ended.
-#: Arguments: STEPS CHIEF_PORT WORKER0_PORT WORKER1_PORT PS_PORT.
+#: Arguments: STEPS CHIEF_PORT WORKER0_PORT WORKER1_PORT PS_PORT [STEPS_PER_FUNCTION, default 1].
 LAUNCH_ASYNC = r'''#!/bin/sh
 # ParameterServerStrategy: 1 ps and 2 workers serve, the chief schedules; TF_CONFIG by hand.
-# usage: launch_async.sh STEPS CHIEF_PORT WORKER0_PORT WORKER1_PORT PS_PORT
+# usage: launch_async.sh STEPS CHIEF_PORT WORKER0_PORT WORKER1_PORT PS_PORT [STEPS_PER_FUNCTION]
 C="{\"chief\": [\"127.0.0.1:$2\"], \"worker\": [\"127.0.0.1:$3\", \"127.0.0.1:$4\"], \"ps\": [\"127.0.0.1:$5\"]}"
 TF_CONFIG="{\"cluster\": $C, \"task\": {\"type\": \"ps\", \"index\": 0}}" "$PYTHON" pss_server.py & PS=$!
 TF_CONFIG="{\"cluster\": $C, \"task\": {\"type\": \"worker\", \"index\": 0}}" "$PYTHON" pss_server.py & W0=$!
 TF_CONFIG="{\"cluster\": $C, \"task\": {\"type\": \"worker\", \"index\": 1}}" "$PYTHON" pss_server.py & W1=$!
-TF_CONFIG="{\"cluster\": $C, \"task\": {\"type\": \"chief\", \"index\": 0}}" "$PYTHON" pss_chief.py "$1"
+TF_CONFIG="{\"cluster\": $C, \"task\": {\"type\": \"chief\", \"index\": 0}}" "$PYTHON" pss_chief.py "$1" "${6:-1}"
 CODE=$?
 kill $PS $W0 $W1 2>/dev/null; wait
 exit $CODE

@@ -11,9 +11,9 @@ step):
   task with the same ``TF_CONFIG``);
 - *async* (preset ``async-1ps``: chief + 2 workers + 1 ps, ``ParameterServerStrategy``):
   ClusterDeck against the hand-written ``ParameterServerStrategy`` loop of
-  ``bench/_handwritten.py`` (every step scheduled, one fetch at the end; the runtime has no bare
-  path for this mode). ClusterDeck's figure: completed steps over time from the chief's
-  ``progress`` events;
+  ``bench/_handwritten.py`` grouping its steps as the preset does (``steps_per_execution`` steps
+  per scheduled function), one fetch at the end; the runtime has no bare path for this mode.
+  ClusterDeck's figure: completed steps over time from the chief's ``progress`` events;
 - *model* (preset ``model-2x2``: one worker, DTensor mesh batch 2 x model 2): ClusterDeck against
   the hand-written DTensor loop of ``bench/_handwritten.py`` (the same Megatron-style split and
   plain SGD; no bare path in the runtime for this mode either).
@@ -51,7 +51,8 @@ from engine.control.launcher import Run  # noqa: E402
 MODES = ("data", "async", "model")
 PRESETS = {"data": "data-2workers", "async": "async-1ps", "model": "model-2x2"}
 BARE = {"data": "`python -m engine.runtime.task --bare` (the runtime's own loop, no telemetry)",
-        "async": "hand-written `ParameterServerStrategy` loop (`bench/_handwritten.py`)",
+        "async": "hand-written `ParameterServerStrategy` loop (`bench/_handwritten.py`), the preset's steps per "
+                 "scheduled function",
         "model": "hand-written DTensor 2 x 2 loop (`bench/_handwritten.py`)"}
 GOAL = 0.97
 SIDES = ("clusterdeck", "bare")
@@ -135,7 +136,8 @@ def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
         env = _handwritten.shell_env(sys.executable, dict(env, CD_BENCH_SUMMARY=str(summary)))
         steps = str(cfg.total_steps())
         if mode == "async":
-            cmd = ["sh", "launch_async.sh", steps, *(str(free_port()) for _ in range(4))]
+            cmd = ["sh", "launch_async.sh", steps, *(str(free_port()) for _ in range(4)),
+                   str(cfg.training.steps_per_execution)]
         else:
             cmd = [sys.executable, "dtensor_loop.py", steps]
         done = subprocess.run(cmd, cwd=work, env=env, capture_output=True, timeout=900)
@@ -187,6 +189,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
 def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> str:
     cfg = load("data", steps)
+    per_execution = load("async", steps).training.steps_per_execution
     lines = [
         "## 1d. Every mode against its own bare loop",
         "",
@@ -207,8 +210,8 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         "",
         "Settings of each side. *Bare*: no events, no files, no supervisor; one sync at the end of the warm-up "
         "and one at the end. *ClusterDeck*: a `step` event per replica (async: per worker) at most "
-        f"{cfg.training.metrics_hz:g} Hz, each report fetching the losses (a sync of the loop; async: every step "
-        "waited for oldest first from a window of 4 steps per worker, the figures of about one per worker and report interval copied); events written by each task to its "
+        f"{cfg.training.metrics_hz:g} Hz, each report fetching the losses (a sync of the loop; async: groups of "
+        f"{per_execution} steps per scheduled function on both sides, every group waited for oldest first from a window of 4 groups per worker, the figures of about one per worker and report interval copied); events written by each task to its "
         "`events.jsonl` (one write per event) and its pipe, relayed by the supervisor and written again by the "
         "launcher; TensorBoard summaries on a background thread (at most 2 points per second per replica, `flush_millis` 2000); a `device` event per task "
         "every 0.5 s from the supervisor (psutil) and, in the task, TensorFlow's allocator figures at most every "

@@ -177,6 +177,12 @@ class SettingsPanel(QScrollArea):
         self.restarts = self._spin("training.restarts", "How often a failed run restarts from its last "
                                    "checkpoint before giving up", 0, 100)
         form.addRow("Restarts", self.restarts)
+        self.steps_per_execution = self._spin(
+            "training.steps_per_execution", "Async: training steps per function the chief schedules on a worker "
+            "(Keras' steps_per_execution). More steps per function: less of the chief's work per step, "
+            "figures and stops per group of steps", 1, config_mod.MAX_STEPS_PER_EXECUTION)
+        form.addRow("Steps per execution", self.steps_per_execution)
+        self.training_form = form
         outer.addStretch(1)
 
         document.settingsChanged.connect(self.refresh)
@@ -345,6 +351,7 @@ class SettingsPanel(QScrollArea):
         self.model_form.setRowVisible(self.embed_dim, token)
         self.model_form.setRowVisible(self.heads, c.model.name == "transformer")
         self.model_form.setRowVisible(self._rows["model.script"], c.model.name == "script")
+        self.training_form.setRowVisible(self.steps_per_execution, mode == "async" or c.training.steps_per_execution != 1)
         self._offer_choices()
         self.mark_problems(self.document.problems)
 

@@ -60,6 +60,8 @@ IMAGE_MODELS = ("cnn", "resnet")
 LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "")
 #: Upper bound of step counts: far beyond any real run, and it keeps every figure printable.
 MAX_STEPS = 10**9
+#: Training steps one scheduled function may run (``training.steps_per_execution``).
+MAX_STEPS_PER_EXECUTION = 1000
 
 #: Which parallelism modes each model supports (the app offers a model only in these modes). The
 #: async runtime trains any Keras model (the embedding one with its table sharded over the ps tasks);
@@ -246,6 +248,9 @@ class Training:
     # a run with no step for this long fails naming the task that hangs (async: the worker is
     # restarted); the first step gets 3x as long; 0 = never
     progress_timeout_s: float = 60.0
+    # async: training steps per scheduled function (Keras' steps_per_execution): one dispatch from the
+    # chief per this many steps on a worker; figures and stops come per such group
+    steps_per_execution: int = 1
 
 
 @dataclass(frozen=True)
@@ -706,9 +711,11 @@ def _parse_training(r: _Reader) -> Training:
         metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
         allow_oversubscribe=_parse_flag(r, "allow_oversubscribe", d.allow_oversubscribe),
         progress_timeout_s=r.float("progress_timeout_s", d.progress_timeout_s, minimum=0),
+        steps_per_execution=r.int("steps_per_execution", d.steps_per_execution, minimum=1,
+                                  maximum=MAX_STEPS_PER_EXECUTION),
     )
     r.finish(("global_batch_size", "steps", "epochs", "optimizer", "learning_rate", "seed",
-              "checkpoint_every", "restarts", "metrics_hz", "progress_timeout_s"))
+              "checkpoint_every", "restarts", "metrics_hz", "progress_timeout_s", "steps_per_execution"))
     return training
 
 
@@ -756,6 +763,8 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
     }
     if t.progress_timeout_s != Training.progress_timeout_s:
         training["progress_timeout_s"] = t.progress_timeout_s
+    if t.steps_per_execution != Training.steps_per_execution:
+        training["steps_per_execution"] = t.steps_per_execution
     if t.allow_oversubscribe:
         training["allow_oversubscribe"] = True
     if t.steps is not None:
@@ -1287,6 +1296,13 @@ def _validate_training(config: RunConfig, add: Any) -> None:
         add("training.checkpoint_every", f"expected an integer >= 0, got {t.checkpoint_every}")
     if t.restarts < 0:
         add("training.restarts", f"expected an integer >= 0, got {t.restarts}")
+    if not 1 <= t.steps_per_execution <= MAX_STEPS_PER_EXECUTION:
+        add("training.steps_per_execution",
+            f"expected an integer from 1 to {MAX_STEPS_PER_EXECUTION}, got {t.steps_per_execution}")
+    elif t.steps_per_execution > 1 and config.parallelism.mode != "async":
+        add("training.steps_per_execution",
+            f"applies to parallelism 'async' only (one scheduled function per group of steps); expected 1 for "
+            f"mode {config.parallelism.mode!r}, got {t.steps_per_execution}")
     replicas = config.num_replicas()
     if t.global_batch_size >= 1 and replicas > 1 and t.global_batch_size % replicas:
         add("training.global_batch_size", f"{t.global_batch_size} is not divisible by the {replicas} replicas; "

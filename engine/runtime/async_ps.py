@@ -12,6 +12,14 @@ through ``ClusterCoordinator.create_per_worker_dataset`` (:func:`worker_dataset`
 the worker is a tensor known only on the worker, see :class:`WorkerInputContext`).
 
 A custom loop only: Keras 3's ``model.fit`` does not run under this strategy.
+
+Steps run in groups of ``training.steps_per_execution`` (Keras' name for it): one scheduled
+function runs a group on one worker in a ``tf.range`` loop, so the chief's Python work (one
+``schedule``, one dispatch, one wait) is paid once per group instead of once per step, on a
+machine whose cores also train. A group ends early where the loop needs every step so far done
+(the end of the warm-up, a checkpoint, a stop, the last step). Figures come per group: what
+is said below of a step holds for a group (its loss is the mean of the group's losses).
+
 A step is one of two functions, chosen when it is scheduled. Most steps return
 only their loss, as a hand-written loop's would. A sample of them (about one per
 worker and report interval, and every step of the run's last window) returns one
@@ -336,9 +344,12 @@ class CoordinatorAdapter:
         if global_batch % workers:
             raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the {workers} workers")
         per_worker_batch = global_batch // workers
+        per_execution = config.training.steps_per_execution
         ctx.emitter.info(f"ParameterServerStrategy: {workers} worker(s), {num_ps} ps, "
-                         f"{per_worker_batch} examples per worker step", strategy="ParameterServerStrategy",
-                         workers=workers, ps=num_ps, per_worker_batch=per_worker_batch)
+                         f"{per_worker_batch} examples per worker step"
+                         + (f", {per_execution} steps per scheduled function" if per_execution > 1 else ""),
+                         strategy="ParameterServerStrategy", workers=workers, ps=num_ps,
+                         per_worker_batch=per_worker_batch, steps_per_execution=per_execution)
 
         keras.utils.set_random_seed(config.training.seed)
         with strategy.scope():
@@ -373,16 +384,39 @@ class CoordinatorAdapter:
             return tf.stack([tf.cast(loss, tf.float64), tf.cast(tf_compat.current_worker_index(), tf.float64),
                              tf.timestamp(), tf.cast(count, tf.float64)])
 
-        self.train_step = train_step
-        self.sampled_step = sampled_step
+        @tf.function
+        def train_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
+            loss = tf.constant(0.0, tf.float64)
+            for _ in tf.range(n):
+                _, batch = next(it)
+                loss = tf.cast(strategy.run(trainable.step_fn, args=batch), tf.float64)
+            return loss
+
+        @tf.function
+        def sampled_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
+            total = tf.constant(0.0, tf.float64)
+            count = tf.constant(0, tf.int64)
+            for _ in tf.range(n):
+                count, batch = next(it)
+                total += tf.cast(strategy.run(trainable.step_fn, args=batch), tf.float64)
+            return tf.stack([total / tf.cast(n, tf.float64), tf.cast(tf_compat.current_worker_index(), tf.float64),
+                             tf.timestamp(), tf.cast(count, tf.float64)])
+
+        self.train_step, self.sampled_step = train_step, sampled_step
+        self.train_steps, self.sampled_steps = train_steps, sampled_steps
+        self.per_execution = per_execution
+        self.counts: dict[int, tf.Tensor] = {}  # a group's size as the tensor its function is given
+        self.pending = 0  # steps run_step was given and not yet scheduled (fewer than per_execution)
+        self.pending_step = 0  # the last of them
         self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
-        self.window: deque[tuple[int, Any, bool]] = deque()  # (step, its result, whether it is a sample)
+        # (last step, its result, whether it is a sample, how many steps it ran)
+        self.window: deque[tuple[int, Any, bool, int]] = deque()
         self.cap = max(2, WINDOW_PER_WORKER * workers)
         # a sample at most this often: about SAMPLES_PER_REPORT per worker and report interval; and every
-        # step of the last window, so each worker's last steps are counted
+        # group of the last window, so each worker's last steps are counted
         self.sample_every = self.reporter.interval / (SAMPLES_PER_REPORT * workers)
         self.last_sample = -float("inf")
-        self.sample_all_after = config.total_steps() - self.cap
+        self.sample_all_after = config.total_steps() - self.cap * self.per_execution
         # steps scheduled and completed so far, counted from step 0 across restarts (fetched in order, so
         # ``completed`` is also the last finished step)
         self.scheduled = self.completed = 0
@@ -393,11 +427,11 @@ class CoordinatorAdapter:
 
     def _fetch_oldest(self) -> None:
         """Wait for the oldest step in flight; copy its figures if it is a sample."""
-        step, remote, sampled = self.window.popleft()
+        step, remote, sampled, ran = self.window.popleft()
         try:
             if not sampled:
                 tf_compat.wait_remote(remote)
-                self.completed += 1
+                self.completed += ran
                 return
             loss, worker, ts, count = remote.fetch()
         except (tf.errors.UnavailableError, tf.errors.CancelledError) as exc:
@@ -405,13 +439,13 @@ class CoordinatorAdapter:
             # the chief copied it: only that step's figures are lost. A lost ps is fatal: re-raise.
             if "/job:ps" in str(exc) or "/job:worker" not in str(exc):
                 raise
-            self.completed += 1
+            self.completed += ran
             self.lost_results += 1
             if self.lost_results <= 3:
                 self.ctx.emitter.info(f"step {step}: its worker died before its figures were read; "
                                       "training goes on", lost_step=step)
             return
-        self.completed += 1
+        self.completed += ran
         self.reporter.step_done(step, float(loss), int(worker), float(ts), int(count))
 
     # -- the adapter
@@ -420,16 +454,36 @@ class CoordinatorAdapter:
         latest = self.checkpoints.restore()
         step = int(self.step_var.numpy())
         self.scheduled = self.completed = step
+        self.pending = 0
         return Restored(step, latest) if latest else None
 
     def run_step(self, step: int) -> None:
+        self.pending += 1
+        self.pending_step = step
+        if self.pending >= self.per_execution:
+            self._schedule()
+
+    def _schedule(self) -> None:
+        """Schedule the pending steps as one function (one step: the single-step functions)."""
+        n, step = self.pending, self.pending_step
+        if not n:
+            return
         now = time.perf_counter()
         sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
         if sample:
             self.last_sample = now
-        fn = self.sampled_step if sample else self.train_step
-        self.window.append((step, self.coordinator.schedule(fn, args=(self.iterator,)), sample))
-        self.scheduled += 1
+        if n == 1:
+            args: tuple[Any, ...] = (self.iterator,)
+            fn = self.sampled_step if sample else self.train_step
+        else:
+            count = self.counts.get(n)
+            if count is None:
+                count = self.counts[n] = tf.constant(n, tf.int64)
+            args = (self.iterator, count)
+            fn = self.sampled_steps if sample else self.train_steps
+        self.window.append((step, self.coordinator.schedule(fn, args=args), sample, n))
+        self.scheduled += n
+        self.pending = 0
         while len(self.window) > self.cap:
             self._fetch_oldest()
 
@@ -437,6 +491,7 @@ class CoordinatorAdapter:
         self.reporter.maybe_report(self.scheduled, self.completed, force=force)
 
     def settle(self) -> None:
+        self._schedule()
         while self.window:
             self._fetch_oldest()
         self.coordinator.join()

@@ -79,7 +79,7 @@ VARIED: dict[str, RunConfig] = {
         cluster=async_cluster(),
         parallelism=Parallelism(mode="async", partitioner="fixed", shards=4),
         model=Model(hidden=(128, 64)),
-        training=Training(global_batch_size=64, steps=50, optimizer="momentum"),
+        training=Training(global_batch_size=64, steps=50, optimizer="momentum", steps_per_execution=8),
     ),
     "async-min-size": RunConfig(
         name="async-min-size",
@@ -389,6 +389,12 @@ INVALID_DICTS: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str,
      "training.metrics_hz", ("expected a number > 0, got 0",)),
     ("negative collective timeout", base_dict, _set("parallelism.collective_timeout_s", -1),
      "parallelism.collective_timeout_s", ("expected a number >= 0, got -1",)),
+    ("zero steps per execution", async_dict, _set("training.steps_per_execution", 0),
+     "training.steps_per_execution", ("expected an integer >= 1, got 0",)),
+    ("steps per execution past the cap", async_dict, _set("training.steps_per_execution", 1001),
+     "training.steps_per_execution", ("expected an integer <= 1000, got 1001",)),
+    ("steps per execution in data mode", base_dict, _set("training.steps_per_execution", 8),
+     "training.steps_per_execution", ("applies to parallelism 'async' only", "expected 1 for mode 'data', got 8")),
     ("too many restarts", base_dict, _set("training.restarts", 101),
      "training.restarts", ("expected an integer <= 100, got 101",)),
     ("data mode with ps tasks", base_dict, _tasks({"role": "worker", "index": 0}, {"role": "ps", "index": 0}),
@@ -622,7 +628,7 @@ def test_counts_of_invalid_cases() -> None:
 FIELD_NAMES = ["schema", "name", "cluster", "hosts", "tasks", "role", "index", "port", "gpus", "address",
                "parallelism", "mode", "mesh", "batch", "model", "partitioner", "kind", "shards", "data", "shape",
                "classes", "size", "hidden", "training", "steps", "epochs", "global_batch_size", "learning_rate",
-               "metrics_hz", "optimizer"]
+               "metrics_hz", "optimizer", "steps_per_execution"]
 
 scalars = (
     st.none()
@@ -793,3 +799,17 @@ def test_allow_oversubscribe_reads_and_round_trips() -> None:
     with pytest.raises(ConfigError) as exc:
         from_dict(d)
     assert_problem(exc.value, "training.allow_oversubscribe", "expected true or false, got 'yes'")
+
+
+def test_steps_per_execution_reads_and_round_trips() -> None:
+    d = async_dict()
+    d["training"]["steps_per_execution"] = 16
+    config = from_dict(d)
+    assert config.training.steps_per_execution == 16
+    assert yaml.safe_load(dumps(config))["training"]["steps_per_execution"] == 16
+    assert loads(dumps(config)) == config
+    assert "steps_per_execution" not in dumps(default_config())  # written only when set
+    d["training"]["steps_per_execution"] = "16"
+    with pytest.raises(ConfigError) as exc:
+        from_dict(d)
+    assert_problem(exc.value, "training.steps_per_execution", "expected an integer", "got '16'")

@@ -219,6 +219,28 @@ def test_settings_offer_the_choices_that_work_in_the_mode(qtbot: Any, window: An
         assert any(p.field == "model.name" and "'model'" in p.message for p in window.controller.problems)
 
 
+def test_steps_per_execution_is_an_async_setting(qtbot: Any, window: Any,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    window.open_path(PRESETS / "async-1ps.yaml", ask=False)
+    panel = window.settings_panel
+    doc = window.controller.document
+    spin = panel.steps_per_execution
+    qtbot.waitUntil(lambda: spin.isVisibleTo(window))
+    assert spin.value() == 16 and "steps_per_execution" in spin.toolTip()
+    spin.lineEdit().selectAll()
+    qtbot.keyClicks(spin.lineEdit(), "4")
+    qtbot.keyClick(spin.lineEdit(), Qt.Key.Key_Return)
+    assert doc.config.training.steps_per_execution == 4
+    # a mode without groups of steps sets it back to 1 (whether or not the cluster is fixed) and hides it
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.No)
+    panel.choose_mode("data")
+    assert doc.config.parallelism.mode == "data" and doc.config.training.steps_per_execution == 1
+    qtbot.waitUntil(lambda: not spin.isVisibleTo(window))
+    assert not [p for p in window.controller.problems if p.field == "training.steps_per_execution"]
+    window.undo_action.trigger()  # Ctrl+Z
+    assert doc.config.parallelism.mode == "async" and doc.config.training.steps_per_execution == 4
+
+
 def test_run_settings_fit_a_laptop_screen_in_model_mode(qtbot: Any, window: Any) -> None:
     window.resize(1366, 768)
     window.open_path(PRESETS / "model-2x2.yaml", ask=False)
