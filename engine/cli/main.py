@@ -299,7 +299,9 @@ def _print_summary(console: Any, run: Any) -> None:
             for line in task.log_tail[-10:]:
                 console.print(Text("  " + line, style="dim"), highlight=False)
     for rid, r in s["replicas"].items():
-        console.print(f"  replica {rid} ({r['task']}): final loss {_fmt_loss(r['loss'])} "
+        # async: the chief reports for every worker; name the worker that trained
+        where = f"worker:{r['worker']}, reported by {r['task']}" if r.get("worker") is not None else r["task"]
+        console.print(f"  replica {rid} ({where}): final loss {_fmt_loss(r['loss'])} "
                       f"(from {_fmt_loss(r['first_loss'])}), {_fmt_rate(r['examples_per_sec'])} examples/s")
     console.print(f"  total: {_fmt_rate(s['examples_per_sec'])} examples/s")
     console.print(f"run folder: {run.run_dir}")

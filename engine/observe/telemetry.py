@@ -546,7 +546,8 @@ class RunState:
     def summary(self) -> dict[str, Any]:
         replicas = {
             str(r.replica): {"task": r.task, "step": r.step, "loss": r.loss, "first_loss": r.first_loss,
-                             "examples_per_sec": r.examples_per_sec, "step_time": r.step_time}
+                             "examples_per_sec": r.examples_per_sec, "step_time": r.step_time,
+                             **({"worker": r.worker} if r.worker is not None else {})}
             for r in sorted(self.replicas.values(), key=lambda r: r.replica)
         }
         duration = None

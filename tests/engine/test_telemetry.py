@@ -491,3 +491,23 @@ def test_history_matches_a_naive_model(events: list[tuple[Any, ...]], check_ever
                 assert s.t_rel.tolist() == [float(np.float32(p[2] - T0)) for p in points], key
     assert h.version == h.total_points() == sum(len(p) for p in model.values())
     assert h.replicas() == sorted({int(k.split("/")[1]) for k in model if k.startswith("replica/")})
+
+
+def test_an_async_summary_names_the_worker_behind_each_replica() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from engine.cli.main import _print_summary
+
+    rs = RunState(total_steps=2)
+    rs.apply(ev("run", "", 0.0, state="running"))
+    for worker in (0, 1):  # the async chief reports for every worker
+        rs.apply(step("chief:0", worker, 2, 1.0, loss=0.5, worker=worker))
+    rs.apply(ev("run", "", 2.0, state="finished"))
+    assert rs.summary()["replicas"]["1"]["worker"] == 1
+    console = Console(record=True, width=200)
+    _print_summary(console, SimpleNamespace(state=rs, run_dir="/runs/x"))
+    text = console.export_text()
+    assert "replica 1 (worker:1, reported by chief:0): final loss" in text
+    assert "replica 0 (worker:0, reported by chief:0)" in text
