@@ -211,7 +211,8 @@ class Run:
         self._lifecycle = lc.Lifecycle(
             [lc.TaskInfo(t.name, t.role, h.name) for h, t in self.config.cluster.tasks()],
             mode=self.config.parallelism.mode, restarts_allowed=training.restarts,
-            progress_timeout_s=float(getattr(training, "progress_timeout_s", 0.0) or 0.0), now=time.monotonic())
+            progress_timeout_s=float(getattr(training, "progress_timeout_s", 0.0) or 0.0),
+            steps_per_execution=training.steps_per_execution, now=time.monotonic())
         self._dispatcher = threading.Thread(target=self._dispatch, name="run-dispatch", daemon=True)
         self._dispatcher.start()
         self.started = True

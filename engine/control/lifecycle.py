@@ -275,10 +275,11 @@ class Lifecycle:
     """The policy of one run. Feed it with :meth:`feed` (one thread at a time); act on what it returns."""
 
     def __init__(self, tasks: Iterable[TaskInfo], *, mode: str, restarts_allowed: int = 0,
-                 progress_timeout_s: float = 0.0, now: float = 0.0) -> None:
+                 progress_timeout_s: float = 0.0, steps_per_execution: int = 1, now: float = 0.0) -> None:
         self.mode = mode
         self.restarts_allowed = restarts_allowed
         self.progress_timeout_s = progress_timeout_s
+        self.steps_per_execution = steps_per_execution  # async: a step report comes per group of this many
         self.primaries = primary_roles(mode)
         self.tasks: dict[str, _Task] = {t.name: _Task(t) for t in tasks}
         self.phase = RunPhase.STARTING
@@ -483,6 +484,9 @@ class Lifecycle:
             why = f"hung: no progress for {limit:g} s (training.progress_timeout_s)"
             if task.last_step >= 0:
                 why += f", last step {task.last_step}"
+            if self.mode == "async" and self.steps_per_execution > 1:
+                why += (f"; a worker reports once per {self.steps_per_execution} steps (training.steps_per_execution):"
+                        " where so many steps take longer, lower it or raise the timeout")
         if task.cpu:
             why += f"; it used {task.recent_cpu:.0f}% CPU meanwhile"
         return why

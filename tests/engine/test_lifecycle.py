@@ -212,6 +212,21 @@ def test_an_async_worker_without_steps_is_restarted_and_a_hung_chief_fails_the_r
     assert isinstance(end, lc.StopRun) and end.outcome.failed_task == "chief:0"
 
 
+def test_a_hung_async_worker_of_grouped_steps_is_told_what_to_change() -> None:
+    policy = started(ASYNC, "async", progress_timeout_s=10.0, steps_per_execution=16)
+    feed(policy, [step("chief:0", 16, worker=0), step("chief:0", 32, worker=1)], now=1.0)
+    for t in range(2, 40):
+        feed(policy, [step("chief:0", 32 + 16 * t, worker=0)], now=float(t))
+        actions = policy.feed(lc.Tick(), float(t))
+        if actions:
+            break
+    (restart,) = actions
+    assert isinstance(restart, lc.RestartTask) and restart.task == "worker:1"
+    assert "no progress for 10 s" in restart.reason and "last step 32" in restart.reason
+    assert "once per 16 steps (training.steps_per_execution)" in restart.reason
+    assert "lower it or raise the timeout" in restart.reason
+
+
 def test_events_of_every_kind_pass_the_real_decoder() -> None:
     for event in (status("worker:0", "failed", reason="x", will_restart=True), step("chief:0", 3, worker=1),
                   events.make("device", "worker:0", cpu_percent=3.5)):
