@@ -67,22 +67,31 @@ def test_two_worker_restart_resumes_every_replica_from_the_checkpoint(runs_root:
 
     resumed = [e for e in after if e["kind"] == "info" and "resumed from checkpoint" in e.get("message", "")]
     assert {e["task"] for e in resumed} == {"worker:0", "worker:1"}, "every worker must restore the checkpoint"
-    assert {e["step"] for e in resumed} == {100}
-    assert all("ckpt-100 at step 100" in e["message"] for e in resumed)
+    (step,) = {e["step"] for e in resumed}  # the same checkpoint for both
+    # ckpt-100, or the final checkpoint worker:0 writes when the restart stops it, where it finished a step
+    # the killed worker took part in (its all-reduce needs both: a consistent state; a race of the kill)
+    last_step = max(e["step"] for e in before if e["kind"] == "step")
+    assert step == 100 or 110 <= step <= last_step + 1, (step, last_step)
+    assert all(f"ckpt-{step} at step {step}" in e["message"] for e in resumed)
 
     for replica in (0, 1):
         old = {e["step"]: e["loss"] for e in before if e["kind"] == "step" and e["replica"] == replica}
         new = [e for e in after if e["kind"] == "step" and e["replica"] == replica]
-        assert new[0]["step"] == 101, f"replica {replica} resumed at step {new[0]['step']}, not 101"
+        assert new[0]["step"] == step + 1, f"replica {replica} resumed at step {new[0]['step']}, not {step + 1}"
         assert new[-1]["step"] == 260
         last_before_kill = old[max(old)]
         first = new[0]["loss"]
-        assert abs(first - old[101]) <= RESUME_TOLERANCE * old[101], (replica, first, old[101])
         assert abs(first - last_before_kill) <= RESUME_TOLERANCE * last_before_kill, (replica, first, last_before_kill)
-        new_by_step = {e["step"]: e["loss"] for e in new}
-        old_mean = mean(old[s] for s in range(101, 111))
-        new_mean = mean(new_by_step[s] for s in range(101, 111))
-        assert abs(new_mean - old_mean) <= RESUME_MEAN_TOLERANCE * old_mean, (replica, new_mean, old_mean)
+        # the steps after the checkpoint train as they did before the kill (same data, same weights)
+        again = [s for s in range(step + 1, step + 11) if s in old]
+        if step == 100:
+            assert len(again) == 10
+        if again:
+            assert abs(first - old[step + 1]) <= RESUME_TOLERANCE * old[step + 1], (replica, first, old[step + 1])
+            new_by_step = {e["step"]: e["loss"] for e in new}
+            old_mean = mean(old[s] for s in again)
+            new_mean = mean(new_by_step[s] for s in again)
+            assert abs(new_mean - old_mean) <= RESUME_MEAN_TOLERANCE * old_mean, (replica, new_mean, old_mean)
 
     folder = RunFolder(run.run_dir)
     assert (folder.checkpoints / "ckpt-260.index").exists()
