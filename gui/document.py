@@ -304,7 +304,4 @@ def mode_fix(config: RunConfig, mode: str) -> tuple[RunConfig, list[str]]:
         if (batch, model) != (p.mesh_batch, p.mesh_model):
             changes.append(f"set the mesh to batch {batch} x model {model} (the {batch * model} worker devices)")
             new = config_mod.replace(new, parallelism=config_mod.replace(p, mesh_batch=batch, mesh_model=model))
-    if mode != "async" and new.training.steps_per_execution != 1:
-        changes.append(f"set steps per execution to 1 (was {new.training.steps_per_execution}: async mode only)")
-        new = config_mod.replace(new, training=config_mod.replace(new.training, steps_per_execution=1))
     return new, changes

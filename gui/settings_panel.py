@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QGroupBox,
     QHBoxLayout,
     QLineEdit,
+    QMainWindow,
     QMessageBox,
     QPushButton,
     QScrollArea,
@@ -321,7 +322,13 @@ class SettingsPanel(QScrollArea):
                 self, "Fix the cluster?", text,
                 QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes)
             fix = answer == QMessageBox.StandardButton.Yes
+        was = c.config.training.steps_per_execution
         c.set_mode(mode, fix_cluster=fix)
+        if was != c.config.training.steps_per_execution:  # set_mode keeps it an async-only setting
+            window = self.window()
+            if isinstance(window, QMainWindow):
+                window.statusBar().showMessage(f"Steps per execution set back to 1 (was {was}): it applies to "
+                                               f"async mode only; Undo brings it back", 10000)
 
     def refresh(self) -> None:
         for w in self.widgets.values():

@@ -18,7 +18,12 @@ function runs a group on one worker in a ``tf.range`` loop, so the chief's Pytho
 ``schedule``, one dispatch, one wait) is paid once per group instead of once per step, on a
 machine whose cores also train. A group ends early where the loop needs every step so far done
 (the end of the warm-up, a checkpoint, a stop, the last step). Figures come per group: what
-is said below of a step holds for a group (its loss is the mean of the group's losses).
+is said below of a step holds for a group (its loss is the mean of the group's losses). What a
+group costs: a stop waits for the groups in flight (two per worker) before its checkpoint, so
+where a group takes seconds, a smaller group keeps a stop prompt; and a worker lost in the
+middle of a group has applied some of its steps, which ``ClusterCoordinator`` runs again in
+full on another worker (as with Keras' ``steps_per_execution``): up to K - 1 updates more than
+the steps counted, per lost worker.
 
 A step is one of two functions, chosen when it is scheduled. Most steps return
 only their loss, as a hand-written loop's would. A sample of them (about one per
@@ -59,8 +64,11 @@ from engine.runtime import models, tf_compat
 from engine.runtime.context import TaskContext
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
-#: Steps in flight per worker before the chief waits for the oldest one.
+#: Steps in flight per worker before the chief waits for the oldest one (one step per function).
 WINDOW_PER_WORKER = 4
+#: Groups in flight per worker with several steps per function: one running and one queued keep a worker
+#: busy, and a stop waits for no more than this many groups per worker.
+GROUPS_PER_WORKER = 2
 #: Steps whose figures the chief copies per worker and report interval (``training.metrics_hz``).
 SAMPLES_PER_REPORT = 1
 #: Seconds a worker or ps task keeps serving after SIGTERM (the chief's last steps and checkpoint).
@@ -411,7 +419,7 @@ class CoordinatorAdapter:
         self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
         # (last step, its result, whether it is a sample, how many steps it ran)
         self.window: deque[tuple[int, Any, bool, int]] = deque()
-        self.cap = max(2, WINDOW_PER_WORKER * workers)
+        self.cap = max(2, (WINDOW_PER_WORKER if per_execution == 1 else GROUPS_PER_WORKER) * workers)
         # a sample at most this often: about SAMPLES_PER_REPORT per worker and report interval; and every
         # group of the last window, so each worker's last steps are counted
         self.sample_every = self.reporter.interval / (SAMPLES_PER_REPORT * workers)
@@ -464,10 +472,18 @@ class CoordinatorAdapter:
             self._schedule()
 
     def _schedule(self) -> None:
-        """Schedule the pending steps as one function (one step: the single-step functions)."""
+        """Schedule the pending steps as one function (one step: the single-step functions), once the
+        window has room: if that raises, none of them started, and the step being run is given back
+        (the loop does not count it as done, so a stop's settle must not run it)."""
         n, step = self.pending, self.pending_step
         if not n:
             return
+        try:
+            while len(self.window) >= self.cap:
+                self._fetch_oldest()
+        except BaseException:
+            self.pending, self.pending_step = n - 1, step - 1
+            raise
         now = time.perf_counter()
         sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
         if sample:
@@ -481,11 +497,14 @@ class CoordinatorAdapter:
                 count = self.counts[n] = tf.constant(n, tf.int64)
             args = (self.iterator, count)
             fn = self.sampled_steps if sample else self.train_steps
-        self.window.append((step, self.coordinator.schedule(fn, args=args), sample, n))
+        try:
+            remote = self.coordinator.schedule(fn, args=args)
+        except BaseException:
+            self.pending, self.pending_step = n - 1, step - 1
+            raise
+        self.window.append((step, remote, sample, n))
         self.scheduled += n
         self.pending = 0
-        while len(self.window) > self.cap:
-            self._fetch_oldest()
 
     def report(self, step: int, *, force: bool) -> None:
         self.reporter.maybe_report(self.scheduled, self.completed, force=force)

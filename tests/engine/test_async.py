@@ -107,6 +107,42 @@ def test_steps_run_in_groups_cut_at_warm_up_and_checkpoints(runs_root: Path) -> 
     assert_nothing_left(rec.pids())
 
 
+def test_a_stop_mid_group_saves_the_steps_it_ran_and_a_restart_resumes_there(runs_root: Path) -> None:
+    import threading
+
+    # groups of 16 (the preset's): a stop comes between two steps of a group; the chief schedules what the
+    # loop counts as done, waits for every group in flight and saves exactly that step
+    config = preset(steps=100_000, checkpoint_every=0, restarts=0)
+    assert config.training.steps_per_execution == 16
+    run, rec = launch(config, runs_root)
+    going = threading.Event()
+    run.add_listener(lambda e: going.set() if e["kind"] == "step" and e["step"] >= 200 else None)
+    assert going.wait(RUN_TIMEOUT), "no step 200"
+    pids = rec.pids()
+    run.stop()
+    assert run.wait(30) == "stopped"
+    (stopped,) = [e for e in rec.of("info") if e["task"] == "chief:0" and "stopped_step" in e]
+    step = stopped["stopped_step"]
+    assert step >= 200 and "final checkpoint ckpt-" in stopped["message"]
+    assert (run.run_dir / "checkpoints" / f"ckpt-{step}.index").exists()
+    progress = [e for e in rec.of("progress") if e["task"] == "chief:0"]
+    assert progress[-1]["completed"] == progress[-1]["scheduled"] == step
+    assert_nothing_left(pids)
+
+    # the same run folder started again resumes at that step, in groups again
+    again = config_mod.replace(config, training=config_mod.replace(config.training, steps=step + 40))
+    run2 = Run(again, runs_root=runs_root, run_dir=run.run_dir)
+    rec2 = Recorder()
+    run2.add_listener(rec2)
+    run2.start()
+    assert run2.wait(RUN_TIMEOUT) == "finished", run2.state.reason
+    resumed = [e for e in rec2.of("info") if e["task"] == "chief:0" and "resumed_step" in e]
+    assert resumed and resumed[0]["resumed_step"] == step
+    assert sum(e["steps"] for e in rec2.of("step")) == 40
+    assert (run.run_dir / "checkpoints" / f"ckpt-{step + 40}.index").exists()
+    assert_nothing_left(rec2.pids())
+
+
 def test_killed_worker_is_restarted_and_rejoins(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     killed: dict[str, int] = {}
     # the chief schedules at most ~100 steps/s: 3000 steps last >= 30 s, enough for a fresh worker process
@@ -243,8 +279,11 @@ def test_user_script_model_and_data_train_asynchronously(runs_root: Path) -> Non
     steps = rec.of("step")
     assert workers_seen(steps) == {0, 1}, "both workers read their shard of the script's data"
     assert sum(e["steps"] for e in steps) == 200
-    # 16 steps per scheduled function, as the preset ships: a report per group or fewer
-    assert config.training.steps_per_execution == 16
+    # 16 steps per scheduled function, as the preset ships: at most one sample per group (14 groups: cut
+    # at the warm-up's step 40 and the checkpoint at 100)
+    (info,) = [e for e in rec.of("info") if e.get("strategy") == "ParameterServerStrategy"]
+    assert info["steps_per_execution"] == 16
+    assert sum(e["sampled"] for e in steps) <= 14
     assert_learned(steps)
     # the script's model trains on the ps: Adam's slots are placed there with the weights
     (placement,) = rec.of("placement")

@@ -236,6 +236,7 @@ def test_steps_per_execution_is_an_async_setting(qtbot: Any, window: Any,
     panel.choose_mode("data")
     assert doc.config.parallelism.mode == "data" and doc.config.training.steps_per_execution == 1
     qtbot.waitUntil(lambda: not spin.isVisibleTo(window))
+    assert "Steps per execution set back to 1 (was 4)" in window.statusBar().currentMessage()
     assert not [p for p in window.controller.problems if p.field == "training.steps_per_execution"]
     window.undo_action.trigger()  # Ctrl+Z
     assert doc.config.parallelism.mode == "async" and doc.config.training.steps_per_execution == 4
