@@ -19,7 +19,7 @@ function runs a group on one worker in a ``tf.range`` loop, so the chief's Pytho
 machine whose cores also train. A group ends early where the loop needs every step so far done
 (the end of the warm-up, a checkpoint, a stop, the last step). Figures come per group: what
 is said below of a step holds for a group (its loss is the mean of the group's losses). What a
-group costs: a stop waits for the groups in flight (two per worker) before its checkpoint, so
+group costs: a stop waits for the groups in flight (four per worker) before its checkpoint, so
 where a group takes seconds, a smaller group keeps a stop prompt; and a worker lost in the
 middle of a group has applied some of its steps, which ``ClusterCoordinator`` runs again in
 full on another worker (as with Keras' ``steps_per_execution``): up to K - 1 updates more than
@@ -64,11 +64,10 @@ from engine.runtime import models, tf_compat
 from engine.runtime.context import TaskContext
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
-#: Steps in flight per worker before the chief waits for the oldest one (one step per function).
+#: Steps (or groups of steps) in flight per worker before the chief waits for the oldest one; a stop
+#: waits for them too. With two groups per worker instead of four the async whole run measured ~8 %
+#: slower against the same hand-written baselines (docs/benchmarks.md, section 1c).
 WINDOW_PER_WORKER = 4
-#: Groups in flight per worker with several steps per function: one running and one queued keep a worker
-#: busy, and a stop waits for no more than this many groups per worker.
-GROUPS_PER_WORKER = 2
 #: Steps whose figures the chief copies per worker and report interval (``training.metrics_hz``).
 SAMPLES_PER_REPORT = 1
 #: Seconds a worker or ps task keeps serving after SIGTERM (the chief's last steps and checkpoint).
@@ -419,7 +418,7 @@ class CoordinatorAdapter:
         self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
         # (last step, its result, whether it is a sample, how many steps it ran)
         self.window: deque[tuple[int, Any, bool, int]] = deque()
-        self.cap = max(2, (WINDOW_PER_WORKER if per_execution == 1 else GROUPS_PER_WORKER) * workers)
+        self.cap = max(2, WINDOW_PER_WORKER * workers)
         # a sample at most this often: about SAMPLES_PER_REPORT per worker and report interval; and every
         # group of the last window, so each worker's last steps are counted
         self.sample_every = self.reporter.interval / (SAMPLES_PER_REPORT * workers)
@@ -479,7 +478,7 @@ class CoordinatorAdapter:
         if not n:
             return
         try:
-            while len(self.window) >= self.cap:
+            while len(self.window) > self.cap:
                 self._fetch_oldest()
         except BaseException:
             self.pending, self.pending_step = n - 1, step - 1
