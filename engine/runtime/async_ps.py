@@ -471,36 +471,34 @@ class CoordinatorAdapter:
             self._schedule()
 
     def _schedule(self) -> None:
-        """Schedule the pending steps as one function (one step: the single-step functions), once the
-        window has room: if that raises, none of them started, and the step being run is given back
-        (the loop does not count it as done, so a stop's settle must not run it)."""
+        """Schedule the pending steps as one function, once the window has room: if that raises, none
+        of them started, and the step being run is given back (the loop does not count it as done, so a
+        stop's settle must not run it). A run of single steps (``steps_per_execution`` 1) uses the
+        single-step functions; a grouped run uses the group functions for every group, a group cut to
+        one step included, so that it traces no more functions."""
         n, step = self.pending, self.pending_step
         if not n:
             return
         try:
             while len(self.window) > self.cap:
                 self._fetch_oldest()
-        except BaseException:
-            self.pending, self.pending_step = n - 1, step - 1
-            raise
-        now = time.perf_counter()
-        sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
-        if sample:
-            self.last_sample = now
-        if n == 1:
-            args: tuple[Any, ...] = (self.iterator,)
-            fn = self.sampled_step if sample else self.train_step
-        else:
-            count = self.counts.get(n)
-            if count is None:
-                count = self.counts[n] = tf.constant(n, tf.int64)
-            args = (self.iterator, count)
-            fn = self.sampled_steps if sample else self.train_steps
-        try:
+            now = time.perf_counter()
+            sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
+            if self.per_execution == 1:
+                args: tuple[Any, ...] = (self.iterator,)
+                fn = self.sampled_step if sample else self.train_step
+            else:
+                count = self.counts.get(n)
+                if count is None:
+                    count = self.counts[n] = tf.constant(n, tf.int64)
+                args = (self.iterator, count)
+                fn = self.sampled_steps if sample else self.train_steps
             remote = self.coordinator.schedule(fn, args=args)
         except BaseException:
             self.pending, self.pending_step = n - 1, step - 1
             raise
+        if sample:
+            self.last_sample = now
         self.window.append((step, remote, sample, n))
         self.scheduled += n
         self.pending = 0
