@@ -180,8 +180,9 @@ class DocumentModel(QObject):
         changes: list[str] = []
         if fix_cluster:
             new, changes = doc_ops.mode_fix(config, mode)
-        if mode != "async" and new.training.steps_per_execution != 1:  # an async-only setting
-            new = config_mod.replace(new, training=config_mod.replace(new.training, steps_per_execution=1))
+        training = new.training.for_mode(mode)  # settings another mode does not take go back to their default
+        if training is not new.training:
+            new = config_mod.replace(new, training=training)
         self.set_config(new, f"Parallelism: {mode}" + (" (cluster fixed)" if fix_cluster else ""))
         return changes
 

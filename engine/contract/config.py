@@ -62,6 +62,8 @@ LOCAL_ADDRESSES = ("localhost", "127.0.0.1", "::1", "")
 MAX_STEPS = 10**9
 #: Training steps one scheduled function may run (``training.steps_per_execution``).
 MAX_STEPS_PER_EXECUTION = 1000
+#: The parallelism modes that run steps in groups (``training.steps_per_execution`` > 1).
+STEPS_PER_EXECUTION_MODES = ("async",)
 
 #: Which parallelism modes each model supports (the app offers a model only in these modes). The
 #: async runtime trains any Keras model (the embedding one with its table sharded over the ps tasks);
@@ -251,6 +253,13 @@ class Training:
     # async: training steps per scheduled function (Keras' steps_per_execution): one dispatch from the
     # chief per this many steps on a worker; figures and stops come per such group
     steps_per_execution: int = 1
+
+    def for_mode(self, mode: str) -> Training:
+        """These settings as parallelism ``mode`` takes them: ``steps_per_execution`` back to 1 in a mode
+        other than those of :data:`STEPS_PER_EXECUTION_MODES`; ``self`` where nothing changes."""
+        if mode not in STEPS_PER_EXECUTION_MODES and self.steps_per_execution != 1:
+            return dataclasses.replace(self, steps_per_execution=1)
+        return self
 
 
 @dataclass(frozen=True)
@@ -1299,7 +1308,7 @@ def _validate_training(config: RunConfig, add: Any) -> None:
     if not 1 <= t.steps_per_execution <= MAX_STEPS_PER_EXECUTION:
         add("training.steps_per_execution",
             f"expected an integer from 1 to {MAX_STEPS_PER_EXECUTION}, got {t.steps_per_execution}")
-    elif t.steps_per_execution > 1 and config.parallelism.mode != "async":
+    elif t.for_mode(config.parallelism.mode) is not t:
         add("training.steps_per_execution",
             f"applies to parallelism 'async' only (one scheduled function per group of steps); expected 1 for "
             f"mode {config.parallelism.mode!r}, got {t.steps_per_execution}")

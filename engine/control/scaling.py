@@ -122,8 +122,8 @@ def scaling_configs(config: RunConfig, workers: Iterable[int] | str = DEFAULT_WO
                     gpus=devices * n if uses_gpus else 0,
                     tasks=tuple(Task("worker", i) for i in range(n)),
                     python=base_host.python if base_host is not None else "python3")
-        training = config_mod.replace(config.training, global_batch_size=global_batch, checkpoint_every=0,
-                                      restarts=0, steps_per_execution=1,  # async only
+        training = config_mod.replace(config.training.for_mode("data"), global_batch_size=global_batch,
+                                      checkpoint_every=0, restarts=0,
                                       **({"steps": steps, "epochs": None} if steps is not None else {}))
         scaled = config_mod.replace(
             config, name=f"{config.name}-scaling-{n}w",
