@@ -77,6 +77,8 @@ class Bench:
     python: str
     env: dict[str, str]
     presets: dict[str, Path] = field(default_factory=dict)
+    #: steps per scheduled function of the async preset (read once, from the preset as written)
+    per_execution: int = 1
 
     @staticmethod
     def create(work: Path) -> Bench:
@@ -91,6 +93,8 @@ class Bench:
             path = work / f"{name}.yaml"
             config_mod.save(cfg, path)
             bench.presets[mode] = path
+            if mode == "async":
+                bench.per_execution = cfg.training.steps_per_execution
         (work / "runs").mkdir(exist_ok=True)
         return bench
 
@@ -99,13 +103,9 @@ class Bench:
         return head + ["-m", "engine.cli", "run", str(self.presets[mode]), "--steps", str(steps),
                        "--out", str(self.work / "runs")]
 
-    def per_execution(self) -> int:
-        """Steps per scheduled function of the async preset."""
-        return config_mod.load(self.presets["async"]).training.steps_per_execution
-
     def hand_command(self, mode: str, steps: int, grouped: bool = False) -> list[str]:
         ports = [free_port() for _ in range(2 if mode == "data" else 4)]
-        return ["sh", LAUNCHERS[mode], str(steps), *map(str, ports)] + ([str(self.per_execution())] if grouped else [])
+        return ["sh", LAUNCHERS[mode], str(steps), *map(str, ports)] + ([str(self.per_execution)] if grouped else [])
 
     def run(self, side: str, mode: str, steps: int, *, env: dict[str, str] | None = None,
             profile_out: Path | None = None, watch: Any = None) -> Sample:
@@ -282,11 +282,11 @@ def doc_section(results: list[dict[str, Any]], rounds: int, steps_list: list[int
         "`clusterdeck run async-1ps --steps N` with `checkpoint_every: 0`, output to a file. Wall time from the "
         "command's start to its exit; CPU time of the command and every process it reaped (`wait4`).",
         "",
-        f"The async preset runs {bench.per_execution()} steps per scheduled function "
+        f"The async preset runs {bench.per_execution} steps per scheduled function "
         "(`training.steps_per_execution`, Keras' `steps_per_execution`): the chief's Python work is paid once per "
         "group, not once per step. So async is compared twice, in the same rounds: against the hand-written loop "
         "as a user writes it from TensorFlow's tutorial (every step scheduled: the comparison the goal was set "
-        f"for) and against the same hand-written loop grouping {bench.per_execution()} steps per function as the "
+        f"for) and against the same hand-written loop grouping {bench.per_execution} steps per function as the "
         "preset does (launcher's sixth argument): ClusterDeck's own cost, with the grouping's gain taken out.",
         "",
         "| mode | steps | hand-written wall / CPU (median) | ClusterDeck wall / CPU (median) | wall ratio [95 % CI] "
@@ -297,7 +297,7 @@ def doc_section(results: list[dict[str, Any]], rounds: int, steps_list: list[int
         goal = ""
         if x["goal"] is not None:
             goal = (f"wall {_verdict(x['wall'], x['goal'])}; CPU {_verdict(x['cpu'], x['goal'])}")
-        against = _against(x, bench.per_execution())
+        against = _against(x, bench.per_execution)
         mode = f"{x['mode']} ({against})" if against else x["mode"]
         lines.append(f"| {mode} | {x['steps']:,} | {x['hand_wall']:.2f} s / {x['hand_cpu']:.2f} s | "
                      f"{x['cd_wall']:.2f} s / {x['cd_cpu']:.2f} s | **{x['wall'].text()}** | **{x['cpu'].text()}** | "
