@@ -813,3 +813,22 @@ def test_steps_per_execution_reads_and_round_trips() -> None:
     with pytest.raises(ConfigError) as exc:
         from_dict(d)
     assert_problem(exc.value, "training.steps_per_execution", "expected an integer", "got '16'")
+
+
+@pytest.mark.parametrize("mode", ["data", "model", "async"])
+def test_training_for_mode_keeps_only_what_the_mode_takes(mode: str) -> None:
+    grouped = Training(steps_per_execution=8)
+    taken = grouped.for_mode(mode)
+    assert taken.steps_per_execution == (8 if mode == "async" else 1)
+    assert taken is grouped if mode == "async" else taken == config_mod.replace(grouped, steps_per_execution=1)
+    plain = Training()
+    assert plain.for_mode(mode) is plain  # nothing to change: the same object (callers test identity)
+    d = async_dict()
+    d["training"]["steps_per_execution"] = 8
+    d["parallelism"]["mode"] = mode
+    if mode == "async":
+        from_dict(d)
+    else:
+        with pytest.raises(ConfigError) as exc:
+            from_dict(d)
+        assert_problem(exc.value, "training.steps_per_execution", f"expected 1 for mode {mode!r}, got 8")
