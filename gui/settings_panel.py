@@ -179,9 +179,10 @@ class SettingsPanel(QScrollArea):
                                    "checkpoint before giving up", 0, 100)
         form.addRow("Restarts", self.restarts)
         self.steps_per_execution = self._spin(
-            "training.steps_per_execution", "Async: training steps per function the chief schedules on a worker "
-            "(Keras' steps_per_execution). More steps per function: less of the chief's work per step, "
-            "figures and stops per group of steps", 1, config_mod.MAX_STEPS_PER_EXECUTION)
+            "training.steps_per_execution", "Data and async: training steps run by one function (Keras' "
+            "steps_per_execution; async: per function the chief schedules on a worker). More steps per function: "
+            "less Python work per step, figures and stops per group of steps", 1,
+            config_mod.MAX_STEPS_PER_EXECUTION)
         form.addRow("Steps per execution", self.steps_per_execution)
         self.training_form = form
         outer.addStretch(1)
@@ -324,11 +325,12 @@ class SettingsPanel(QScrollArea):
             fix = answer == QMessageBox.StandardButton.Yes
         was = c.config.training.steps_per_execution
         c.set_mode(mode, fix_cluster=fix)
-        if was != c.config.training.steps_per_execution:  # set_mode keeps it an async-only setting
+        if was != c.config.training.steps_per_execution:  # set_mode keeps only what the mode takes
             window = self.window()
             if isinstance(window, QMainWindow):
+                modes = " and ".join(config_mod.STEPS_PER_EXECUTION_MODES)
                 window.statusBar().showMessage(f"Steps per execution set back to 1 (was {was}): it applies to "
-                                               f"async mode only; Undo brings it back", 10000)
+                                               f"{modes} modes only; Undo brings it back", 10000)
 
     def refresh(self) -> None:
         for w in self.widgets.values():
@@ -358,7 +360,8 @@ class SettingsPanel(QScrollArea):
         self.model_form.setRowVisible(self.embed_dim, token)
         self.model_form.setRowVisible(self.heads, c.model.name == "transformer")
         self.model_form.setRowVisible(self._rows["model.script"], c.model.name == "script")
-        self.training_form.setRowVisible(self.steps_per_execution, mode == "async" or c.training.steps_per_execution != 1)
+        self.training_form.setRowVisible(self.steps_per_execution, mode in config_mod.STEPS_PER_EXECUTION_MODES
+                                         or c.training.steps_per_execution != 1)
         self._offer_choices()
         self.mark_problems(self.document.problems)
 

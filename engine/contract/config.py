@@ -63,7 +63,7 @@ MAX_STEPS = 10**9
 #: Training steps one scheduled function may run (``training.steps_per_execution``).
 MAX_STEPS_PER_EXECUTION = 1000
 #: The parallelism modes that run steps in groups (``training.steps_per_execution`` > 1).
-STEPS_PER_EXECUTION_MODES = ("async",)
+STEPS_PER_EXECUTION_MODES = ("data", "async")
 
 #: Which parallelism modes each model supports (the app offers a model only in these modes). The
 #: async runtime trains any Keras model (the embedding one with its table sharded over the ps tasks);
@@ -250,8 +250,8 @@ class Training:
     # a run with no step for this long fails naming the task that hangs (async: the worker is
     # restarted); the first step gets 3x as long; 0 = never
     progress_timeout_s: float = 60.0
-    # async: training steps per scheduled function (Keras' steps_per_execution): one dispatch from the
-    # chief per this many steps on a worker; figures and stops come per such group
+    # data and async: training steps per function (Keras' steps_per_execution): one dispatch (async: one
+    # schedule from the chief) per this many steps; figures and stops come per such group
     steps_per_execution: int = 1
 
     def for_mode(self, mode: str) -> Training:
@@ -1310,8 +1310,8 @@ def _validate_training(config: RunConfig, add: Any) -> None:
             f"expected an integer from 1 to {MAX_STEPS_PER_EXECUTION}, got {t.steps_per_execution}")
     elif t.for_mode(config.parallelism.mode) is not t:
         add("training.steps_per_execution",
-            f"applies to parallelism 'async' only (one scheduled function per group of steps); expected 1 for "
-            f"mode {config.parallelism.mode!r}, got {t.steps_per_execution}")
+            f"applies to parallelism {' and '.join(map(repr, STEPS_PER_EXECUTION_MODES))} only (one function "
+            f"per group of steps); expected 1 for mode {config.parallelism.mode!r}, got {t.steps_per_execution}")
     replicas = config.num_replicas()
     if t.global_batch_size >= 1 and replicas > 1 and t.global_batch_size % replicas:
         add("training.global_batch_size", f"{t.global_batch_size} is not divisible by the {replicas} replicas; "

@@ -413,7 +413,7 @@ class CoordinatorAdapter:
         self.train_steps, self.sampled_steps = train_steps, sampled_steps
         self.per_execution = per_execution
         self.counts: dict[int, tf.Tensor] = {}  # a group's size as the tensor its function is given
-        self.pending = 0  # steps run_step was given and not yet scheduled (fewer than per_execution)
+        self.pending = 0  # steps run_step was given and not yet scheduled (the loop says where a group ends)
         self.pending_step = 0  # the last of them
         self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
         # (last step, its result, whether it is a sample, how many steps it ran)
@@ -464,10 +464,10 @@ class CoordinatorAdapter:
         self.pending = 0
         return Restored(step, latest) if latest else None
 
-    def run_step(self, step: int) -> None:
+    def run_step(self, step: int, *, last: bool) -> None:
         self.pending += 1
         self.pending_step = step
-        if self.pending >= self.per_execution:
+        if last:
             self._schedule()
 
     def _schedule(self) -> None:

@@ -98,9 +98,10 @@ class StepReporter:
         self.reports = 0
 
     def step_done(self, step: int, fetch: Callable[[], Sequence[Any]], force: bool = False,
-                  worker: int | None = None) -> None:
-        """Count one finished step; report it (calling ``fetch`` for per-replica losses) when due."""
-        self.pending += 1
+                  worker: int | None = None, steps: int = 1) -> None:
+        """Count ``steps`` finished steps, the last of them ``step``; report (calling ``fetch`` for
+        per-replica losses) when due."""
+        self.pending += steps
         now = time.perf_counter()
         if self.emitter is None or not (force or now - self.last_emit >= self.interval):
             return

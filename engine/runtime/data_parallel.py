@@ -5,6 +5,14 @@ The adapter of :class:`engine.runtime.loop.TrainingLoop` for these strategies: a
 MultiWorkerMirroredStrategy (keras-team/keras#20585). The first trainer writes the run's
 checkpoints; every trainer restores the latest of them on start (a restart), the others save into
 their scratch folders because the strategy wants every worker to save.
+
+With ``training.steps_per_execution`` K > 1 one ``tf.function`` runs a group of up to K steps in a
+``tf.range`` loop (each step still all-reduces its gradients): the Python dispatch of a step, a
+large share of a small model's step, is paid once per group. The updates are those of K single
+steps. A group's figures are its means: each replica's mean loss and all-reduce wait over the
+group's steps, and the step time over the group. Costs: figures and a stop come per group, and a
+worker lost in the middle of a group leaves the others' variables part-way through it (the restart
+resumes from the last checkpoint, as without groups).
 """
 
 from __future__ import annotations
@@ -89,20 +97,44 @@ class MirroredAdapter:
             sync_timer = tf_compat.SyncTimer()
             ctx.emitter.info(f"the all-reduce wait is not measured: {exc}")
 
+        def step_fn(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
+            with tf.GradientTape() as tape:
+                per_example = loss_obj(y, model(x, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))  # all-reduce inside
+            # this replica's own mean loss (not the all-reduced one), and how long it waited for the others
+            return tf.reduce_mean(per_example), sync_timer.wait()
+
         @tf.function
         def train_step(it: Any) -> Any:
-            def step_fn(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-                with tf.GradientTape() as tape:
-                    per_example = loss_obj(y, model(x, training=True))
-                    loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-                grads = tape.gradient(loss, model.trainable_variables)
-                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))  # all-reduce inside
-                # this replica's own mean loss (not the all-reduced one), and how long it waited for the others
-                return tf.reduce_mean(per_example), sync_timer.wait()
-
             return strategy.run(step_fn, args=next(it))
 
-        self.train_step = train_step
+        def on_this_task(results: Any) -> list[tf.Tensor]:
+            """(loss, wait) of each replica of this task as two float64 vectors."""
+            return [tf.stack([tf.cast(v, tf.float64) for v in strategy.experimental_local_results(r)])
+                    for r in results]
+
+        @tf.function
+        def train_steps(it: Any, n: tf.Tensor) -> list[tf.Tensor]:
+            """A group of ``n`` steps (n >= 1): each replica's mean loss and all-reduce wait over them."""
+            losses, waits = on_this_task(strategy.run(step_fn, args=next(it)))
+            for _ in tf.range(n - 1):
+                loss, wait = on_this_task(strategy.run(step_fn, args=next(it)))
+                losses += loss
+                waits += wait
+            count = tf.cast(n, tf.float64)
+            return [losses / count, waits / count]
+
+        self.train_step, self.train_steps = train_step, train_steps
+        self.per_execution = config.training.steps_per_execution
+        self.counts: dict[int, tf.Tensor] = {}  # a group's size as the tensor its function is given
+        self.pending = 0  # steps taken and not run yet (the loop says where a group ends)
+        self.unreported = 0  # steps run and not yet counted by the reporter
+        self.forced = False  # a step taken since the last report asked to be reported at once
+        if self.per_execution > 1:
+            ctx.emitter.info(f"{self.per_execution} steps per function (training.steps_per_execution)",
+                             steps_per_execution=self.per_execution)
         self.summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task)) if telemetry else None
         if self.summaries is not None and not self.summaries.enabled:
             ctx.emitter.info("the tensorboard package is not installed: no TensorBoard summaries for this run")
@@ -120,27 +152,57 @@ class MirroredAdapter:
             return None
         return Restored(int(self.optimizer.iterations.numpy()), latest)
 
-    def run_step(self, step: int) -> None:
-        self.result = self.train_step(self.iterator)
+    def run_step(self, step: int, *, last: bool) -> None:
+        self.pending += 1
+        if last:
+            self._run_group()
+
+    def _run_group(self) -> None:
+        n = self.pending
+        if not n:
+            return
+        if self.per_execution == 1:
+            self.result = self.train_step(self.iterator)
+        else:
+            count = self.counts.get(n)
+            if count is None:
+                count = self.counts[n] = tf.constant(n, tf.int64)
+            self.result = self.train_steps(self.iterator, count)
+        self.pending = 0
+        self.unreported += n
 
     def _local_results(self) -> list[tuple[float, float]]:
-        """(loss, sync wait) of each replica on this task."""
+        """(loss, sync wait) of each replica on this task, of the last step or group run."""
+        if self.per_execution > 1:
+            losses, waits = (r.numpy() for r in self.result)
+            return [(float(loss), float(wait)) for loss, wait in zip(losses, waits, strict=True)]
         losses = self.strategy.experimental_local_results(self.result[0])
         waits = self.strategy.experimental_local_results(self.result[1])
         return [(float(loss.numpy()), float(wait.numpy())) for loss, wait in zip(losses, waits, strict=True)]
 
     def report(self, step: int, *, force: bool) -> None:
-        self.reporter.step_done(step, self._local_results, force=force)
+        self.forced = self.forced or force
+        if self.pending or not self.unreported:
+            return  # the group has not run yet: it reports when it has
+        steps, self.unreported = self.unreported, 0
+        force, self.forced = self.forced, False
+        self.reporter.step_done(step, self._local_results, force=force, steps=steps)
 
     def settle(self) -> None:
+        self._run_group()
         if self.result is not None:
             self._local_results()
 
     def flush(self, step: int) -> None:
-        if self.result is not None:
+        self._run_group()
+        if self.unreported:
+            steps, self.unreported, self.forced = self.unreported, 0, False
+            self.reporter.step_done(step, self._local_results, force=True, steps=steps)
+        elif self.result is not None:
             self.reporter.flush(step, self._local_results)
 
     def save(self, step: int) -> str | None:
+        self._run_group()  # a checkpoint holds exactly the steps before it
         path = self.checkpoints.save(step)
         self.reporter.restart_clock()
         return path

@@ -7,7 +7,13 @@ last steps reported, a checkpoint written, :class:`engine.runtime.stop.Stopped` 
 
 What differs per strategy is an :class:`Adapter`: how a step runs (``strategy.run`` in a
 ``tf.function``, ``ClusterCoordinator.schedule``, a DTensor function), how its figures are read,
-where checkpoints go. The adapters are :mod:`engine.runtime.data_parallel` (Mirrored and
+where checkpoints go.
+
+Steps run in groups of ``training.steps_per_execution`` (Keras' name: one function runs a group of
+steps in a ``tf.range`` loop, so the Python dispatch of a step is paid once per group). The loop
+alone decides where a group ends (:class:`Groups`): after that many steps, and wherever it needs
+every step so far done (the end of the warm-up, a checkpoint, the last step, an agreed stop), so
+that tasks stepping in lock-step cut the same groups and run the same collectives. The adapters are :mod:`engine.runtime.data_parallel` (Mirrored and
 MultiWorkerMirrored), :mod:`engine.runtime.async_ps` (ParameterServerStrategy) and
 :mod:`engine.runtime.model_parallel` (DTensor).
 """
@@ -41,18 +47,20 @@ class Adapter(Protocol):
     global_batch: int
     #: whether this task steps in lock-step with others (they agree on the step to stop after)
     lockstep: bool
+    #: steps per group (``training.steps_per_execution``; 1: every step runs on its own)
+    per_execution: int
 
     def restore(self) -> Restored | None:
         """Restore the run's latest checkpoint, if any (every task of the run restores the same one)."""
 
-    def run_step(self, step: int) -> None:
-        """Run (or schedule) training step ``step``."""
+    def run_step(self, step: int, *, last: bool) -> None:
+        """Take training step ``step``; ``last``: it ends its group, so run (or schedule) the group now."""
 
     def report(self, step: int, *, force: bool) -> None:
         """Count step ``step`` as done and report figures when due (``force``: now)."""
 
     def settle(self) -> None:
-        """Return once every step run or scheduled so far has finished."""
+        """Return once every step taken so far has finished (a group not run yet runs first)."""
 
     def flush(self, step: int) -> None:
         """Report what is still unreported, up to step ``step``."""
@@ -98,15 +106,18 @@ class TrainingLoop:
             ctx.emitter.status("running", step=start, total=total)
         delay = _test_step_delay(ctx.task)
         agreement = StopAgreement(RunFolder(ctx.run_dir).scratch("stop") / "step" if adapter.lockstep else None)
+        groups = Groups(adapter.per_execution, total, cuts=(warm_until,), every=every)
         t0 = time.perf_counter()
         try:
             for step in range(start + 1, total + 1):
-                target = agreement.stop_after(ctx.stop.requested, step - 1)
+                end = groups.end_of(step)
+                # a stop is agreed at the end of a group: one the peers run whole, as this task does
+                target = agreement.stop_after(ctx.stop.requested, step - 1, end)
                 if target is not None and step - 1 >= target:
                     break
                 if delay:
                     time.sleep(delay)
-                adapter.run_step(step)
+                adapter.run_step(step, last=step == end or step == target)
                 if step == warm_until:
                     adapter.settle()
                     window_start = time.perf_counter()
@@ -154,15 +165,43 @@ class TrainingLoop:
         raise Stopped(step, path)
 
 
+class Groups:
+    """Where the groups of steps end: every ``size`` steps, counted from the previous end, and at every
+    cut (a step after which the loop needs every step done: the warm-up's end, a checkpoint every
+    ``every`` steps, the last step). The same for every task of a run that starts at the same step."""
+
+    def __init__(self, size: int, total: int, *, cuts: tuple[int, ...] = (), every: int = 0) -> None:
+        self.size = max(1, size)
+        self.total = total
+        self.cuts = cuts
+        self.every = every
+        self.first = 0  # the first step of the current group (0: none yet)
+        self.end = 0  # its last step
+
+    def end_of(self, step: int) -> int:
+        """The last step of the group ``step`` is in (steps are asked in order, from the run's first)."""
+        if step > self.end or not self.first:
+            self.first = step
+            end = min(step + self.size - 1, self.total)
+            if self.every:
+                end = min(end, -(-step // self.every) * self.every)  # the next checkpoint at or after step
+            for cut in self.cuts:
+                if step <= cut < end:
+                    end = cut
+            self.end = end
+        return self.end
+
+
 class StopAgreement:
     """The step after which tasks that train in lock-step (MultiWorkerMirrored workers, DTensor clients)
     all stop, so that they write the same final checkpoint (DTensor's save is itself collective).
 
-    The first task asked to stop after finishing step ``k`` proposes ``k + 1`` in a file of the run
-    folder (created once, atomically); every task reads it between steps. A peer cannot finish step
-    ``k + 1`` before the proposer has started it, that is after the file was written, so none has
-    passed the step when it reads it. Without a shared run folder (``path`` None) a task stops at once.
-    A file older than this task is a previous start's and is ignored.
+    The first task asked to stop after taking step ``k`` proposes the last step of the group step
+    ``k + 1`` is in (``k + 1`` where every step is its own group) in a file of the run folder (created
+    once, atomically); every task reads it between steps. A peer cannot finish that group before the
+    proposer has started it, that is after the file was written, so none has passed the step when it
+    reads it, and every task runs that group whole. Without a shared run folder (``path`` None) a task
+    stops at once. A file older than this task is a previous start's and is ignored.
     """
 
     def __init__(self, path: Path | None) -> None:
@@ -170,15 +209,16 @@ class StopAgreement:
         self.since = time.time() - 1.0
         self.target: int | None = None
 
-    def stop_after(self, requested: bool, done: int) -> int | None:
-        """The step to stop after, or None to go on; ``done`` is the last finished step."""
+    def stop_after(self, requested: bool, done: int, group_end: int | None = None) -> int | None:
+        """The step to stop after, or None to go on; ``done`` is the last step taken, ``group_end`` the
+        last step of the group the next step is in (default: the next step)."""
         if self.target is not None:
             return self.target
         if self.path is None:
             return done if requested else None
         self.target = self._read()
         if self.target is None and requested:
-            self.target = self._propose(done + 1)
+            self.target = self._propose(group_end if group_end is not None else done + 1)
         return self.target
 
     def _read(self) -> int | None:

@@ -112,6 +112,7 @@ class MeshAdapter:
         setup = ctx.setup_devices()
         info = self.info = make_mesh(config, setup)
         self.lockstep = info.clients > 1
+        self.per_execution = 1  # one DTensor function per step (training.steps_per_execution: data and async)
         mesh, p = info.mesh, config.parallelism
         global_batch = self.global_batch = config.training.global_batch_size
         self.replicas = p.mesh_batch
@@ -184,8 +185,8 @@ class MeshAdapter:
             next(self.batches)
         return Restored(step, latest)
 
-    def run_step(self, step: int) -> None:
-        x, y = next(self.batches)
+    def run_step(self, step: int, *, last: bool) -> None:
+        x, y = next(self.batches)  # every step is its own group (steps_per_execution is 1 in this mode)
         self.result = self.train_step(shard_batch(self.info, x, self.x_layout),
                                       shard_batch(self.info, y, self.y_layout))
 

@@ -393,8 +393,10 @@ INVALID_DICTS: list[tuple[str, Callable[[], dict[str, Any]], Callable[[dict[str,
      "training.steps_per_execution", ("expected an integer >= 1, got 0",)),
     ("steps per execution past the cap", async_dict, _set("training.steps_per_execution", 1001),
      "training.steps_per_execution", ("expected an integer <= 1000, got 1001",)),
-    ("steps per execution in data mode", base_dict, _set("training.steps_per_execution", 8),
-     "training.steps_per_execution", ("applies to parallelism 'async' only", "expected 1 for mode 'data', got 8")),
+    ("steps per execution in model mode", base_dict, _steps(_set("training.steps_per_execution", 8),
+                                                            _set("parallelism.mode", "model")),
+     "training.steps_per_execution", ("applies to parallelism 'data' and 'async' only",
+                                      "expected 1 for mode 'model', got 8")),
     ("too many restarts", base_dict, _set("training.restarts", 101),
      "training.restarts", ("expected an integer <= 100, got 101",)),
     ("data mode with ps tasks", base_dict, _tasks({"role": "worker", "index": 0}, {"role": "ps", "index": 0}),
@@ -819,8 +821,9 @@ def test_steps_per_execution_reads_and_round_trips() -> None:
 def test_training_for_mode_keeps_only_what_the_mode_takes(mode: str) -> None:
     grouped = Training(steps_per_execution=8)
     taken = grouped.for_mode(mode)
-    assert taken.steps_per_execution == (8 if mode == "async" else 1)
-    assert taken is grouped if mode == "async" else taken == config_mod.replace(grouped, steps_per_execution=1)
+    grouping = mode in ("data", "async")
+    assert taken.steps_per_execution == (8 if grouping else 1)
+    assert taken is grouped if grouping else taken == config_mod.replace(grouped, steps_per_execution=1)
     plain = Training()
     assert plain.for_mode(mode) is plain  # nothing to change: the same object (callers test identity)
     d = async_dict()
@@ -828,6 +831,8 @@ def test_training_for_mode_keeps_only_what_the_mode_takes(mode: str) -> None:
     d["parallelism"]["mode"] = mode
     if mode == "async":
         from_dict(d)
+    elif mode == "data":  # refused for its ps and chief tasks, not for the groups
+        assert not [p for p in validate(from_dict(d, check=False)) if p.field == "training.steps_per_execution"]
     else:
         with pytest.raises(ConfigError) as exc:
             from_dict(d)

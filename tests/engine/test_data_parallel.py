@@ -109,6 +109,39 @@ def test_mirrored_two_devices_follow_one_device_trajectory(runs_root: Path) -> N
         assert abs(a - b) <= 1e-4, f"step {step}: 1 device {a:.6f} vs 2 devices {b:.6f}"
 
 
+def _final_weights(run_dir: Path, step: int) -> dict[str, object]:
+    import tensorflow as tf
+
+    reader = tf.train.load_checkpoint(str(RunFolder(run_dir).checkpoints / f"ckpt-{step}"))
+    # the model's variables (as the optimizer tracks them) and the optimizer's step count
+    return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+            if "_trainable_variables/" in name or "_iterations/" in name}
+
+
+def test_grouped_steps_train_as_single_steps_and_report_per_group(runs_root: Path) -> None:
+    """Two workers, 40 steps, a checkpoint at 20: with 8 steps per function the groups end at the
+    warm-up's end (8), every 8 steps and the checkpoint, and the weights come out as with single steps."""
+    import numpy as np
+
+    base = small(config_mod.load(PRESETS / "data-2workers.yaml"), 40, checkpoint_every=20, metrics_hz=1e6)
+    weights, reported = {}, {}
+    for k in (1, 8):
+        cfg = replace(base, name=f"groups-{k}", training=replace(base.training, steps_per_execution=k))
+        run = Run(cfg, runs_root=runs_root)
+        seen: list[dict] = []
+        run.add_listener(seen.append)
+        run.start()
+        assert run.wait(120) == "finished", run.state.summary()
+        reported[k] = [e["step"] for e in seen if e["kind"] == "step" and e["replica"] == 0]
+        assert (RunFolder(run.run_dir).checkpoints / "ckpt-20.index").exists()
+        weights[k] = _final_weights(run.run_dir, 40)
+    assert reported[1] == list(range(1, 41))
+    assert reported[8] == [8, 16, 20, 28, 36, 40]
+    assert len(weights[1]) == 5 and weights[1].keys() == weights[8].keys()  # 2 kernels, 2 biases, iterations
+    for name, value in weights[1].items():
+        assert np.allclose(value, weights[8][name], atol=1e-5), name
+
+
 def test_stop_mid_run_leaves_no_process_within_3s(runs_root: Path) -> None:
     cfg = small(config_mod.load(PRESETS / "data-2workers.yaml"), 100_000)
     run = Run(cfg, runs_root=runs_root)

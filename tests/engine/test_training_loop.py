@@ -14,7 +14,7 @@ from engine.contract import events
 from engine.contract.config import replace
 from engine.runtime.context import TaskContext
 from engine.runtime.emitter import Emitter
-from engine.runtime.loop import Restored, StopAgreement, TrainingLoop
+from engine.runtime.loop import Groups, Restored, StopAgreement, TrainingLoop
 from engine.runtime.stop import Stopped
 
 
@@ -22,10 +22,11 @@ class Recording:
     """An adapter that records what the loop asks of it."""
 
     global_batch = 32
-    lockstep = False
 
     def __init__(self, restored: Restored | None = None, stop_at: int | None = None,
-                 ctx: TaskContext | None = None) -> None:
+                 ctx: TaskContext | None = None, per_execution: int = 1, lockstep: bool = False) -> None:
+        self.per_execution = per_execution
+        self.lockstep = lockstep
         self.restored = restored
         self.stop_at = stop_at
         self.ctx = ctx
@@ -34,8 +35,10 @@ class Recording:
     def restore(self) -> Restored | None:
         return self.restored
 
-    def run_step(self, step: int) -> None:
+    def run_step(self, step: int, *, last: bool) -> None:
         self.calls.append(("step", step))
+        if last:
+            self.calls.append(("group", step))
         if self.stop_at == step and self.ctx is not None:
             self.ctx.stop.request()  # as the SIGTERM watcher does, while the step runs
 
@@ -77,6 +80,7 @@ def test_a_fresh_run_steps_reports_and_checkpoints_on_cadence(tmp_path: Path) ->
     adapter = Recording()
     summary = TrainingLoop(ctx, adapter).run()
     assert adapter.of("step") == list(range(1, 26))
+    assert adapter.of("group") == list(range(1, 26))  # one step per group
     assert adapter.of("forced") == [1, 25]
     assert adapter.of("save") == [10, 20, 25]  # the cadence, then the final checkpoint
     assert adapter.of("close") == [None]
@@ -126,6 +130,39 @@ def test_lockstep_tasks_agree_on_the_step_to_stop_after(tmp_path: Path) -> None:
     assert fresh.stop_after(False, 3) is None
     assert fresh.stop_after(True, 3) == 4
     assert StopAgreement(None).stop_after(True, 5) == 5  # alone: at once
+
+
+def test_groups_end_every_size_steps_and_at_every_cut() -> None:
+    groups = Groups(16, 100, cuts=(20,), every=30)
+    ends = sorted({groups.end_of(step) for step in range(1, 101)})
+    assert ends == [16, 20, 30, 46, 60, 76, 90, 100]
+    resumed = Groups(16, 100, cuts=(36,), every=30)  # a run resumed at step 30: groups count from there
+    assert sorted({resumed.end_of(step) for step in range(31, 101)}) == [36, 52, 60, 76, 90, 100]
+    assert sorted({Groups(1, 5).end_of(step) for step in range(1, 6)}) == [1, 2, 3, 4, 5]
+
+
+def test_the_loop_cuts_groups_at_warm_up_and_checkpoints(tmp_path: Path) -> None:
+    ctx, _ = context(tmp_path, steps=100, every=30)  # warm-up: 20 steps
+    adapter = Recording(per_execution=16)
+    TrainingLoop(ctx, adapter).run()
+    assert adapter.of("step") == list(range(1, 101))
+    assert adapter.of("group") == [16, 20, 30, 46, 60, 76, 90, 100]
+    assert adapter.of("save") == [30, 60, 90, 100]
+
+
+def test_a_lockstep_stop_mid_group_is_agreed_at_the_group_end(tmp_path: Path) -> None:
+    """Peers run a group as one function with collectives inside: a stop asked in the middle of a
+    group must let every task run that group whole, so the step agreed is the group's end."""
+    ctx, path = context(tmp_path, steps=1000, every=0)
+    adapter = Recording(stop_at=7, ctx=ctx, per_execution=4, lockstep=True)
+    with pytest.raises(Stopped) as stopped:
+        TrainingLoop(ctx, adapter).run()
+    assert adapter.of("step") == list(range(1, 9)) and adapter.of("group") == [4, 8]
+    assert stopped.value.step == 8 and adapter.of("save") == [8]
+    assert (tmp_path / "scratch" / "stop" / "step").read_text().strip() == "8"
+    peer = StopAgreement(tmp_path / "scratch" / "stop" / "step")
+    peer.since = 0  # the file is this run's
+    assert peer.stop_after(False, 5, 8) == 8
 
 
 def test_the_adapter_outlives_the_loop_until_the_task_exits(tmp_path: Path) -> None:

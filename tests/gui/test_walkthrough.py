@@ -219,8 +219,8 @@ def test_settings_offer_the_choices_that_work_in_the_mode(qtbot: Any, window: An
         assert any(p.field == "model.name" and "'model'" in p.message for p in window.controller.problems)
 
 
-def test_steps_per_execution_is_an_async_setting(qtbot: Any, window: Any,
-                                                monkeypatch: pytest.MonkeyPatch) -> None:
+def test_steps_per_execution_is_a_data_and_async_setting(qtbot: Any, window: Any,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     window.open_path(PRESETS / "async-1ps.yaml", ask=False)
     panel = window.settings_panel
     doc = window.controller.document
@@ -231,15 +231,18 @@ def test_steps_per_execution_is_an_async_setting(qtbot: Any, window: Any,
     qtbot.keyClicks(spin.lineEdit(), "4")
     qtbot.keyClick(spin.lineEdit(), Qt.Key.Key_Return)
     assert doc.config.training.steps_per_execution == 4
-    # a mode without groups of steps sets it back to 1 (whether or not the cluster is fixed) and hides it
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.No)
-    panel.choose_mode("data")
-    assert doc.config.parallelism.mode == "data" and doc.config.training.steps_per_execution == 1
+    panel.choose_mode("data")  # data mode groups steps too: kept, still shown
+    assert doc.config.parallelism.mode == "data" and doc.config.training.steps_per_execution == 4
+    assert spin.isVisibleTo(window)
+    # a mode without groups of steps sets it back to 1 (whether or not the cluster is fixed) and hides it
+    panel.choose_mode("model")
+    assert doc.config.parallelism.mode == "model" and doc.config.training.steps_per_execution == 1
     qtbot.waitUntil(lambda: not spin.isVisibleTo(window))
     assert "Steps per execution set back to 1 (was 4)" in window.statusBar().currentMessage()
     assert not [p for p in window.controller.problems if p.field == "training.steps_per_execution"]
     window.undo_action.trigger()  # Ctrl+Z
-    assert doc.config.parallelism.mode == "async" and doc.config.training.steps_per_execution == 4
+    assert doc.config.parallelism.mode == "data" and doc.config.training.steps_per_execution == 4
 
 
 def test_run_settings_fit_a_laptop_screen_in_model_mode(qtbot: Any, window: Any) -> None:
