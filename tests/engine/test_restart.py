@@ -36,8 +36,9 @@ Recorder = EventRecorder
 
 
 def test_two_worker_restart_resumes_every_replica_from_the_checkpoint(runs_root: Path) -> None:
+    # every step its own function, so that each step's loss can be compared before and after the restart
     cfg = small(config_mod.load(PRESETS / "data-2workers.yaml"), 260, checkpoint_every=100, restarts=1,
-                metrics_hz=1e6)
+                metrics_hz=1e6, steps_per_execution=1)
     run = Run(cfg, runs_root=runs_root)
     rec = Recorder()
     killed: dict[str, Any] = {}

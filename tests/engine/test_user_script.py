@@ -219,10 +219,12 @@ def test_example_script_trains_as_model_and_data_on_two_replicas(runs_root: Path
     cfg = datasets.absolute_paths(preset, ROOT)
     cfg = replace(cfg, training=replace(cfg.training, steps=30, metrics_hz=1e6))
     steps = _run(cfg, runs_root)  # Run.start checks the script first (engine.control.launcher.launch_problems)
-    by_replica = {r: [e["loss"] for e in steps if e["replica"] == r] for r in (0, 1)}
-    assert len(by_replica[0]) == len(by_replica[1]) == 30
+    assert cfg.training.steps_per_execution == 16  # as the preset ships it: groups cut at the warm-up's end (6)
+    for r in (0, 1):
+        assert [e["step"] for e in steps if e["replica"] == r] == [6, 22, 30]
+    by_replica = {r: [e["loss"] for e in steps if e["replica"] == r] for r in (0, 1)}  # each group's mean loss
     mean = [(a + b) / 2 for a, b in zip(by_replica[0], by_replica[1], strict=True)]
-    assert sum(mean[-5:]) < sum(mean[:5]), "the script's model learns the script's data"
+    assert mean[-1] < mean[0], "the script's model learns the script's data"
 
 
 @pytest.mark.cluster
