@@ -7,7 +7,9 @@ script per mode (no ClusterDeck import) and a ~10-line shell launcher that sets
 teacher, seed 42, 8,192 examples, shuffled and repeated) with the same strategy:
 
 - ``mwms_loop.py``: ``MultiWorkerMirroredStrategy``, a ``tf.function`` step around
-  ``strategy.run``, one fetch of the loss at the end (the data-parallel preset's loop);
+  ``strategy.run`` (or, given a second argument K, groups of K steps per function in a
+  ``tf.range`` loop, as Keras' ``steps_per_execution``), one fetch of the loss at the end (the
+  data-parallel preset's loop);
 - ``pss_chief.py`` + ``pss_server.py``: ``ParameterServerStrategy`` with a
   ``ClusterCoordinator``: every step ``schedule``d (or, given a second argument K, groups
   of K steps per scheduled function, as Keras' ``steps_per_execution``), one ``join`` and one
@@ -92,21 +94,44 @@ loss_obj = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reductio
 iterator = iter(strategy.distribute_datasets_from_function(dataset_fn))
 
 
+# steps per function (Keras' steps_per_execution); 1: every step its own call
+PER_EXECUTION = int(sys.argv[2]) if len(sys.argv) > 2 else 1
+
+
+def step_fn(x, y):
+    with tf.GradientTape() as tape:
+        loss = tf.nn.compute_average_loss(loss_obj(y, model(x, training=True)), global_batch_size=GLOBAL_BATCH)
+    grads = tape.gradient(loss, model.trainable_variables)
+    optimizer.apply_gradients(zip(grads, model.trainable_variables))
+    return loss
+
+
 @tf.function
 def train_step(it):
-    def step_fn(x, y):
-        with tf.GradientTape() as tape:
-            loss = tf.nn.compute_average_loss(loss_obj(y, model(x, training=True)), global_batch_size=GLOBAL_BATCH)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables))
-        return loss
     return strategy.run(step_fn, args=next(it))
+
+
+@tf.function
+def train_steps(it, n):  # PER_EXECUTION > 1: a group of steps per function
+    loss = strategy.run(step_fn, args=next(it))
+    for _ in tf.range(n - 1):
+        loss = strategy.run(step_fn, args=next(it))
+    return loss
 
 
 stamp("built")
 window_start = None
-for step in range(1, STEPS + 1):
-    loss = train_step(iterator)
+# a group never spans the steps measured at (the first, the end of the warm-up with a summary)
+marks = sorted({STEPS, 1} | ({WARM} if SUMMARY else set()))
+counts = {}
+step = 0
+while step < STEPS:
+    n = min(PER_EXECUTION, next(m for m in marks if m > step) - step)
+    if PER_EXECUTION == 1:
+        loss = train_step(iterator)
+    else:
+        loss = train_steps(iterator, counts.setdefault(n, tf.constant(n)))
+    step += n
     if step == 1:
         strategy.reduce("SUM", loss, axis=None).numpy()
         stamp("first_step")
@@ -298,14 +323,15 @@ if os.environ.get("CD_BENCH_PLAIN_EXIT") != "1":
     os._exit(0)  # as ClusterDeck's tasks do
 '''
 
-#: The data-parallel launch: two workers, TF_CONFIG by hand. Arguments: STEPS PORT0 PORT1.
+#: The data-parallel launch: two workers, TF_CONFIG by hand.
+#: Arguments: STEPS PORT0 PORT1 [STEPS_PER_FUNCTION, default 1].
 LAUNCH_DATA = r'''#!/bin/sh
 # Two local workers of one MultiWorkerMirroredStrategy loop; TF_CONFIG written by hand.
-# usage: launch_data.sh STEPS PORT0 PORT1
+# usage: launch_data.sh STEPS PORT0 PORT1 [STEPS_PER_FUNCTION]
 CLUSTER="{\"worker\": [\"127.0.0.1:$2\", \"127.0.0.1:$3\"]}"
-TF_CONFIG="{\"cluster\": $CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 0}}" "$PYTHON" mwms_loop.py "$1" &
+TF_CONFIG="{\"cluster\": $CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 0}}" "$PYTHON" mwms_loop.py "$1" "${4:-1}" &
 W0=$!
-TF_CONFIG="{\"cluster\": $CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 1}}" "$PYTHON" mwms_loop.py "$1" &
+TF_CONFIG="{\"cluster\": $CLUSTER, \"task\": {\"type\": \"worker\", \"index\": 1}}" "$PYTHON" mwms_loop.py "$1" "${4:-1}" &
 W1=$!
 wait $W0; A=$?
 wait $W1; B=$?
