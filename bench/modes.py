@@ -8,7 +8,7 @@ step):
 - *data* (preset ``data-2workers``: 2 workers, ``MultiWorkerMirroredStrategy``): ClusterDeck
   (:class:`engine.control.launcher.Run`: supervisor, events, device sampling, summaries) against
   the runtime's own loop without telemetry (``python -m engine.runtime.task --bare``, one per
-  task with the same ``TF_CONFIG``);
+  task with the same ``TF_CONFIG``; the same steps per function as the preset);
 - *async* (preset ``async-1ps``: chief + 2 workers + 1 ps, ``ParameterServerStrategy``):
   ClusterDeck against the hand-written ``ParameterServerStrategy`` loop of
   ``bench/_handwritten.py`` grouping its steps as the preset does (``steps_per_execution`` steps
@@ -210,8 +210,11 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         "",
         "Settings of each side. *Bare*: no events, no files, no supervisor; one sync at the end of the warm-up "
         "and one at the end. *ClusterDeck*: a `step` event per replica (async: per worker) at most "
-        f"{cfg.training.metrics_hz:g} Hz, each report fetching the losses (a sync of the loop; async: groups of "
-        f"{per_execution} steps per scheduled function on both sides, every group waited for oldest first from a window of 4 groups per worker, the figures of about one per worker and report interval copied); events written by each task to its "
+        f"{cfg.training.metrics_hz:g} Hz, each report reading the losses (data: groups of "
+        f"{cfg.training.steps_per_execution} steps per function on both sides, a report reads the last group's mean "
+        f"losses; async: groups of {per_execution} steps per scheduled function on both sides, every group waited "
+        "for oldest first from a window of 4 groups per worker, the figures of about one per worker and report "
+        "interval copied); events written by each task to its "
         "`events.jsonl` (one write per event) and its pipe, relayed by the supervisor and written again by the "
         "launcher; TensorBoard summaries on a background thread (at most 2 points per second per replica, `flush_millis` 2000); a `device` event per task "
         "every 0.5 s from the supervisor (psutil) and, in the task, TensorFlow's allocator figures at most every "

@@ -40,7 +40,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
-from engine.contract.config import TRAINER_ROLES
+from engine.contract.config import STEPS_PER_EXECUTION_MODES, TRAINER_ROLES
 from engine.contract.plan import primary_roles
 
 if TYPE_CHECKING:
@@ -279,7 +279,7 @@ class Lifecycle:
         self.mode = mode
         self.restarts_allowed = restarts_allowed
         self.progress_timeout_s = progress_timeout_s
-        self.steps_per_execution = steps_per_execution  # async: a step report comes per group of this many
+        self.steps_per_execution = steps_per_execution  # data and async: a step report comes per group of this many
         self.primaries = primary_roles(mode)
         self.tasks: dict[str, _Task] = {t.name: _Task(t) for t in tasks}
         self.phase = RunPhase.STARTING
@@ -484,8 +484,9 @@ class Lifecycle:
             why = f"hung: no progress for {limit:g} s (training.progress_timeout_s)"
             if task.last_step >= 0:
                 why += f", last step {task.last_step}"
-            if self.mode == "async" and self.steps_per_execution > 1:
-                why += (f"; a worker reports once per {self.steps_per_execution} steps (training.steps_per_execution):"
+            if self.mode in STEPS_PER_EXECUTION_MODES and self.steps_per_execution > 1:
+                who = "a worker" if self.mode == "async" else "a task"
+                why += (f"; {who} reports once per {self.steps_per_execution} steps (training.steps_per_execution):"
                         " where so many steps take longer, lower it or raise the timeout")
         if task.cpu:
             why += f"; it used {task.recent_cpu:.0f}% CPU meanwhile"

@@ -158,7 +158,8 @@ class MirroredAdapter:
             self._run_group()
 
     def _run_group(self) -> None:
-        n = self.pending
+        # taken before the function runs: a group that raises (a peer gone) is not run again by a stop's settle
+        n, self.pending = self.pending, 0
         if not n:
             return
         if self.per_execution == 1:
@@ -168,7 +169,6 @@ class MirroredAdapter:
             if count is None:
                 count = self.counts[n] = tf.constant(n, tf.int64)
             self.result = self.train_steps(self.iterator, count)
-        self.pending = 0
         self.unreported += n
 
     def _local_results(self) -> list[tuple[float, float]]:

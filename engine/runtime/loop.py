@@ -107,12 +107,16 @@ class TrainingLoop:
         delay = _test_step_delay(ctx.task)
         agreement = StopAgreement(RunFolder(ctx.run_dir).scratch("stop") / "step" if adapter.lockstep else None)
         groups = Groups(adapter.per_execution, total, cuts=(warm_until,), every=every)
+        target: int | None = None
         t0 = time.perf_counter()
         try:
             for step in range(start + 1, total + 1):
                 end = groups.end_of(step)
-                # a stop is agreed at the end of a group: one the peers run whole, as this task does
-                target = agreement.stop_after(ctx.stop.requested, step - 1, end)
+                # a stop is agreed at the end of a group: one the peers run whole, as this task does. A peer's
+                # proposal is read where a group starts (it cannot be one this task has begun: the proposer
+                # writes it before it runs that group, which this task cannot finish without it)
+                if step == groups.first or ctx.stop.requested:
+                    target = agreement.stop_after(ctx.stop.requested, step - 1, end)
                 if target is not None and step - 1 >= target:
                     break
                 if delay:

@@ -239,3 +239,15 @@ def test_events_of_every_kind_pass_the_real_decoder() -> None:
                                              ("worker:10: x", "worker:10: x")])
 def test_without_name(reason: str, expected: str) -> None:
     assert lc.without_name("worker:1", reason) == expected
+
+
+def test_a_hung_data_task_of_grouped_steps_is_told_what_to_change() -> None:
+    policy = started(progress_timeout_s=10.0, steps_per_execution=16)
+    feed(policy, [step("worker:0", 16), step("worker:1", 16)], now=1.0)
+    (action,) = policy.feed(lc.Tick(), 11.5)
+    assert isinstance(action, lc.StopRun)
+    assert "a task reports once per 16 steps (training.steps_per_execution)" in action.outcome.reason
+    single = started(progress_timeout_s=10.0)
+    feed(single, [step("worker:0", 1), step("worker:1", 1)], now=1.0)
+    (action,) = single.feed(lc.Tick(), 11.5)
+    assert "steps_per_execution" not in action.outcome.reason

@@ -154,7 +154,7 @@ def test_a_lockstep_stop_mid_group_is_agreed_at_the_group_end(tmp_path: Path) ->
     """Peers run a group as one function with collectives inside: a stop asked in the middle of a
     group must let every task run that group whole, so the step agreed is the group's end."""
     ctx, path = context(tmp_path, steps=1000, every=0)
-    adapter = Recording(stop_at=7, ctx=ctx, per_execution=4, lockstep=True)
+    adapter = Recording(stop_at=5, ctx=ctx, per_execution=4, lockstep=True)  # asked in the group 5..8
     with pytest.raises(Stopped) as stopped:
         TrainingLoop(ctx, adapter).run()
     assert adapter.of("step") == list(range(1, 9)) and adapter.of("group") == [4, 8]
@@ -181,3 +181,23 @@ def test_the_adapter_outlives_the_loop_until_the_task_exits(tmp_path: Path) -> N
     ctx.kept.clear()
     gc.collect()
     assert alive() is None  # nothing else holds it: the context is what keeps it
+
+
+def test_a_group_report_counts_every_step_of_the_group(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Step time and throughput of a group of 8 steps: its time over 8 steps, not over one."""
+    from engine.runtime import context as context_mod
+
+    now = [100.0]
+    monkeypatch.setattr(context_mod.time, "perf_counter", lambda: now[0])
+    path = tmp_path / "events.jsonl"
+    emitter = Emitter("worker:0", path)
+    reporter = context_mod.StepReporter(emitter, [0], per_replica_batch=64, hz=1e6)
+    now[0] = 100.8
+    reporter.step_done(8, lambda: [(1.5, 0.02)], steps=8)
+    now[0] = 101.0
+    reporter.step_done(12, lambda: [(1.25, 0.01)], steps=4)
+    emitter.close()
+    first, second = [e for e in events.read_file(path) if e["kind"] == "step"]
+    assert first["step"] == 8 and first["loss"] == 1.5 and first["sync_wait"] == 0.02
+    assert first["step_time"] == pytest.approx(0.1) and first["examples_per_sec"] == pytest.approx(640)
+    assert second["step"] == 12 and second["step_time"] == pytest.approx(0.05)
