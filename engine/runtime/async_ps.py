@@ -412,7 +412,6 @@ class CoordinatorAdapter:
         self.train_step, self.sampled_step = train_step, sampled_step
         self.train_steps, self.sampled_steps = train_steps, sampled_steps
         self.per_execution = per_execution
-        self.counts: dict[int, tf.Tensor] = {}  # a group's size as the tensor its function is given
         self.pending = 0  # steps run_step was given and not yet scheduled (the loop says where a group ends)
         self.pending_step = 0  # the last of them
         self.reporter = WorkerReporter(ctx, per_worker_batch, config.total_steps(), config.training.metrics_hz)
@@ -488,10 +487,7 @@ class CoordinatorAdapter:
                 args: tuple[Any, ...] = (self.iterator,)
                 fn = self.sampled_step if sample else self.train_step
             else:
-                count = self.counts.get(n)
-                if count is None:
-                    count = self.counts[n] = tf.constant(n, tf.int64)
-                args = (self.iterator, count)
+                args = (self.iterator, tf.constant(n, tf.int64))
                 fn = self.sampled_steps if sample else self.train_steps
             remote = self.coordinator.schedule(fn, args=args)
         except BaseException:

@@ -128,7 +128,6 @@ class MirroredAdapter:
 
         self.train_step, self.train_steps = train_step, train_steps
         self.per_execution = config.training.steps_per_execution
-        self.counts: dict[int, tf.Tensor] = {}  # a group's size as the tensor its function is given
         self.pending = 0  # steps taken and not run yet (the loop says where a group ends)
         self.unreported = 0  # steps run and not yet counted by the reporter
         self.forced = False  # a step taken since the last report asked to be reported at once
@@ -165,10 +164,7 @@ class MirroredAdapter:
         if self.per_execution == 1:
             self.result = self.train_step(self.iterator)
         else:
-            count = self.counts.get(n)
-            if count is None:
-                count = self.counts[n] = tf.constant(n, tf.int64)
-            self.result = self.train_steps(self.iterator, count)
+            self.result = self.train_steps(self.iterator, tf.constant(n, tf.int64))
         self.unreported += n
 
     def _local_results(self) -> list[tuple[float, float]]:
@@ -196,8 +192,7 @@ class MirroredAdapter:
     def flush(self, step: int) -> None:
         self._run_group()
         if self.unreported:
-            steps, self.unreported, self.forced = self.unreported, 0, False
-            self.reporter.step_done(step, self._local_results, force=True, steps=steps)
+            self.report(step, force=True)
         elif self.result is not None:
             self.reporter.flush(step, self._local_results)
 

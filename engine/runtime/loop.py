@@ -12,10 +12,11 @@ where checkpoints go.
 Steps run in groups of ``training.steps_per_execution`` (Keras' name: one function runs a group of
 steps in a ``tf.range`` loop, so the Python dispatch of a step is paid once per group). The loop
 alone decides where a group ends (:class:`Groups`): after that many steps, and wherever it needs
-every step so far done (the end of the warm-up, a checkpoint, the last step, an agreed stop), so
-that tasks stepping in lock-step cut the same groups and run the same collectives. The adapters are :mod:`engine.runtime.data_parallel` (Mirrored and
-MultiWorkerMirrored), :mod:`engine.runtime.async_ps` (ParameterServerStrategy) and
-:mod:`engine.runtime.model_parallel` (DTensor).
+every step so far done (the end of the warm-up, a checkpoint, the last step), so that tasks stepping
+in lock-step cut the same groups and run the same collectives; they agree to stop at a group's end.
+
+The adapters are :mod:`engine.runtime.data_parallel` (Mirrored and MultiWorkerMirrored),
+:mod:`engine.runtime.async_ps` (ParameterServerStrategy) and :mod:`engine.runtime.model_parallel` (DTensor).
 """
 
 from __future__ import annotations
@@ -121,7 +122,7 @@ class TrainingLoop:
                     break
                 if delay:
                     time.sleep(delay)
-                adapter.run_step(step, last=step == end or step == target)
+                adapter.run_step(step, last=step == end)
                 if step == warm_until:
                     adapter.settle()
                     window_start = time.perf_counter()
@@ -184,7 +185,7 @@ class Groups:
 
     def end_of(self, step: int) -> int:
         """The last step of the group ``step`` is in (steps are asked in order, from the run's first)."""
-        if step > self.end or not self.first:
+        if step > self.end:
             self.first = step
             end = min(step + self.size - 1, self.total)
             if self.every:
