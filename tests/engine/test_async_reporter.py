@@ -66,3 +66,55 @@ def test_figures_are_kept_per_worker(tmp_path: Path) -> None:
     assert w0["step_time"] == pytest.approx(0.2) and w1["step_time"] == pytest.approx(0.5)
     assert w0["loss"] == 1.0 and w1["loss"] == 2.0
     assert [e for e in seen if e["kind"] == "progress"][-1]["completed"] == 4
+
+
+# -- the chief waits for its servers before it connects
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_the_chief_waits_until_every_server_accepts_then_returns_at_once() -> None:
+    import socket
+    import threading
+    import time
+
+    port = _free_port()
+    listener = socket.socket()
+    listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+
+    def serve_later() -> None:
+        time.sleep(0.3)
+        listener.bind(("127.0.0.1", port))
+        listener.listen()
+
+    thread = threading.Thread(target=serve_later)
+    start = time.monotonic()
+    thread.start()
+    try:
+        missing = async_ps.wait_for_servers({"worker:0": f"127.0.0.1:{port}"}, timeout_s=20, poll_s=0.01)
+        waited = time.monotonic() - start
+    finally:
+        thread.join()
+        listener.close()
+    assert missing == []
+    assert 0.25 <= waited < 5  # it waited for the server, and not for a reconnect backoff after it
+
+
+def test_a_server_that_never_comes_is_named_and_said_once(tmp_path: Path) -> None:
+    said: list[str] = []
+    port = _free_port()  # nothing listens there
+    missing = async_ps.wait_for_servers({"ps:0": f"127.0.0.1:{port}"}, timeout_s=0.3, poll_s=0.01,
+                                        say=said.append, say_after_s=0.05)
+    assert missing == ["ps:0"]
+    assert said == [f"waiting for ps:0 at 127.0.0.1:{port} to serve"]
+
+
+def test_server_addresses_name_workers_and_ps_only() -> None:
+    spec = {"chief": ["a:1"], "worker": ["b:2", "c:3"], "ps": ["d:4"], "evaluator": ["e:5"]}
+    assert async_ps.server_addresses(spec) == {"worker:0": "b:2", "worker:1": "c:3", "ps:0": "d:4"}
