@@ -18,7 +18,7 @@ if str(ROOT) not in sys.path:
 DOC = ROOT / "docs" / "benchmarks.md"
 
 #: Order of the sections in docs/benchmarks.md (one or two per benchmark script).
-SECTIONS = ("telemetry_overhead", "whole_run", "whole_run_profile", "modes", "live_latency", "gui_scale",
+SECTIONS = ("telemetry_overhead", "whole_run", "whole_run_profile", "modes", "step_cpu", "live_latency", "gui_scale",
             "gui_scale_large", "ingest", "scale_design", "startup_stop", "stop_storm", "gpu_check", "profiles")
 
 _HEADER = """# Benchmarks

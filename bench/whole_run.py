@@ -350,7 +350,9 @@ class CpuSampler:
                 try:
                     with p.oneshot():
                         times = p.cpu_times()
-                        label = classify(p.cmdline())
+                        known = self.last.get(p.pid)
+                        # a process keeps its first name: one that has exited (a zombie) reads as nameless
+                        label = known[0] if known else classify(p.cmdline())
                     self.last[p.pid] = (label, times.user + times.system)
                 except psutil.Error:
                     continue
