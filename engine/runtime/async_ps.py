@@ -47,7 +47,6 @@ import contextlib
 import os
 import re
 import shutil
-import socket
 import time
 from collections import deque
 from collections.abc import Iterator
@@ -61,7 +60,7 @@ from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
-from engine.runtime import models, tf_compat
+from engine.runtime import models, servers, tf_compat
 from engine.runtime.context import TaskContext
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
@@ -73,12 +72,6 @@ WINDOW_PER_WORKER = 4
 SAMPLES_PER_REPORT = 1
 #: Seconds a worker or ps task keeps serving after SIGTERM (the chief's last steps and checkpoint).
 SERVER_STOP_DELAY_S = 1.5
-#: Seconds the chief waits for the servers' ports to accept connections before it connects (then it
-#: connects anyway, and TensorFlow's own wait and errors take over), and how often it looks.
-SERVERS_WAIT_S = 120.0
-SERVERS_POLL_S = 0.02
-#: After this many seconds of waiting the chief says which servers it is waiting for.
-SERVERS_SAY_AFTER_S = 5.0
 
 
 # --------------------------------------------------------------------------- servers
@@ -98,43 +91,6 @@ def serve(ctx: TaskContext) -> dict[str, Any]:
     ctx.emitter.status("running", target=server.target)
     server.join()  # never returns: the launcher stops this process when the run ends
     return {}
-
-
-def wait_for_servers(addresses: dict[str, str], *, timeout_s: float = SERVERS_WAIT_S,
-                     poll_s: float = SERVERS_POLL_S, say: Any = None, say_after_s: float = SERVERS_SAY_AFTER_S) -> list[str]:
-    """Wait until every server (``{"worker:0": "host:port", ...}``) accepts a TCP connection; the
-    tasks still not accepting after ``timeout_s`` seconds (none: all are up).
-
-    The chief connects to every worker and ps when it creates the strategy. A server not up yet
-    fails gRPC's first attempt, and gRPC tries again only after its reconnect backoff (a second or
-    more): measured, 0.6-0.9 s of every async start on a machine whose tasks all import TensorFlow
-    at once. Looking at the ports first costs a few milliseconds. ``say(message)`` is called once
-    if the wait lasts ``say_after_s`` seconds, naming what is missing.
-    """
-    start = time.monotonic()
-    missing = dict(addresses)
-    said = False
-    while missing:
-        for task, address in list(missing.items()):
-            host, _, port = address.rpartition(":")
-            try:
-                with socket.create_connection((host.strip("[]"), int(port)), timeout=max(poll_s, 0.2)):
-                    del missing[task]
-            except (OSError, ValueError):
-                pass
-        waited = time.monotonic() - start
-        if not missing or waited >= timeout_s:
-            break
-        if say is not None and not said and waited >= say_after_s:
-            said = True
-            say("waiting for " + ", ".join(f"{t} at {a}" for t, a in sorted(missing.items())) + " to serve")
-        time.sleep(poll_s)
-    return sorted(missing)
-
-
-def server_addresses(cluster_spec: dict[str, list[str]]) -> dict[str, str]:
-    """The workers' and ps tasks' addresses of a cluster spec: ``{"worker:0": "host:port", ...}``."""
-    return {f"{job}:{i}": address for job in ("worker", "ps") for i, address in enumerate(cluster_spec.get(job, ()))}
 
 
 # --------------------------------------------------------------------------- sharding
@@ -385,7 +341,8 @@ class CoordinatorAdapter:
         num_ps = len(config.cluster.tasks_of("ps"))
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         # every server up before the strategy connects: no server is first tried too early (gRPC's backoff)
-        wait_for_servers(server_addresses(resolver.cluster_spec().as_dict()), say=ctx.emitter.info)
+        servers.wait_for_servers(servers.addresses_of(resolver.cluster_spec().as_dict(), ("worker", "ps")),
+                                 say=ctx.emitter.info)
         partitioner = SelectivePartitioner(make_partitioner(config))
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         coordinator = self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)

@@ -25,7 +25,7 @@ import tensorflow as tf
 from engine.contract.config import TRAINER_ROLES, RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
-from engine.runtime import models, tf_compat
+from engine.runtime import models, servers, tf_compat
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
@@ -52,6 +52,13 @@ def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strateg
                              f"worker ({exc})")
     timeout = ctx.config.parallelism.collective_timeout_s
     options = tf.distribute.experimental.CommunicationOptions(timeout_seconds=timeout if timeout > 0 else None)
+    # a worker registers with the coordination leader as it creates the strategy: the leader's server up
+    # first, or the first attempt fails and gRPC's reconnect backoff is waited for (engine.runtime.servers)
+    spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().as_dict()
+    leader = servers.coordination_leader(spec)
+    if leader != ctx.task:
+        servers.wait_for_servers({leader: servers.addresses_of(spec, (leader.split(":")[0],))[leader]},
+                                 say=ctx.emitter.info)
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
