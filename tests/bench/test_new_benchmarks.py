@@ -1,4 +1,4 @@
-"""The method's statistics, and smoke runs of the whole-run, modes, ingest, GPU and large-app benchmarks.
+"""The method's statistics, and smoke runs of the whole-run, step-CPU, modes, ingest, GPU and large-app benchmarks.
 
 Smoke runs prove the scripts work end to end; their figures mean nothing.
 """
@@ -112,6 +112,16 @@ def test_whole_run_against_the_hand_written_launch(tmp_path: Path) -> None:
     out, doc = run_bench("whole_run", tmp_path, "--modes", "data", "--steps", "30")
     assert "wall ratio" in out and "CPU ratio" in out
     assert "TF_CONFIG=" in doc and "Whole-run cost" in doc
+
+
+@pytest.mark.cluster
+def test_cpu_per_training_step_by_process(tmp_path: Path) -> None:
+    out, doc = run_bench("step_cpu", tmp_path, "--modes", "data", "--steps", "100")
+    assert "task side, CPU per report: event" in out
+    assert "data: CPU per step, clusterdeck / hand-written grouped" in out
+    # both sides' workers were found and measured over their training phase
+    assert "task: worker" in out
+    assert "Where the CPU of a training step goes" in doc and "| event + TensorBoard point |" in doc
 
 
 @pytest.mark.cluster
