@@ -27,7 +27,6 @@ steps per second over the same window is given for reference.
 from __future__ import annotations
 
 import argparse
-import bisect
 import json
 import os
 import shutil
@@ -42,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import add_doc_flags, machine_line, median, want_doc, write_section  # noqa: E402
 from _stats import MIN_ROUNDS, paired_ratio, rotated, rounds_note  # noqa: E402
-from whole_run import GROUPED, MODES, PRESETS, Bench, classify, stamps_of  # noqa: E402
+from whole_run import GROUPED, MODES, PRESETS, Bench, CpuSampler, classify, stamps_of  # noqa: E402
 
 from engine.contract import events as events_mod  # noqa: E402
 
@@ -69,72 +68,6 @@ def label_of(proc: Any) -> str:
     return f"task: {task.split(':')[0]}" if task else label
 
 
-class CpuSeries:
-    """The CPU time (user + system) of every process of a tree, sampled every ``interval`` s with
-    its time; a process keeps the first label it was given (a process that has exited reads as
-    nameless)."""
-
-    def __init__(self, interval: float = 0.05) -> None:
-        self.interval = interval
-        self.series: dict[int, tuple[str, list[float], list[float]]] = {}  # pid -> (label, times, cpu)
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-
-    def start(self, pid: int) -> None:
-        self._thread = threading.Thread(target=self._loop, args=(pid,), daemon=True)
-        self._thread.start()
-
-    def _loop(self, pid: int) -> None:
-        import psutil
-
-        try:
-            root = psutil.Process(pid)
-        except psutil.Error:
-            return
-        while not self._stop.is_set():
-            try:
-                procs = [root, *root.children(recursive=True)]
-            except psutil.Error:
-                procs = []
-            for p in procs:
-                try:
-                    with p.oneshot():
-                        times = p.cpu_times()
-                        entry = self.series.get(p.pid)
-                        if entry is None:
-                            entry = self.series[p.pid] = (label_of(p), [], [])
-                    entry[1].append(time.time())
-                    entry[2].append(times.user + times.system)
-                except psutil.Error:
-                    continue
-            self._stop.wait(self.interval)
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def between(self, t0: float, t1: float) -> dict[str, float]:
-        """CPU seconds each kind of process spent between ``t0`` and ``t1``."""
-        out: dict[str, float] = {}
-        for label, ts, cpu in self.series.values():
-            if not ts or ts[-1] < t0 or ts[0] > t1:
-                continue
-            out[label] = out.get(label, 0.0) + _at(ts, cpu, t1) - _at(ts, cpu, t0)
-        return out
-
-
-def _at(ts: list[float], values: list[float], t: float) -> float:
-    """``values`` at time ``t``, linearly between samples (the first or last sample outside them)."""
-    i = bisect.bisect_left(ts, t)
-    if i == 0:
-        return values[0]
-    if i == len(ts):
-        return values[-1]
-    a, b = ts[i - 1], ts[i]
-    return values[i - 1] + (values[i] - values[i - 1]) * ((t - a) / (b - a) if b > a else 1.0)
-
-
 def cd_window(run_dir: str, mode: str) -> tuple[float, float, int]:
     """(first, last, steps between) of a ClusterDeck run's training, from its events."""
     evs = events_mod.read_file(Path(run_dir) / "events.jsonl")
@@ -159,7 +92,7 @@ def hand_window(err_text: str, steps: int) -> tuple[float, float, int]:
 
 
 def measure(bench: Bench, side: str, mode: str, steps: int) -> dict[str, Any]:
-    series = CpuSeries()
+    series = CpuSampler(label=label_of)
     env = dict(bench.env, CD_BENCH_STAMPS="1")
     try:
         sample = bench.run(side, mode, steps, env=env, watch=series.start)

@@ -33,6 +33,7 @@ cProfile of the CLI process and the start-up costs measured alone.
 from __future__ import annotations
 
 import argparse
+import bisect
 import os
 import re
 import shutil
@@ -320,25 +321,26 @@ def doc_section(results: list[dict[str, Any]], rounds: int, steps_list: list[int
 
 
 class CpuSampler:
-    """Samples the CPU time of a process tree every ``interval`` s; keeps the last figure of every pid."""
+    """Samples the CPU time (user + system) of every process of a tree every ``interval`` s, with the
+    time of each sample. A process keeps the first label ``label(process)`` gave it (one that has
+    exited, a zombie, reads as nameless); the default label is :func:`classify`'s."""
 
-    def __init__(self, interval: float = 0.05) -> None:
+    def __init__(self, interval: float = 0.05, label: Any = None) -> None:
         self.interval = interval
-        self.last: dict[int, tuple[str, float]] = {}
+        self.label = label or (lambda proc: classify(proc.cmdline()))
+        self.series: dict[int, tuple[str, list[float], list[float]]] = {}  # pid -> (label, times, CPU seconds)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.root = 0
 
     def start(self, pid: int) -> None:
-        self.root = pid
-        self._thread = threading.Thread(target=self._loop, daemon=True)
+        self._thread = threading.Thread(target=self._loop, args=(pid,), daemon=True)
         self._thread.start()
 
-    def _loop(self) -> None:
+    def _loop(self, pid: int) -> None:
         import psutil
 
         try:
-            root = psutil.Process(self.root)
+            root = psutil.Process(pid)
         except psutil.Error:
             return
         while not self._stop.is_set():
@@ -350,22 +352,45 @@ class CpuSampler:
                 try:
                     with p.oneshot():
                         times = p.cpu_times()
-                        known = self.last.get(p.pid)
-                        # a process keeps its first name: one that has exited (a zombie) reads as nameless
-                        label = known[0] if known else classify(p.cmdline())
-                    self.last[p.pid] = (label, times.user + times.system)
+                        entry = self.series.get(p.pid)
+                        if entry is None:
+                            entry = self.series[p.pid] = (self.label(p), [], [])
+                    entry[1].append(time.time())
+                    entry[2].append(times.user + times.system)
                 except psutil.Error:
                     continue
             self._stop.wait(self.interval)
 
     def stop(self) -> dict[str, float]:
+        """Stop sampling; the last CPU seconds seen of each kind of process."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         out: dict[str, float] = {}
-        for label, cpu in self.last.values():
-            out[label] = out.get(label, 0.0) + cpu
+        for label, _, cpu in self.series.values():
+            if cpu:
+                out[label] = out.get(label, 0.0) + cpu[-1]
         return out
+
+    def between(self, t0: float, t1: float) -> dict[str, float]:
+        """CPU seconds each kind of process spent between ``t0`` and ``t1`` (linear between samples)."""
+        out: dict[str, float] = {}
+        for label, ts, cpu in self.series.values():
+            if not ts or ts[-1] < t0 or ts[0] > t1:
+                continue
+            out[label] = out.get(label, 0.0) + _at(ts, cpu, t1) - _at(ts, cpu, t0)
+        return out
+
+
+def _at(ts: list[float], values: list[float], t: float) -> float:
+    """``values`` at time ``t``, linearly between samples (the first or last sample outside them)."""
+    i = bisect.bisect_left(ts, t)
+    if i == 0:
+        return values[0]
+    if i == len(ts):
+        return values[-1]
+    a, b = ts[i - 1], ts[i]
+    return values[i - 1] + (values[i] - values[i - 1]) * ((t - a) / (b - a) if b > a else 1.0)
 
 
 def classify(cmdline: list[str]) -> str:
