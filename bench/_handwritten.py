@@ -233,6 +233,10 @@ while step < STEPS:
     if step == 1 and STAMPS:
         result.fetch()
         stamp("first_step")
+    elif n > 1 and STAMPS and step - n == 1:
+        # the first group traced train_steps: a window that starts here has every function traced
+        result.fetch()
+        stamp(f"grouped_{step}")
     if SUMMARY and step == WARM:
         result.fetch()
         window_start = time.perf_counter()

@@ -80,14 +80,22 @@ def cd_window(run_dir: str, mode: str) -> tuple[float, float, int]:
         raise SystemExit(f"clusterdeck {mode}: too few step events to measure ({len(points)})")
     first = min(points, key=lambda p: (p[0], p[1]))
     last = max(points, key=lambda p: (p[1], p[0]))
-    first_step = min(s for t, s in points if t <= first[0])
-    return first[0], last[0], last[1] - first_step
+    if last[0] <= first[0] or last[1] <= first[1]:
+        raise SystemExit(f"clusterdeck {mode}: its step events span no time")
+    return first[0], last[0], last[1] - first[1]
 
 
 def hand_window(err_text: str, steps: int) -> tuple[float, float, int]:
+    """(first, last, steps between) of a hand-written launch's training, from its stamps: from its first
+    step, or where it has run its first group (``grouped_N``, the async chief: its step 1 runs alone, so
+    the group function is traced in the first group, as ClusterDeck's are before its first progress event)."""
     stamps = stamps_of(err_text)
     if not stamps.get("first_step") or not stamps.get("last_step"):
         raise SystemExit("the hand-written launch printed no step stamps")
+    grouped = sorted((int(name.split("_")[1]), min(ts)) for name, ts in stamps.items() if name.startswith("grouped_"))
+    if grouped:
+        step, t = grouped[0]
+        return t, max(stamps["last_step"]), steps - step
     return min(stamps["first_step"]), max(stamps["last_step"]), steps - 1
 
 
@@ -128,6 +136,7 @@ def report_costs(reports: int = 2000) -> dict[str, float]:
     def drain() -> None:
         while os.read(read_end, 1 << 16):
             pass
+        os.close(read_end)
 
     threading.Thread(target=drain, daemon=True).start()
     result = [tf.constant([1.5], tf.float64), tf.constant([0.01], tf.float64)]
@@ -162,7 +171,7 @@ def report_costs(reports: int = 2000) -> dict[str, float]:
         return {"event": event, "event + TensorBoard point": per_report("summaries", True, False),
                 "event + allocator figures": per_report("memory", False, True)}
     finally:
-        os.close(write_end)
+        os.close(write_end)  # the drain thread reads its end, then closes it
         shutil.rmtree(folder, ignore_errors=True)
 
 

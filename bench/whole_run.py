@@ -322,13 +322,14 @@ def doc_section(results: list[dict[str, Any]], rounds: int, steps_list: list[int
 
 class CpuSampler:
     """Samples the CPU time (user + system) of every process of a tree every ``interval`` s, with the
-    time of each sample. A process keeps the first label ``label(process)`` gave it (one that has
-    exited, a zombie, reads as nameless); the default label is :func:`classify`'s."""
+    time of each sample. A process is named ``label(process)`` at each sample while it has a command
+    line (one exiting, or a zombie, reads as nameless: it keeps its last name); the default label is
+    :func:`classify`'s."""
 
     def __init__(self, interval: float = 0.05, label: Any = None) -> None:
         self.interval = interval
         self.label = label or (lambda proc: classify(proc.cmdline()))
-        self.series: dict[int, tuple[str, list[float], list[float]]] = {}  # pid -> (label, times, CPU seconds)
+        self.series: dict[int, list[Any]] = {}  # pid -> [label, times, CPU seconds]
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -354,7 +355,9 @@ class CpuSampler:
                         times = p.cpu_times()
                         entry = self.series.get(p.pid)
                         if entry is None:
-                            entry = self.series[p.pid] = (self.label(p), [], [])
+                            entry = self.series[p.pid] = [self.label(p), [], []]
+                        elif p.status() != psutil.STATUS_ZOMBIE and p.cmdline():
+                            entry[0] = self.label(p)  # one caught before its exec is named again after it
                     entry[1].append(time.time())
                     entry[2].append(times.user + times.system)
                 except psutil.Error:

@@ -341,8 +341,7 @@ class CoordinatorAdapter:
         num_ps = len(config.cluster.tasks_of("ps"))
         resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
         # every server up before the strategy connects: no server is first tried too early (gRPC's backoff)
-        servers.wait_for_servers(servers.addresses_of(resolver.cluster_spec().as_dict(), ("worker", "ps")),
-                                 say=ctx.emitter.info)
+        servers.await_before_connecting(ctx, servers.addresses_of(resolver.cluster_spec().as_dict(), ("worker", "ps")))
         partitioner = SelectivePartitioner(make_partitioner(config))
         strategy = tf.distribute.experimental.ParameterServerStrategy(resolver, variable_partitioner=partitioner)
         coordinator = self.coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)

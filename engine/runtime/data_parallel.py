@@ -55,10 +55,7 @@ def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strateg
     # a worker registers with the coordination leader as it creates the strategy: the leader's server up
     # first, or the first attempt fails and gRPC's reconnect backoff is waited for (engine.runtime.servers)
     spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().as_dict()
-    leader = servers.coordination_leader(spec)
-    if leader != ctx.task:
-        servers.wait_for_servers({leader: servers.addresses_of(spec, (leader.split(":")[0],))[leader]},
-                                 say=ctx.emitter.info)
+    servers.await_before_connecting(ctx, servers.leader_to_await(spec, ctx.task))
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
