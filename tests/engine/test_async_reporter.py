@@ -66,4 +66,3 @@ def test_figures_are_kept_per_worker(tmp_path: Path) -> None:
     assert w0["step_time"] == pytest.approx(0.2) and w1["step_time"] == pytest.approx(0.5)
     assert w0["loss"] == 1.0 and w1["loss"] == 2.0
     assert [e for e in seen if e["kind"] == "progress"][-1]["completed"] == 4
-
