@@ -29,16 +29,17 @@ A step is one of two functions, chosen when it is scheduled. Most steps return
 only their loss, as a hand-written loop's would. A sample of them (about one per
 worker and report interval, and every step of the run's last window) returns one
 small vector instead: its loss, the index of the worker that ran it, that
-worker's clock and how many batches that worker has read, which the chief copies.
-So the chief reports every worker's loss, throughput and step time without an
-extra round trip, and without making or copying figures for every step (copying
-every step's result from its worker kept the chief busy on most of a core; the
-steps whose figures nobody reads need not make them). The chief waits for every
-step in order (a bounded window, so the pipeline never drains just to read a
-figure). Throughput and step time stay exact (the worker's batch count and clock
-between two samples); a report's loss is the mean of the sampled steps since the
-previous report. A stopped run's last steps since each worker's latest sample are
-trained and checkpointed but not in its per-worker step counts.
+worker's clock and how many batches that worker has read. So the chief reports
+every worker's loss, throughput and step time without an extra round trip. The
+chief waits for every step in order (a bounded window, so the pipeline never
+drains just to read a figure, and a stop waits for a few groups only), reading
+each result with ``RemoteValue.fetch``: ``ClusterCoordinator`` copies a function's
+output to the chief as soon as it ends wherever its ``RemoteValue`` is still held,
+as the window holds it, so the copy is paid either way and one packed vector keeps
+it to one tensor. Throughput and step time stay exact (the worker's batch count and
+clock between two samples); a report's loss is the mean of the sampled steps since
+the previous report. A stopped run's last steps since each worker's latest sample
+are trained and checkpointed but not in its per-worker step counts.
 """
 
 from __future__ import annotations
@@ -434,14 +435,14 @@ class CoordinatorAdapter:
     # -- fetching
 
     def _fetch_oldest(self) -> None:
-        """Wait for the oldest step in flight; copy its figures if it is a sample."""
+        """Wait for the oldest step in flight; read its figures if it is a sample."""
         step, remote, sampled, ran = self.window.popleft()
         try:
+            result = remote.fetch()  # already copied to the chief as the step ended (the window holds it)
             if not sampled:
-                tf_compat.wait_remote(remote)
                 self.completed += ran
                 return
-            loss, worker, ts, count = remote.fetch()
+            loss, worker, ts, count = result
         except (tf.errors.UnavailableError, tf.errors.CancelledError) as exc:
             # the step ran (its update reached the ps) but the worker holding its result died before
             # the chief copied it: only that step's figures are lost. A lost ps is fatal: re-raise.

@@ -11,8 +11,6 @@ ClusterDeck's runtime relies on a few internals that no public API offers:
   ``Model._compute_loss``), for :mod:`engine.runtime.keras_callback`.
 - :func:`current_worker_index`: which worker runs a ``ParameterServerStrategy`` step or dataset
   (``tf.distribute.coordinator.experimental_get_current_worker_index``, experimental).
-- :func:`wait_remote`: wait for a ``ClusterCoordinator`` step without copying its result to the
-  chief (TF's private ``RemoteValueImpl._wait_and_maybe_error``; ``fetch`` copies every output).
 
 Not a patch but a TF behaviour worked around elsewhere: the coordination service's preemption
 notifier installs its own C++ ``SIGTERM`` handler (it swallows the signal); :mod:`engine.runtime.stop`
@@ -180,17 +178,3 @@ def current_worker_index() -> tf.Tensor:
                           f"expected it as in {_tested_text()}")
     return fn()
 
-
-def wait_remote(remote: Any) -> None:
-    """Wait until a scheduled function's result is ready, raising its error as ``fetch`` would,
-    without copying the result to the chief.
-
-    ``RemoteValue.fetch`` copies every output tensor from the worker (one remote copy each): done
-    for every step, that kept the chief busy on most of a core. The chief now waits for every step
-    in order and copies the figures of a sample only (:mod:`engine.runtime.async_ps`).
-    """
-    wait = getattr(remote, "_wait_and_maybe_error", None)
-    if not callable(wait):
-        raise CompatError(f"tf_compat.wait_remote: {type(remote).__module__}.{type(remote).__qualname__}."
-                          f"_wait_and_maybe_error is gone in {_versions_text()}; expected it as in {_tested_text()}")
-    wait()

@@ -86,26 +86,7 @@ def worker_index():
     fn = getattr(tf.distribute.coordinator, "experimental_get_current_worker_index", None)
     return {"exists": callable(fn)}
 
-def wait_remote():
-    import threading, time
-    from tensorflow.python.distribute.coordinator import values
-    ready = values.RemoteValueImpl(None, None)
-    threading.Timer(0.3, lambda: ready._set_values((tf.constant(1.5),))).start()
-    t0 = time.perf_counter()
-    tf_compat.wait_remote(ready)
-    waited = time.perf_counter() - t0
-    failed = values.RemoteValueImpl(None, None)
-    failed._set_error(tf.errors.UnavailableError(None, None, "/job:worker/replica:0/task:1 is gone"))
-    try:
-        tf_compat.wait_remote(failed)
-        raised = None
-    except tf.errors.UnavailableError as exc:
-        raised = str(exc)
-    return {"waited": waited, "copied": ready._has_fetched_to_local, "value": float(ready._get_values()[0]),
-            "raised": raised}
-
 finding("emulate_multi_worker_devices", multi_worker_devices)
-finding("wait_remote", wait_remote)
 finding("time_gradient_all_reduce", all_reduce_wait)
 finding("wrap_compute_loss", compute_loss)
 finding("current_worker_index", worker_index)
@@ -153,14 +134,6 @@ def test_compute_loss_wrap_sees_the_loss_fit_logs(findings: dict[str, Any]) -> N
 
 def test_worker_index_function_exists(findings: dict[str, Any]) -> None:
     assert no_error(findings["current_worker_index"])["exists"] is True
-
-
-def test_waiting_for_a_step_does_not_copy_its_result_and_raises_its_error(findings: dict[str, Any]) -> None:
-    found = no_error(findings["wait_remote"])
-    assert found["waited"] >= 0.25  # it waited for the value to be set
-    assert found["copied"] is False  # ... without copying it to the chief
-    assert found["value"] == 1.5  # the result is there for a later fetch
-    assert found["raised"] and "/job:worker" in found["raised"]
 
 
 def test_tested_versions_are_the_installed_ones(findings: dict[str, Any]) -> None:
