@@ -1,4 +1,5 @@
-"""The method's statistics, and smoke runs of the whole-run, step-CPU, modes, ingest, GPU and large-app benchmarks.
+"""The method's statistics, and smoke runs of the whole-run, step-CPU, async attribution, modes, ingest, GPU and
+large-app benchmarks.
 
 Smoke runs prove the scripts work end to end; their figures mean nothing.
 """
@@ -132,3 +133,33 @@ def test_every_mode_against_its_bare_loop(tmp_path: Path) -> None:
     out, doc = run_bench("modes", tmp_path, "--steps", "30", "--modes", "model")
     assert "model: clusterdeck / bare" in out
     assert "Every mode against its own bare loop" in doc
+
+
+def test_async_attribution_changes_apply_in_order_and_refuse_what_cannot_apply() -> None:
+    import async_attribution as attribution
+
+    base = _handwritten.PSS_CHIEF
+    for side in ("counter", "float64", "counter+float64+window", "counter+window+halves", "copy_window+cached_size"):
+        src = attribution.chief_source(side)
+        compile(src, side, "exec")  # a chief that runs: every change left valid Python
+        assert src != base
+    assert "Dataset.counter()" in attribution.chief_source("counter")
+    assert "tf.float64" in attribution.chief_source("float64") and "tf.float64" not in base
+    assert "CAP, KEEP = 8, 4" in attribution.chief_source("copy_window+halves")
+    for bad, says in (("window", "needs 'counter'"), ("counter+copy_window", "without the counter"),
+                      ("cached_size", "cannot apply"), ("fast", "unknown change 'fast'")):
+        with pytest.raises(SystemExit, match=says):
+            attribution.chief_source(bad)
+
+
+@pytest.mark.cluster
+def test_async_attribution_runs_a_changed_chief_against_the_original(tmp_path: Path) -> None:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    proc = subprocess.run([sys.executable, str(ROOT / "bench" / "async_attribution.py"), "--quick", "--steps", "100",
+                           "--sides", "counter+float64+window"], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    # both chiefs trained and were measured, and the changed one is read against the original
+    for side in ("hand-written", "counter+float64+window"):
+        assert re.search(rf"round  1 {re.escape(side)} *:.*steps/s, CPU ms/step chief \d", proc.stdout), proc.stdout
+    assert "counter+float64+window / hand-written: chief " in proc.stdout
