@@ -22,7 +22,12 @@ Periodic checkpoints are off on the ClusterDeck side (``checkpoint_every: 0``): 
 what telemetry and supervision cost a training loop. Goal: ClusterDeck / bare >= 0.97 for every
 mode, the whole bootstrap 95 % interval above it.
 
-    python bench/modes.py [--modes data,async,model] [--steps 1500] [--rounds 10] [--quick]
+With ``--direct`` the data mode runs a third side, ``direct``: the runtime with its telemetry on (events
+to its own ``events.jsonl``, TensorBoard summaries, allocator figures) started as the bare side is, with
+no launcher and no supervisor; ``direct / bare`` is what a task's telemetry costs, ``clusterdeck /
+direct`` what the supervision around the tasks does (printed only; the page's table keeps two sides).
+
+    python bench/modes.py [--modes data,async,model] [--steps 1500] [--rounds 10] [--direct] [--quick]
 """
 
 from __future__ import annotations
@@ -56,6 +61,8 @@ BARE = {"data": "`python -m engine.runtime.task --bare` (the runtime's own loop,
         "model": "hand-written DTensor 2 x 2 loop (`bench/_handwritten.py`)"}
 GOAL = 0.97
 SIDES = ("clusterdeck", "bare")
+#: data mode, with ``--direct``: the runtime with its telemetry, started as the bare side is
+DIRECT = "direct"
 
 
 def warm_steps(total: int) -> int:
@@ -110,27 +117,40 @@ def clusterdeck_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
     return sum(rates) / len(rates)  # every synchronous task measures the global batch: the mean, not the sum
 
 
+def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool) -> float:
+    """Steady-state examples/s of the data-parallel runtime started by hand, one process per task with its
+    ``TF_CONFIG`` and no launcher or supervisor: bare (``--bare``), or with its telemetry (events to its own
+    ``events.jsonl``, TensorBoard summaries, allocator figures; no event pipe)."""
+    env = bare_env()
+    work = Path(tempfile.mkdtemp(dir=root, prefix="bare-data-" if not telemetry else "direct-data-"))
+    try:
+        cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
+        config_mod.save(cfg, work / "config.yaml")
+        procs = []
+        for plan in plan_tasks(cfg):
+            out = work / f"{plan.name.replace(':', '-')}.json"
+            procs.append((out, subprocess.Popen(
+                [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work), "--summary-out", str(out)]
+                + ([] if telemetry else ["--bare"]), env=dict(env, **plan.env), cwd=work,
+                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+        rates = []
+        for out, proc in procs:
+            _, err = proc.communicate(timeout=900)
+            if proc.returncode != 0:
+                raise SystemExit(f"{'direct' if telemetry else 'bare'} data task failed ({proc.returncode}): "
+                                 f"{err.decode()[-2000:]}")
+            rates.append(float(json.loads(out.read_text())["window_examples_per_sec"]))
+        return sum(rates) / len(rates)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
+    if mode == "data":
+        return runtime_rate(cfg, root, telemetry=False)
     env = bare_env()
     work = Path(tempfile.mkdtemp(dir=root, prefix=f"bare-{mode}-"))
     try:
-        if mode == "data":
-            cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
-            config_mod.save(cfg, work / "config.yaml")
-            procs = []
-            for plan in plan_tasks(cfg):
-                out = work / f"{plan.name.replace(':', '-')}.json"
-                procs.append((out, subprocess.Popen(
-                    [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work), "--bare",
-                     "--summary-out", str(out)], env=dict(env, **plan.env), cwd=work,
-                    stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
-            rates = []
-            for out, proc in procs:
-                _, err = proc.communicate(timeout=900)
-                if proc.returncode != 0:
-                    raise SystemExit(f"bare data task failed ({proc.returncode}): {err.decode()[-2000:]}")
-                rates.append(float(json.loads(out.read_text())["window_examples_per_sec"]))
-            return sum(rates) / len(rates)
         _handwritten.write_all(work)
         summary = work / "summary.json"
         env = _handwritten.shell_env(sys.executable, dict(env, CD_BENCH_SUMMARY=str(summary)))
@@ -153,6 +173,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset of data,async,model")
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 1500, quick 60)")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {MIN_ROUNDS}, quick 1)")
+    parser.add_argument("--direct", action="store_true",
+                        help="data mode: also run the runtime with its telemetry but without launcher and supervisor "
+                             f"(side '{DIRECT}'), to tell the task's telemetry from the supervision around it")
     add_doc_flags(parser)
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -162,19 +185,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rounds = args.rounds or (1 if args.quick else MIN_ROUNDS)
     print(f"every mode against its bare loop: {', '.join(modes)}; {steps} steps, {rounds} round(s), order "
           f"rotating{rounds_note(rounds)}; {machine_line()}", flush=True)
-    rates: dict[str, dict[str, list[float]]] = {m: {s: [] for s in SIDES} for m in modes}
+    sides_of = {m: SIDES + ((DIRECT,) if args.direct and m == "data" else ()) for m in modes}
+    rates: dict[str, dict[str, list[float]]] = {m: {s: [] for s in sides_of[m]} for m in modes}
     with tempfile.TemporaryDirectory(prefix="cd-modes-") as tmp:
         root = Path(tmp)
         for r in range(rounds):
             for mode in modes:
                 cfg = load(mode, steps)
                 got = {}
-                for side in rotated(SIDES, r):
-                    got[side] = clusterdeck_rate(mode, cfg, root) if side == "clusterdeck" else \
-                        bare_rate(mode, cfg, root)
+                for side in rotated(sides_of[mode], r):
+                    if side == "clusterdeck":
+                        got[side] = clusterdeck_rate(mode, cfg, root)
+                    elif side == DIRECT:
+                        got[side] = runtime_rate(cfg, root, telemetry=True)
+                    else:
+                        got[side] = bare_rate(mode, cfg, root)
                     rates[mode][side].append(got[side])
                 print(f"round {r + 1:>2} {mode:<5}: clusterdeck {got['clusterdeck']:8.0f} ex/s, bare "
-                      f"{got['bare']:8.0f} ex/s, ratio {got['clusterdeck'] / got['bare']:.3f}", flush=True)
+                      f"{got['bare']:8.0f} ex/s, ratio {got['clusterdeck'] / got['bare']:.3f}"
+                      + (f"; {DIRECT} {got[DIRECT]:8.0f} ex/s" if DIRECT in got else ""), flush=True)
     results = {}
     for mode in modes:
         ratio = paired_ratio(rates[mode]["clusterdeck"], rates[mode]["bare"])
@@ -182,6 +211,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "bare": median(rates[mode]["bare"]), "verdict": goal_verdict(ratio, GOAL, at_most=False)}
         print(f"{mode}: clusterdeck / bare {ratio.text()} (goal >= {GOAL}: {results[mode]['verdict']}); medians "
               f"clusterdeck {results[mode]['clusterdeck']:.0f} ex/s, bare {results[mode]['bare']:.0f} ex/s")
+        if DIRECT in rates[mode]:
+            print(f"{mode}: {DIRECT} / bare {paired_ratio(rates[mode][DIRECT], rates[mode]['bare']).text()} (the task's "
+                  f"telemetry); clusterdeck / {DIRECT} "
+                  f"{paired_ratio(rates[mode]['clusterdeck'], rates[mode][DIRECT]).text()} (the supervision around it)")
     if want_doc(args):
         write_section("modes", doc_section(results, steps, rounds), args.doc)
     return results

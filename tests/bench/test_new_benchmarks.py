@@ -11,6 +11,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -163,3 +164,20 @@ def test_async_attribution_runs_a_changed_chief_against_the_original(tmp_path: P
     for side in ("hand-written", "counter+float64+window"):
         assert re.search(rf"round  1 {re.escape(side)} *:.*steps/s, CPU ms/step chief \d", proc.stdout), proc.stdout
     assert "counter+float64+window / hand-written: chief " in proc.stdout
+
+
+def test_modes_direct_side_runs_in_data_mode_only_and_is_read_against_both_sides(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import modes
+
+    calls: list[tuple[str, Any]] = []
+    monkeypatch.setattr(modes, "clusterdeck_rate", lambda mode, cfg, root: calls.append(("clusterdeck", mode)) or 90.0)
+    monkeypatch.setattr(modes, "bare_rate", lambda mode, cfg, root: calls.append(("bare", mode)) or 100.0)
+    monkeypatch.setattr(modes, "runtime_rate",
+                        lambda cfg, root, telemetry: calls.append(("direct", cfg.parallelism.mode)) or 95.0)
+    modes.main(["--modes", "data,model", "--rounds", "2", "--steps", "30", "--direct", "--no-doc"])
+    out = capsys.readouterr().out
+    assert calls.count(("direct", "data")) == 2 and ("direct", "model") not in calls
+    assert calls.count(("clusterdeck", "model")) == calls.count(("bare", "model")) == 2
+    assert "data: direct / bare 0.950" in out and "clusterdeck / direct 0.947" in out
+    assert "model: direct" not in out
