@@ -13,8 +13,8 @@ The changes (``--sides``; join several with ``+``, applied in that order):
 - ``counter``: a counter zipped into each worker's stream (ClusterDeck counts each worker's batches so);
 - ``float64``: a group's loss carried in float64;
 - ``window``: ClusterDeck's window, needs ``counter``: at most 8 groups in flight, waited for oldest
-  first, a sample (loss, worker, clock, batch count) scheduled about every 25 ms and copied, the
-  others waited for without a copy;
+  first (each held, so ``ClusterCoordinator`` copies each result to the chief as it ends), a sample
+  (loss, worker, clock, batch count) scheduled about every 25 ms, the others returning their loss;
 - ``copy_window``: the same window without samples: every group returns its mean loss, worker and
   clock as one vector, and the chief copies each;
 - ``halves``: needs a window: a full window is drained to half before the next group is scheduled;
@@ -122,8 +122,7 @@ def sampled_steps(it, n):
         result = coordinator.schedule(train_steps, args=(iterator, tf.constant(n, tf.int64)))
     WINDOW.append((result, sample))
 """
-    fetch = "old, sampled = WINDOW.popleft()\n            old.fetch() if sampled else old._wait_and_maybe_error()"
-    return _window(src, "window", body, fetch, function)
+    return _window(src, "window", body, "WINDOW.popleft()[0].fetch()", function)
 
 
 def copy_window(src: str) -> str:
