@@ -58,11 +58,6 @@ def _sub(text: str, old: str, new: str, change: str) -> str:
     return text.replace(old, new)
 
 
-_GROUP_LOOP = """    loss = tf.constant(0.0)
-    for _ in tf.range(n):
-        loss = strategy.run(step_fn, args=next(it))
-    return loss
-"""
 _SCHEDULE = """    if n == 1:
         result = coordinator.schedule(train_step, args=(iterator,))
     else:
@@ -196,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 (bench.work / "pss_chief.py").write_text(sources[side].lstrip("\n"), encoding="utf-8")
         got: dict[str, list[dict[str, Any]]] = {s: [] for s in everyone}
         for r in range(rounds):
-            for side in rotated(tuple(everyone), r):
+            for side in rotated(everyone, r):
                 x = measure(benches[side], CLUSTERDECK if side == CLUSTERDECK else GROUPED, "async", steps)
                 got[side].append(x)
                 print(f"round {r + 1:>2} {side:<28}: {x['steps_per_sec']:6.1f} steps/s, CPU ms/step "
