@@ -49,8 +49,9 @@ from _common import ROOT, add_doc_flags, free_port, machine_line, median, want_d
 from _stats import MIN_ROUNDS, goal_verdict, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract.plan import plan_tasks, resolve_ports  # noqa: E402
+from engine.contract.plan import INTRA_OP_ENV, intra_op_threads, plan_tasks, resolve_ports  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
+from engine.control import machine_fit  # noqa: E402
 from engine.control.launcher import Run  # noqa: E402
 
 MODES = ("data", "async", "model")
@@ -75,11 +76,13 @@ def load(mode: str, steps: int) -> config_mod.RunConfig:
                                                               checkpoint_every=0))
 
 
-def bare_env() -> dict[str, str]:
-    """The bare sides' environment: the TensorFlow settings ClusterDeck's supervisor gives its tasks."""
+def bare_env(tasks: int) -> dict[str, str]:
+    """The bare sides' environment: the TensorFlow settings ClusterDeck's supervisor gives its ``tasks`` tasks
+    (the allocator; this machine's cores shared evenly by the tasks, unless the environment sets it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("CD_BENCH_")}
     env.update(TF_CPU_ALLOCATOR_USE_BFC="1", TF_CPP_MIN_LOG_LEVEL=env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                PYTHONUNBUFFERED="1")
+    env.setdefault(INTRA_OP_ENV, str(intra_op_threads(tasks, machine_fit.cpu_count())))
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 
@@ -121,7 +124,7 @@ def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool) -> f
     """Steady-state examples/s of the data-parallel runtime started by hand, one process per task with its
     ``TF_CONFIG`` and no launcher or supervisor: bare (``--bare``), or with its telemetry (events to its own
     ``events.jsonl``, TensorBoard summaries, allocator figures; no event pipe)."""
-    env = bare_env()
+    env = bare_env(len(cfg.cluster.tasks()))
     work = Path(tempfile.mkdtemp(dir=root, prefix="bare-data-" if not telemetry else "direct-data-"))
     try:
         cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
@@ -148,7 +151,7 @@ def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool) -> f
 def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
     if mode == "data":
         return runtime_rate(cfg, root, telemetry=False)
-    env = bare_env()
+    env = bare_env(len(cfg.cluster.tasks()))
     work = Path(tempfile.mkdtemp(dir=root, prefix=f"bare-{mode}-"))
     try:
         _handwritten.write_all(work)
@@ -230,7 +233,8 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         f"{machine_line()}. Steady-state examples/s measured inside the training process on both sides (after "
         "`min(50, steps // 5)` warm-up steps, to the last step; async: completed steps x per-worker batch, from "
         "the chief's `progress` events on ClusterDeck's side). ClusterDeck runs with `checkpoint_every: 0`; both "
-        "sides run with the TensorFlow settings ClusterDeck gives its tasks (`TF_CPU_ALLOCATOR_USE_BFC=1`).",
+        "sides run with the TensorFlow settings ClusterDeck gives its tasks (`TF_CPU_ALLOCATOR_USE_BFC=1`; the "
+        "machine's cores shared evenly by the tasks, `TF_NUM_INTRAOP_THREADS`).",
         "",
         "| mode (preset) | bare side | bare ex/s (median) | ClusterDeck ex/s (median) | ClusterDeck / bare "
         "[95 % CI] | goal |",

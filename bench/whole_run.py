@@ -53,10 +53,13 @@ from _common import ROOT, add_doc_flags, free_port, machine_line, median, timed_
 from _stats import MIN_ROUNDS, Ratio, goal_verdict, paired_difference, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
+from engine.contract.plan import INTRA_OP_ENV, intra_op_threads  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
+from engine.control import machine_fit  # noqa: E402
 
 SIDES = ("clusterdeck", "hand")
-#: also against a hand-written loop that groups its steps as the preset does (``steps_per_execution``)
+#: also against the hand-written loop with ClusterDeck's settings: its steps grouped as the preset groups them
+#: (``steps_per_execution``), the machine's cores shared evenly by its tasks as the supervisor shares them
 GROUPED = "hand_grouped"
 
 
@@ -85,6 +88,8 @@ class Bench:
     presets: dict[str, Path] = field(default_factory=dict)
     #: steps per function of each mode's preset (read once, from the preset as written)
     per_execution: dict[str, int] = field(default_factory=dict)
+    #: intra-op threads per task that ClusterDeck's supervisor gives each mode's tasks on this machine
+    threads: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def create(work: Path) -> Bench:
@@ -100,6 +105,8 @@ class Bench:
             config_mod.save(cfg, path)
             bench.presets[mode] = path
             bench.per_execution[mode] = cfg.training.steps_per_execution
+            bench.threads[mode] = env.get(INTRA_OP_ENV) or str(intra_op_threads(len(cfg.cluster.tasks()),
+                                                                                  machine_fit.cpu_count()))
         (work / "runs").mkdir(exist_ok=True)
         return bench
 
@@ -119,7 +126,10 @@ class Bench:
                else self.hand_command(mode, steps, grouped=side == GROUPED))
         out_path = self.work / f"out-{side}-{mode}-{steps}.txt"
         with open(out_path, "wb") as out, open(self.work / f"err-{side}-{mode}-{steps}.txt", "wb") as err:
-            wall, cpu, code = timed_process(cmd, cwd=self.work, env=env or self.env, stdout=out, stderr=err,
+            env = dict(env or self.env)
+            if side == GROUPED:
+                env[INTRA_OP_ENV] = self.threads[mode]
+            wall, cpu, code = timed_process(cmd, cwd=self.work, env=env, stdout=out, stderr=err,
                                             watch=watch)
         text = out_path.read_text(encoding="utf-8", errors="replace")
         if code != 0:
@@ -217,7 +227,7 @@ def summarise(samples: dict[tuple[str, int, str], list[Sample]], modes: list[str
 def _against(x: dict[str, Any], per_execution: int | None = None) -> str:
     if x.get("against") != GROUPED:
         return "every step scheduled" if x["mode"] == "async" else "every step its own call"
-    return f"{per_execution} steps per function" if per_execution else "grouped as the preset"
+    return (f"{per_execution} steps per function" if per_execution else "grouped as the preset") + ", cores shared"
 
 
 def _verdict(r: Ratio, goal: float | None) -> str:
@@ -260,6 +270,10 @@ def settings_text(bench: Bench) -> list[str]:
         "write per event) and to its pipe; the launcher appends every event again to the run's `events.jsonl` "
         "(one write per burst); TensorBoard summaries of the same scalars on a background thread of each task "
         "(at most 2 points per second per replica, `flush_millis` 2000); `run.json` at the start and the end; task logs |",
+        "| threads | TensorFlow's defaults: every task an intra-op pool of a thread per core of the machine (the "
+        "grouped side: the machine's cores shared evenly by the tasks, as ClusterDeck does) | the supervisor "
+        "shares the machine's cores evenly between the tasks on it (`TF_NUM_INTRAOP_THREADS`, unless the "
+        "environment sets it) |",
         f"| checkpoints | none | data: `checkpoint_every: {t.checkpoint_every}` as the preset ships it, plus the "
         f"final one; async: `checkpoint_every: {async_cfg.training.checkpoint_every}`, the final one only |",
         "| end of a task | `os._exit(0)` after the last fetch (as ClusterDeck's tasks do: TensorFlow's own teardown "
@@ -295,8 +309,11 @@ def doc_section(results: list[dict[str, Any]], rounds: int, steps_list: list[int
         "Python dispatch of a step (async: the chief's `schedule`) is paid once per group, not once per step. So "
         "each mode is compared twice, in the same rounds: against the hand-written loop as a user writes it from "
         "TensorFlow's tutorials (every step its own call: the comparison the goals were set for) and against the "
-        "same hand-written loop grouping its steps as the preset does (the launchers' last argument): "
-        "ClusterDeck's own cost, with the grouping's gain taken out.",
+        "same hand-written loop grouping its steps as the preset does (the launchers' last argument) and sharing "
+        "the machine's cores between its tasks as ClusterDeck's supervisor does (`TF_NUM_INTRAOP_THREADS`: "
+        f"{bench.threads.get('data', '?')} per task in data mode, {bench.threads.get('async', '?')} in async mode "
+        "here; TensorFlow otherwise gives every task a thread per core of the machine): ClusterDeck's own cost, "
+        "with both gains taken out.",
         "",
         "| mode | steps | hand-written wall / CPU (median) | ClusterDeck wall / CPU (median) | wall ratio [95 % CI] "
         "| CPU ratio [95 % CI] | extra wall s [95 % CI] | goal |",

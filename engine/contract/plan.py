@@ -175,6 +175,21 @@ def plan_tasks(config: RunConfig, placement: Mapping[str, str] | None = None) ->
     return plans
 
 
+#: The variable TensorFlow sizes a process's intra-op thread pool by (unset: every core of the machine).
+INTRA_OP_ENV = "TF_NUM_INTRAOP_THREADS"
+
+
+def intra_op_threads(tasks_on_host: int, cores: int) -> int:
+    """Intra-op threads for each of ``tasks_on_host`` tasks sharing ``cores`` cores: an even share, at least one.
+
+    TensorFlow gives every process an intra-op pool as large as the machine, so N tasks on one host run
+    N times as many compute threads as it has cores, and they preempt each other in every step (on 2
+    cores, two data-parallel workers train about a tenth faster with one thread each: docs/benchmarks.md).
+    The supervisor sets :data:`INTRA_OP_ENV` to this share unless the environment already sets it.
+    """
+    return max(1, cores // max(1, tasks_on_host))
+
+
 def dtensor_env(cluster: Cluster, task: Task, placement: Mapping[str, str] | None = None) -> dict[str, str]:
     """DTensor multi-client variables: one client per worker task."""
     workers = cluster_spec(cluster, placement).get("worker", [])

@@ -10,7 +10,8 @@ ports fixed anywhere on that machine. Fixed ports stay as drawn.
 Launch scripts. One bash script per host, ``launch-<host>.sh``, self-contained: it writes the resolved
 config into the run folder (``$CLUSTERDECK_RUN_DIR``, default ``<workdir>/runs/<run name>``), starts
 ``python -m engine.runtime.task --run-dir <run folder>`` for each task of the host in the background
-with its ``TF_CONFIG`` and ``CUDA_VISIBLE_DEVICES``, and stops them all on SIGINT/SIGTERM. It ends when
+with its ``TF_CONFIG`` and ``CUDA_VISIBLE_DEVICES`` (and ``TF_NUM_INTRAOP_THREADS``, the host's cores shared
+evenly by its tasks, as the supervisor shares them), and stops them all on SIGINT/SIGTERM. It ends when
 the host's tasks that finish by themselves have finished (chief and workers; in ``async`` mode only the
 chief), then stops its servers (ps, async workers), which never finish on their own; a host with no
 such task runs until it is stopped. The evaluator reads checkpoints from the run folder, so the run
@@ -175,7 +176,7 @@ _SCRIPT_HEAD = """\
 #!/usr/bin/env bash
 # ClusterDeck launch script: run {run} ({mode}), host {host} ({address}), {count} task(s).
 # Generated from the run's config; start it on that host from a ClusterDeck checkout or install.
-# Environment overrides: CLUSTERDECK_WORKDIR, CLUSTERDECK_RUN_DIR, CLUSTERDECK_PYTHON.
+# Environment overrides: CLUSTERDECK_WORKDIR, CLUSTERDECK_RUN_DIR, CLUSTERDECK_PYTHON, TF_NUM_INTRAOP_THREADS.
 # Ctrl-C or SIGTERM stops every task of this host.
 # TensorFlow's gRPC ports listen on every interface without authentication: use a trusted network.
 set -o pipefail
@@ -189,6 +190,9 @@ RUN_DIR=$(cd "$RUN_DIR" && pwd) || exit 1
 export PYTHONPATH="$WORKDIR${{PYTHONPATH:+:$PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
 export TF_CPP_MIN_LOG_LEVEL=${{TF_CPP_MIN_LOG_LEVEL:-1}}
+# this host's {count} task(s) share its cores evenly (TensorFlow would give each task all of them)
+CORES=$(nproc 2>/dev/null || echo 1)
+export TF_NUM_INTRAOP_THREADS=${{TF_NUM_INTRAOP_THREADS:-$(( CORES / {count} > 0 ? CORES / {count} : 1 ))}}
 
 # the resolved config every task reads
 printf '%s' {config_yaml} > "$RUN_DIR/config.yaml" || exit 1

@@ -35,10 +35,10 @@ from typing import Any
 import psutil
 
 from engine.contract import events
-from engine.contract.plan import TaskPlan
+from engine.contract.plan import INTRA_OP_ENV, TaskPlan, intra_op_threads
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
-from engine.control import netns
+from engine.control import machine_fit, netns
 from engine.control.gpu import GpuSampler, task_gpu_figures
 
 SAMPLE_INTERVAL = 0.5
@@ -87,6 +87,9 @@ class Supervisor:
         self.python = spec.get("python") or sys.executable
         self.extra_env: dict[str, str] = dict(spec.get("env", {}))
         self.tasks = {d["name"]: TaskProcess(TaskPlan.from_dict(d)) for d in spec["tasks"]}
+        # the host's cores, shared evenly by its tasks (TensorFlow would give each task all of them)
+        self.cores = machine_fit.cpu_count()  # its affinity: a Slurm step's CPUs, a taskset
+        self.intra_op_threads = intra_op_threads(len(self.tasks), self.cores)
         self.sample_interval = float(spec.get("sample_interval", SAMPLE_INTERVAL))
         self.out = out if out is not None else sys.stdout.buffer
         self.sel = selectors.DefaultSelector()
@@ -122,6 +125,15 @@ class Supervisor:
     def task_dir(self, name: str) -> Path:
         return self.folder.task_dir(name)
 
+    def announce_threads(self) -> None:
+        """Say how the host's cores are shared, where several tasks share them and nobody chose otherwise."""
+        if len(self.tasks) < 2 or INTRA_OP_ENV in os.environ or INTRA_OP_ENV in self.extra_env:
+            return
+        self.send(events.make(
+            "info", f"supervisor@{self.host}", cores=self.cores, intra_op_threads=self.intra_op_threads,
+            message=f"{len(self.tasks)} tasks share {self.cores} core(s) on this host: each task runs "
+                    f"{self.intra_op_threads} intra-op thread(s) ({INTRA_OP_ENV}; set it to choose)"))
+
     def start_task(self, tp: TaskProcess) -> None:
         plan = tp.plan
         tdir = self.task_dir(plan.name)
@@ -133,6 +145,7 @@ class Supervisor:
         env.update(plan.env)
         env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        env.setdefault(INTRA_OP_ENV, str(self.intra_op_threads))
         env["PYTHONUNBUFFERED"] = "1"
         env[RUN_DIR_ENV] = str(self.run_dir)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
@@ -365,6 +378,7 @@ class Supervisor:
     def run(self, stdin_fd: int) -> int:
         os.set_blocking(stdin_fd, False)
         self.sel.register(stdin_fd, selectors.EVENT_READ, None)
+        self.announce_threads()
         for tp in self.tasks.values():
             self.start_task(tp)
         next_sample = time.monotonic() + self.sample_interval

@@ -85,7 +85,8 @@ def main() -> None:
         escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
         with open(os.environ["FAKE_CHILDREN"], "w", encoding="utf-8") as fh:
             fh.write(f"{child.pid} {escaped.pid}\n")
-    emit("status", state="running", pid=os.getpid())
+    # what the supervisor set in the environment that matters to TensorFlow's threads
+    emit("status", state="running", pid=os.getpid(), intra_op_threads=os.environ.get("TF_NUM_INTRAOP_THREADS"))
     if mode == "idle":
         while True:
             time.sleep(1)

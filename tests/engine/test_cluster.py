@@ -16,6 +16,7 @@ from engine.contract.plan import (
     dtensor_env,
     free_port,
     gpu_assignment,
+    intra_op_threads,
     plan_tasks,
     resolve_ports,
     tf_config,
@@ -216,3 +217,9 @@ def test_plan_tasks_in_model_mode_carries_dtensor_env() -> None:
     plans = plan_tasks(config)
     assert [p.env["DTENSOR_CLIENT_ID"] for p in plans] == ["0", "1"]
     assert {p.env["DTENSOR_JOBS"] for p in plans} == {"127.0.0.1:7200,127.0.0.1:7201"}
+
+
+@pytest.mark.parametrize(("tasks", "cores", "threads"), [(1, 8, 8), (2, 2, 1), (2, 8, 4), (3, 8, 2), (4, 2, 1),
+                                                          (8, 64, 8), (0, 4, 4)])
+def test_tasks_on_one_host_split_its_cores_at_least_one_thread_each(tasks: int, cores: int, threads: int) -> None:
+    assert intra_op_threads(tasks, cores) == threads

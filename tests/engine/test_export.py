@@ -197,6 +197,7 @@ run_dir="$4"
 name="${CLUSTERDECK_TASK/:/-}"
 printf '%s' "$TF_CONFIG" > "$run_dir/$name.tf_config"
 printf '%s' "$CUDA_VISIBLE_DEVICES" > "$run_dir/$name.gpus"
+printf '%s' "$TF_NUM_INTRAOP_THREADS" > "$run_dir/$name.threads"
 printf '%s %s %s %s' "$1" "$2" "$3" "$PWD" > "$run_dir/$name.argv"
 echo $$ > "$run_dir/$name.pid"
 case "$CLUSTERDECK_TASK" in
@@ -244,7 +245,9 @@ def start_script(path: Path, tmp_path: Path, **env: str) -> subprocess.Popen[str
 
 @needs_bash
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
-def test_chief_host_script_runs_its_tasks_and_stops_its_servers_when_the_chief_ends(tmp_path: Path) -> None:
+def test_chief_host_script_runs_its_tasks_and_stops_its_servers_when_the_chief_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
     cfg = async_config()
     workdir = tmp_path / "work 'dir'"
     workdir.mkdir()
@@ -263,6 +266,8 @@ def test_chief_host_script_runs_its_tasks_and_stops_its_servers_when_the_chief_e
         stem = task.replace(":", "-")
         assert json.loads((run_dir / f"{stem}.tf_config").read_text()) == expected[task]
         assert (run_dir / f"{stem}.gpus").read_text() == ""
+        # the host's three tasks share its cores (what nproc counts: this process's affinity)
+        assert (run_dir / f"{stem}.threads").read_text() == str(max(1, len(os.sched_getaffinity(0)) // 3))
         assert (run_dir / f"{stem}.argv").read_text() == f"-m engine.runtime.task --run-dir {workdir}"
         assert not pid_alive(int((run_dir / f"{stem}.pid").read_text()))  # the ps servers were stopped
     assert config_mod.load(run_dir / "config.yaml") == export.export_ports(cfg)

@@ -479,3 +479,28 @@ def test_a_run_says_when_its_local_tasks_outnumber_the_cpus(runs_root: Path) -> 
     assert run.wait(60) == "finished", run.state.reason
     said = [e for e in run.state.infos if e.get("warning") == "machine"]
     assert len(said) == 1 and f"{cpus + 1} tasks share this machine" in said[0]["message"]
+
+
+@pytest.mark.parametrize("chosen", [None, "3"])
+def test_tasks_sharing_a_host_share_its_cores_unless_the_user_chose(runs_root: Path, chosen: str | None,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.control import machine_fit
+
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    run = fake_run(runs_root, steps=5)  # two workers on this machine
+    if chosen is not None:
+        run = Run(run.config, runs_root=runs_root, python=FAKE_PYTHON,
+                  task_env={"TF_NUM_INTRAOP_THREADS": chosen}, checked=True)
+    running: dict[str, Any] = {}
+    run.add_listener(lambda e: running.update({e["task"]: e.get("intra_op_threads")})
+                     if e["kind"] == "status" and e.get("state") == "running" else None)
+    run.start()
+    assert run.wait(60) == "finished", run.state.reason
+    share = str(max(1, machine_fit.cpu_count() // 2))
+    assert running == dict.fromkeys(BOTH, chosen or share)
+    said = [e for e in run.state.infos if "intra-op thread" in str(e.get("message"))]
+    if chosen is None:
+        assert len(said) == 1 and said[0]["intra_op_threads"] == int(share), said
+        assert f"2 tasks share {machine_fit.cpu_count()} core" in said[0]["message"]
+    else:
+        assert said == []  # the user's choice is theirs: nothing to say
