@@ -26,8 +26,11 @@ With ``--direct`` the data mode runs a third side, ``direct``: the runtime with 
 to its own ``events.jsonl``, TensorBoard summaries, allocator figures) started as the bare side is, with
 no launcher and no supervisor; ``direct / bare`` is what a task's telemetry costs, ``clusterdeck /
 direct`` what the supervision around the tasks does (printed only; the page's table keeps two sides).
+With ``--tf-threads`` it runs the bare side a second time with TensorFlow's own thread pools (side
+``tf_threads``: every task a thread per core of the machine) instead of ClusterDeck's share of the cores:
+``bare / tf_threads`` is what the sharing gains (printed only).
 
-    python bench/modes.py [--modes data,async,model] [--steps 1500] [--rounds 10] [--direct] [--quick]
+    python bench/modes.py [--modes data,async,model] [--steps 1500] [--rounds 10] [--direct] [--tf-threads] [--quick]
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ GOAL = 0.97
 SIDES = ("clusterdeck", "bare")
 #: data mode, with ``--direct``: the runtime with its telemetry, started as the bare side is
 DIRECT = "direct"
+#: data mode, with ``--tf-threads``: the bare side with TensorFlow's own thread pools (a thread per core per task)
+TF_THREADS = "tf_threads"
 
 
 def warm_steps(total: int) -> int:
@@ -120,11 +125,14 @@ def clusterdeck_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
     return sum(rates) / len(rates)  # every synchronous task measures the global batch: the mean, not the sum
 
 
-def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool) -> float:
+def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_threads: bool = False) -> float:
     """Steady-state examples/s of the data-parallel runtime started by hand, one process per task with its
     ``TF_CONFIG`` and no launcher or supervisor: bare (``--bare``), or with its telemetry (events to its own
-    ``events.jsonl``, TensorBoard summaries, allocator figures; no event pipe)."""
+    ``events.jsonl``, TensorBoard summaries, allocator figures; no event pipe). ``tf_threads``: with
+    TensorFlow's own intra-op pools instead of ClusterDeck's share of the cores."""
     env = bare_env(len(cfg.cluster.tasks()))
+    if tf_threads:
+        env.pop(INTRA_OP_ENV)
     work = Path(tempfile.mkdtemp(dir=root, prefix="bare-data-" if not telemetry else "direct-data-"))
     try:
         cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
@@ -179,6 +187,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--direct", action="store_true",
                         help="data mode: also run the runtime with its telemetry but without launcher and supervisor "
                              f"(side '{DIRECT}'), to tell the task's telemetry from the supervision around it")
+    parser.add_argument("--tf-threads", action="store_true",
+                        help="data mode: also run the bare side with TensorFlow's own thread pools instead of the "
+                             f"machine's cores shared by the tasks (side '{TF_THREADS}'): what the sharing gains")
     add_doc_flags(parser)
     args = parser.parse_args(argv)
     modes = [m for m in args.modes.split(",") if m]
@@ -188,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rounds = args.rounds or (1 if args.quick else MIN_ROUNDS)
     print(f"every mode against its bare loop: {', '.join(modes)}; {steps} steps, {rounds} round(s), order "
           f"rotating{rounds_note(rounds)}; {machine_line()}", flush=True)
-    sides_of = {m: SIDES + ((DIRECT,) if args.direct and m == "data" else ()) for m in modes}
+    sides_of = {m: SIDES + ((DIRECT,) if args.direct and m == "data" else ())
+                + ((TF_THREADS,) if args.tf_threads and m == "data" else ()) for m in modes}
     rates: dict[str, dict[str, list[float]]] = {m: {s: [] for s in sides_of[m]} for m in modes}
     with tempfile.TemporaryDirectory(prefix="cd-modes-") as tmp:
         root = Path(tmp)
@@ -201,12 +213,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         got[side] = clusterdeck_rate(mode, cfg, root)
                     elif side == DIRECT:
                         got[side] = runtime_rate(cfg, root, telemetry=True)
+                    elif side == TF_THREADS:
+                        got[side] = runtime_rate(cfg, root, telemetry=False, tf_threads=True)
                     else:
                         got[side] = bare_rate(mode, cfg, root)
                     rates[mode][side].append(got[side])
                 print(f"round {r + 1:>2} {mode:<5}: clusterdeck {got['clusterdeck']:8.0f} ex/s, bare "
                       f"{got['bare']:8.0f} ex/s, ratio {got['clusterdeck'] / got['bare']:.3f}"
-                      + (f"; {DIRECT} {got[DIRECT]:8.0f} ex/s" if DIRECT in got else ""), flush=True)
+                      + (f"; {DIRECT} {got[DIRECT]:8.0f} ex/s" if DIRECT in got else "")
+                      + (f"; {TF_THREADS} {got[TF_THREADS]:8.0f} ex/s" if TF_THREADS in got else ""), flush=True)
     results = {}
     for mode in modes:
         ratio = paired_ratio(rates[mode]["clusterdeck"], rates[mode]["bare"])
@@ -218,6 +233,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{mode}: {DIRECT} / bare {paired_ratio(rates[mode][DIRECT], rates[mode]['bare']).text()} (the task's "
                   f"telemetry); clusterdeck / {DIRECT} "
                   f"{paired_ratio(rates[mode]['clusterdeck'], rates[mode][DIRECT]).text()} (the supervision around it)")
+        if TF_THREADS in rates[mode]:
+            print(f"{mode}: bare / {TF_THREADS} {paired_ratio(rates[mode]['bare'], rates[mode][TF_THREADS]).text()} "
+                  f"(the cores shared against TensorFlow's own pools); clusterdeck / {TF_THREADS} "
+                  f"{paired_ratio(rates[mode]['clusterdeck'], rates[mode][TF_THREADS]).text()}")
     if want_doc(args):
         write_section("modes", doc_section(results, steps, rounds), args.doc)
     return results

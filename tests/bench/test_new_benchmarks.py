@@ -181,3 +181,26 @@ def test_modes_direct_side_runs_in_data_mode_only_and_is_read_against_both_sides
     assert calls.count(("clusterdeck", "model")) == calls.count(("bare", "model")) == 2
     assert "data: direct / bare 0.950" in out and "clusterdeck / direct 0.947" in out
     assert "model: direct" not in out
+
+
+def test_modes_tf_threads_side_is_the_bare_runtime_without_the_core_share(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import modes
+
+    monkeypatch.setenv("TF_NUM_INTRAOP_THREADS", "1")
+    calls: list[tuple[bool, bool]] = []
+    monkeypatch.setattr(modes, "clusterdeck_rate", lambda mode, cfg, root: 90.0)
+    monkeypatch.setattr(modes, "bare_rate", lambda mode, cfg, root: 100.0)
+
+    def runtime_rate(cfg: Any, root: Path, *, telemetry: bool, tf_threads: bool = False) -> float:
+        calls.append((telemetry, tf_threads))
+        return 80.0
+
+    monkeypatch.setattr(modes, "runtime_rate", runtime_rate)
+    modes.main(["--modes", "data", "--rounds", "2", "--steps", "30", "--tf-threads", "--no-doc"])
+    out = capsys.readouterr().out
+    assert calls == [(False, True)] * 2
+    assert "data: bare / tf_threads 1.250" in out and "clusterdeck / tf_threads 1.125" in out
+    # the bare environment shares the cores unless the environment chose; tf_threads drops the share
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS")
+    assert modes.bare_env(2)["TF_NUM_INTRAOP_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
