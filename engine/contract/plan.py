@@ -184,7 +184,7 @@ def intra_op_threads(tasks_on_host: int, cores: int) -> int:
 
     TensorFlow gives every process an intra-op pool as large as the machine, so N tasks on one host run
     N times as many compute threads as it has cores, and they preempt each other in every step (on 2
-    cores, two data-parallel workers train about a tenth faster with one thread each: docs/benchmarks.md).
+    cores, two data-parallel workers trained 1.14 times as fast with one thread each: docs/benchmarks.md).
     The supervisor sets :data:`INTRA_OP_ENV` to this share unless the environment already sets it.
     """
     return max(1, cores // max(1, tasks_on_host))
