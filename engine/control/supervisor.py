@@ -42,6 +42,13 @@ from engine.control import machine_fit, netns
 from engine.control.gpu import GpuSampler, task_gpu_figures
 
 SAMPLE_INTERVAL = 0.5
+#: How a task is started: in a process group of its own (what a stop signals, children included), inside the
+#: supervisor's session. A session per task would put each task in a scheduling group of its own wherever the
+#: kernel groups processes by session (autogroup), and the run's tasks, which wait on each other every step,
+#: would be scheduled as unrelated programs: async runs trained at 0.90 of their bare loop that way, and 1.00
+#: in one session (docs/benchmarks.md, 1e).
+OWN_PROCESS_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >= (3, 11)
+                                     else {"preexec_fn": os.setpgrp})
 #: Seconds a task gets between SIGTERM (to its process group) and SIGKILL when it is stopped.
 TASK_STOP_GRACE = 3.0  # a task gives itself 2.5 s after SIGTERM (engine.runtime.stop): it ends first
 #: Every task process (and what it starts) carries its run folder here: what is left is found by it.
@@ -156,7 +163,7 @@ class Supervisor:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {plan.name}\n".encode())
             log.flush()
             tp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, pass_fds=(ev_w, life_r), start_new_session=True,
+                                       env=env, pass_fds=(ev_w, life_r), **OWN_PROCESS_GROUP,
                                        cwd=str(self.run_dir))
         os.close(ev_w)
         os.close(life_r)

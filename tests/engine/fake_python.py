@@ -86,7 +86,8 @@ def main() -> None:
         with open(os.environ["FAKE_CHILDREN"], "w", encoding="utf-8") as fh:
             fh.write(f"{child.pid} {escaped.pid}\n")
     # what the supervisor set in the environment that matters to TensorFlow's threads
-    emit("status", state="running", pid=os.getpid(), intra_op_threads=os.environ.get("TF_NUM_INTRAOP_THREADS"))
+    emit("status", state="running", pid=os.getpid(), intra_op_threads=os.environ.get("TF_NUM_INTRAOP_THREADS"),
+         pgid=os.getpgid(0), sid=os.getsid(0))
     if mode == "idle":
         while True:
             time.sleep(1)

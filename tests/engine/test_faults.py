@@ -504,3 +504,18 @@ def test_tasks_sharing_a_host_share_its_cores_unless_the_user_chose(runs_root: P
         assert f"2 tasks share {machine_fit.cpu_count()} core" in said[0]["message"]
     else:
         assert said == []  # the user's choice is theirs: nothing to say
+
+
+def test_each_task_has_a_process_group_of_its_own_in_one_session_with_its_peers(runs_root: Path) -> None:
+    """A stop signals a task's group; scheduling sees the run's tasks as one program (one session)."""
+    running: dict[str, dict[str, Any]] = {}
+    run = fake_run(runs_root, steps=5, mode="async")
+    run.add_listener(lambda e: running.update({e["task"]: e})
+                     if e["kind"] == "status" and e.get("state") == "running" else None)
+    run.start()
+    assert run.wait(60) == "finished", run.state.reason
+    assert len(running) == 4, running
+    assert all(e["pgid"] == e["pid"] for e in running.values())  # each its own group
+    sessions = {e["sid"] for e in running.values()}
+    assert len(sessions) == 1 and not sessions & {e["pid"] for e in running.values()}, running
+    assert sessions != {os.getsid(0)}  # the supervisor's session, not the launcher's
