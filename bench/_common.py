@@ -99,6 +99,15 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def task_threads(tasks: int, env: dict[str, str]) -> str:
+    """``TF_NUM_INTRAOP_THREADS`` as ClusterDeck's supervisor gives each of ``tasks`` tasks on this machine:
+    the environment's value where it sets one, else an even share of the cores."""
+    from engine.contract.plan import INTRA_OP_ENV, intra_op_threads
+    from engine.control import machine_fit
+
+    return env.get(INTRA_OP_ENV) or str(intra_op_threads(tasks, machine_fit.cpu_count()))
+
+
 def machine_line() -> str:
     import platform
 

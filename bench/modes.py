@@ -48,13 +48,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _handwritten  # noqa: E402
-from _common import ROOT, add_doc_flags, free_port, machine_line, median, want_doc, write_section  # noqa: E402
+from _common import ROOT, add_doc_flags, free_port, machine_line, median, task_threads, want_doc, write_section  # noqa: E402
 from _stats import MIN_ROUNDS, goal_verdict, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract.plan import INTRA_OP_ENV, intra_op_threads, plan_tasks, resolve_ports  # noqa: E402
+from engine.contract.plan import INTRA_OP_ENV, plan_tasks, resolve_ports  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
-from engine.control import machine_fit  # noqa: E402
 from engine.control.launcher import Run  # noqa: E402
 
 MODES = ("data", "async", "model")
@@ -87,7 +86,7 @@ def bare_env(tasks: int) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CD_BENCH_")}
     env.update(TF_CPU_ALLOCATOR_USE_BFC="1", TF_CPP_MIN_LOG_LEVEL=env.get("TF_CPP_MIN_LOG_LEVEL", "2"),
                PYTHONUNBUFFERED="1")
-    env.setdefault(INTRA_OP_ENV, str(intra_op_threads(tasks, machine_fit.cpu_count())))
+    env[INTRA_OP_ENV] = task_threads(tasks, env)
     env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
 

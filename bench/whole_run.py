@@ -49,13 +49,22 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _handwritten  # noqa: E402
-from _common import ROOT, add_doc_flags, free_port, machine_line, median, timed_process, want_doc, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    ROOT,
+    add_doc_flags,
+    free_port,
+    machine_line,
+    median,
+    task_threads,
+    timed_process,
+    want_doc,
+    write_section,
+)
 from _stats import MIN_ROUNDS, Ratio, goal_verdict, paired_difference, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract.plan import INTRA_OP_ENV, intra_op_threads  # noqa: E402
+from engine.contract.plan import INTRA_OP_ENV  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
-from engine.control import machine_fit  # noqa: E402
 
 SIDES = ("clusterdeck", "hand")
 #: also against the hand-written loop with ClusterDeck's settings: its steps grouped as the preset groups them
@@ -105,8 +114,7 @@ class Bench:
             config_mod.save(cfg, path)
             bench.presets[mode] = path
             bench.per_execution[mode] = cfg.training.steps_per_execution
-            bench.threads[mode] = env.get(INTRA_OP_ENV) or str(intra_op_threads(len(cfg.cluster.tasks()),
-                                                                                  machine_fit.cpu_count()))
+            bench.threads[mode] = task_threads(len(cfg.cluster.tasks()), env)
         (work / "runs").mkdir(exist_ok=True)
         return bench
 
