@@ -45,6 +45,23 @@ def clusterdeck_processes() -> list[psutil.Process]:
     return found
 
 
+def command_line(proc: psutil.Process) -> str:
+    """``proc``'s command line, or "" once it has exited (a zombie or gone process has none to read)."""
+    try:
+        return " ".join(proc.cmdline())
+    except psutil.Error:
+        return ""
+
+
+def descendants_running(pid: int, marker: str) -> list[psutil.Process]:
+    """Live descendants of ``pid`` whose command line holds ``marker``."""
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.Error:
+        return []
+    return [p for p in children if marker in command_line(p)]
+
+
 def alive(pids: Iterable[int]) -> list[int]:
     out = []
     for pid in pids:

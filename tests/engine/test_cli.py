@@ -17,7 +17,7 @@ import pytest
 
 from engine.contract import config as config_mod
 from engine.contract import presets
-from tests.conftest import ROOT
+from tests.conftest import ROOT, command_line
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:
@@ -313,7 +313,7 @@ def test_ctrl_c_during_the_script_check_exits_130_and_starts_nothing(tmp_path: P
     proc, tag = start_cli(tmp_path, "run", "data-user-script", "--steps", "100000")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # wait for the check's own interpreter (it imports TensorFlow)
-        if any("script_checker" in " ".join(p.cmdline()) for p in tagged_processes(tag) if p.pid != proc.pid):
+        if any("script_checker" in command_line(p) for p in tagged_processes(tag) if p.pid != proc.pid):
             break
         time.sleep(0.05)
     else:

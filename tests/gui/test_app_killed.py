@@ -15,7 +15,7 @@ import pytest
 from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.run_folder import RunFolder
-from tests.conftest import ROOT, wait_gone
+from tests.conftest import ROOT, descendants_running, wait_gone
 from tests.gui.conftest import PRESETS
 
 
@@ -34,8 +34,7 @@ def test_tasks_outlive_a_killed_app_by_less_than_5s(tmp_path: Path) -> None:
         tasks: list[psutil.Process] = []
         run_dir = None
         while time.monotonic() < deadline:
-            tasks = [p for p in psutil.Process(app.pid).children(recursive=True)
-                     if "engine.runtime.task" in " ".join(p.cmdline())]
+            tasks = descendants_running(app.pid, "engine.runtime.task")
             runs = list((tmp_path / "runs").glob("*"))
             if len(tasks) == 2 and runs and any(e["kind"] == "step"
                                                 for e in events.read_file(runs[0] / "events.jsonl")):
@@ -75,8 +74,7 @@ def test_a_signal_stops_the_apps_run_and_closes_it(tmp_path: Path, signum: int) 
                 run_dir = runs[0]
             time.sleep(0.3)
         assert run_dir is not None, "the app did not start training within 120 s"
-        tasks = [p.pid for p in psutil.Process(app.pid).children(recursive=True)
-                 if "engine.runtime.task" in " ".join(p.cmdline())]
+        tasks = [p.pid for p in descendants_running(app.pid, "engine.runtime.task")]
         app.send_signal(signum)
         assert app.wait(20) == 128 + signum
         assert wait_gone(tasks, 5.0) == []
