@@ -230,7 +230,7 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
     from engine.observe.stragglers import StragglerDetector
 
     console = Console(stderr=False)
-    notes: list[str] = []
+    notes = _Notes()
     detector = StragglerDetector()
 
     def on_event(event: dict[str, Any]) -> None:
@@ -242,9 +242,9 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
                 notes.append(f"[dim]replica {c.replica} ({c.task}) no longer straggling ({c.reason})[/]")
         kind = event.get("kind")
         if kind == "info" and event.get("message"):
-            notes.append(f"[dim]{event['task']}[/]: {event['message']}")
+            notes.info(str(event["task"]), str(event["message"]))
         elif kind == "status" and event.get("state") == "failed":
-            notes.append(f"[red]{event['task']} failed[/]: {event.get('reason', '')}")
+            notes.failed(str(event["task"]), str(event.get("reason", "")))
 
     run.add_listener(on_event)
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
@@ -267,7 +267,7 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
         state = run.state
         progress.update(bar, completed=state.step)
         tasks = "  ".join(f"{t.name}:{t.state}" for t in state.tasks.values())
-        return Group(progress, replica_table(), f"[dim]{tasks}[/]", *notes[-4:])
+        return Group(progress, replica_table(), f"[dim]{tasks}[/]", *notes.last(4))
 
     run_dir = stopper.start(run)
     console.print(f"run folder: {run_dir}")
@@ -281,6 +281,36 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
     if stopper.signum is not None:
         console.print(f"[yellow]stopped by {_signal_name(stopper.signum)}[/]")
     return stopper.exit_code(run)
+
+
+class _Notes:
+    """The live view's notes, as rich markup: the same message from several tasks (every worker naming its
+    strategy) is one note naming them all, and a task's own text is shown as written (a bracket in it is not
+    markup)."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+        self._said_by: dict[str, tuple[int, list[str]]] = {}
+
+    def append(self, markup: str) -> None:
+        self.lines.append(markup)
+
+    def info(self, task: str, message: str) -> None:
+        from rich.markup import escape
+
+        index, tasks = self._said_by.setdefault(message, (len(self.lines), []))
+        if index == len(self.lines):
+            self.lines.append("")
+        tasks.append(task)
+        self.lines[index] = f"[dim]{escape(', '.join(tasks))}[/]: {escape(message)}"
+
+    def failed(self, task: str, reason: str) -> None:
+        from rich.markup import escape
+
+        self.lines.append(f"[red]{escape(task)} failed[/]: {escape(reason)}")
+
+    def last(self, n: int) -> list[str]:
+        return self.lines[-n:]
 
 
 def _print_summary(console: Any, run: Any) -> None:

@@ -511,3 +511,26 @@ def test_an_async_summary_names_the_worker_behind_each_replica() -> None:
     text = console.export_text()
     assert "replica 1 (worker:1, reported by chief:0): final loss" in text
     assert "replica 0 (worker:0, reported by chief:0)" in text
+
+
+def test_the_live_views_notes_merge_a_message_said_by_every_task_and_show_brackets_as_written() -> None:
+    from rich.console import Console
+
+    from engine.cli.main import _Notes
+
+    notes = _Notes()
+    notes.info("supervisor@localhost", "2 tasks share 2 core(s) on this host")
+    for task in ("worker:0", "worker:1"):
+        notes.info(task, "MultiWorkerMirroredStrategy: 2 replicas in sync, 1 on this task")
+        notes.info(task, "16 steps per function (training.steps_per_execution)")
+    notes.failed("worker:1", "ValueError: shape [784] [/] is not [bold]")
+    console = Console(record=True, width=200)
+    for line in notes.last(4):
+        console.print(line)
+    text = console.export_text()
+    assert text.splitlines() == [
+        "supervisor@localhost: 2 tasks share 2 core(s) on this host",
+        "worker:0, worker:1: MultiWorkerMirroredStrategy: 2 replicas in sync, 1 on this task",
+        "worker:0, worker:1: 16 steps per function (training.steps_per_execution)",
+        "worker:1 failed: ValueError: shape [784] [/] is not [bold]",
+    ]
