@@ -217,6 +217,7 @@ def _run_json(run: Any, stopper: _StopOnSignal) -> int:
 def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
     from rich.console import Console, Group
     from rich.live import Live
+    from rich.markup import escape
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -270,7 +271,7 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
         return Group(progress, replica_table(), f"[dim]{tasks}[/]", *notes.last(4))
 
     run_dir = stopper.start(run)
-    console.print(f"run folder: {run_dir}")
+    console.print(f"run folder: {escape(str(run_dir))}")
     with Live(view(), console=console, refresh_per_second=8, transient=False) as live:
         while not run.done:
             run.wait(0.125)
@@ -314,6 +315,7 @@ class _Notes:
 
 
 def _print_summary(console: Any, run: Any) -> None:
+    from rich.markup import escape
     from rich.text import Text
 
     s = run.state.summary()
@@ -322,7 +324,7 @@ def _print_summary(console: Any, run: Any) -> None:
     console.print(f"[bold {colour}]{state}[/] after {s['steps']} of {s['total_steps']} steps"
                   + (f" in {s['duration_s']:.1f} s" if s["duration_s"] else ""))
     if state == "failed":
-        console.print(f"[red]failed task: {s['failed_task'] or '?'}[/] - {s['reason']}")
+        console.print(f"[red]failed task: {escape(str(s['failed_task'] or '?'))}[/] - {escape(str(s['reason']))}")
         task = run.state.tasks.get(s["failed_task"])
         if task is not None and task.log_tail:
             console.print("[dim]last log lines:[/]")
@@ -334,7 +336,7 @@ def _print_summary(console: Any, run: Any) -> None:
         console.print(f"  replica {rid} ({where}): final loss {_fmt_loss(r['loss'])} "
                       f"(from {_fmt_loss(r['first_loss'])}), {_fmt_rate(r['examples_per_sec'])} examples/s")
     console.print(f"  total: {_fmt_rate(s['examples_per_sec'])} examples/s")
-    console.print(f"run folder: {run.run_dir}")
+    console.print(f"run folder: {escape(str(run.run_dir))}")
 
 
 def cmd_validate(args: argparse.Namespace) -> int:

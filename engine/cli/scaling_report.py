@@ -71,6 +71,7 @@ def command(args: Any) -> int:
     import signal
 
     from rich.console import Console
+    from rich.markup import escape
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
@@ -117,13 +118,13 @@ def command(args: Any) -> int:
         table.add_row(str(p.workers), format_number(p.examples_per_sec, 0) or "-", format_number(report.ideal(p), 0) or "-",
                       f"{eff:.0%}" if eff is not None else "-", p.state)
     console.print(table)
-    console.print(f"[dim]{describe(report)}; Horovod's published efficiency: {HOROVOD_EFFICIENCY:.0%}[/]",
+    console.print(f"[dim]{escape(describe(report))}; Horovod's published efficiency: {HOROVOD_EFFICIENCY:.0%}[/]",
                   soft_wrap=True)
     csv_path = write_csv(report, report_dir / "scaling.csv")
-    console.print(f"CSV: {csv_path}", soft_wrap=True)
+    console.print(f"CSV: {escape(str(csv_path))}", soft_wrap=True)
     if not args.no_png and any(p.examples_per_sec for p in report.points):
         try:
-            console.print(f"PNG: {render_png(csv_path, report_dir / 'scaling.png')}", soft_wrap=True)
+            console.print(f"PNG: {escape(str(render_png(csv_path, report_dir / 'scaling.png')))}", soft_wrap=True)
         except RuntimeError as exc:
             print(f"clusterdeck: no PNG: {exc}", file=sys.stderr)
     ok = session.state == "finished" and all(p.state == "finished" for p in report.points)

@@ -534,3 +534,21 @@ def test_the_live_views_notes_merge_a_message_said_by_every_task_and_show_bracke
         "worker:0, worker:1: 16 steps per function (training.steps_per_execution)",
         "worker:1 failed: ValueError: shape [784] [/] is not [bold]",
     ]
+
+
+def test_a_failed_runs_summary_shows_its_reason_and_folder_as_written() -> None:
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from engine.cli.main import _print_summary
+
+    rs = RunState(total_steps=2)
+    rs.apply(ev("run", "", 0.0, state="running"))
+    rs.apply(ev("run", "", 1.0, state="failed", failed_task="worker:1",
+                reason="ValueError: expected shape [784], got [28, 28] [/]"))
+    console = Console(record=True, width=200)
+    _print_summary(console, SimpleNamespace(state=rs, run_dir="/runs/[1]"))
+    text = console.export_text()
+    assert "failed task: worker:1 - ValueError: expected shape [784], got [28, 28] [/]" in text
+    assert "run folder: /runs/[1]" in text
