@@ -22,10 +22,13 @@ Periodic checkpoints are off on the ClusterDeck side (``checkpoint_every: 0``): 
 what telemetry and supervision cost a training loop. Goal: ClusterDeck / bare >= 0.97 for every
 mode, the whole bootstrap 95 % interval above it.
 
-With ``--direct`` the data mode runs a third side, ``direct``: the runtime with its telemetry on (events
-to its own ``events.jsonl``, TensorBoard summaries, allocator figures) started as the bare side is, with
-no launcher and no supervisor; ``direct / bare`` is what a task's telemetry costs, ``clusterdeck /
-direct`` what the supervision around the tasks does (printed only; the page's table keeps two sides).
+With ``--direct`` the data and async modes run a third side, ``direct``: ClusterDeck's runtime with its
+telemetry on (events to each task's own ``events.jsonl``; data: TensorBoard summaries, allocator figures),
+every task started by hand with its ``TF_CONFIG``, with no launcher, no supervisor and no network
+namespace (async: the chief, the workers and the ps; measured from the chief's ``progress`` events in its
+own file, as ClusterDeck's side is); ``direct / bare`` is what the tasks' own runtime costs against the
+bare loop, ``clusterdeck / direct`` what the supervision around the tasks does (printed only; the page's
+table keeps two sides).
 With ``--tf-threads`` it runs the bare side a second time with TensorFlow's own thread pools (side
 ``tf_threads``: every task a thread per core of the machine) instead of ClusterDeck's share of the cores:
 ``bare / tf_threads`` is what the sharing gains (printed only).
@@ -52,8 +55,10 @@ from _common import ROOT, add_doc_flags, free_port, machine_line, median, task_t
 from _stats import MIN_ROUNDS, goal_verdict, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
+from engine.contract import events  # noqa: E402
 from engine.contract.plan import INTRA_OP_ENV, plan_tasks, resolve_ports  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
+from engine.contract.run_folder import RunFolder  # noqa: E402
 from engine.control.launcher import Run  # noqa: E402
 
 MODES = ("data", "async", "model")
@@ -109,19 +114,53 @@ def clusterdeck_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
     if state != "finished":
         raise SystemExit(f"clusterdeck {mode} run ended {state}: {run.state.reason}")
     shutil.rmtree(run.run_dir, ignore_errors=True)
-    total = cfg.total_steps()
     if mode == "async":
-        warm = warm_steps(total)
-        start = next(((t, c) for t, c in progress if c >= warm), None)
-        end = max(progress, key=lambda p: (p[1], p[0])) if progress else None
-        if start is None or end is None or end[1] <= start[1] or end[0] <= start[0]:
-            raise SystemExit(f"clusterdeck async: too few progress events to measure ({len(progress)})")
-        per_worker = cfg.training.global_batch_size // len(cfg.cluster.tasks_of("worker"))
-        return (end[1] - start[1]) * per_worker / (end[0] - start[0])
+        return progress_rate(cfg, progress, "clusterdeck")
     rates = [e["window_examples_per_sec"] for e in finished if e.get("window_examples_per_sec")]
     if not rates:
         raise SystemExit(f"clusterdeck {mode}: no task reported its steady-state throughput")
     return sum(rates) / len(rates)  # every synchronous task measures the global batch: the mean, not the sum
+
+
+def progress_rate(cfg: config_mod.RunConfig, progress: list[tuple[float, int]], side: str) -> float:
+    """Async steady-state examples/s from the chief's ``progress`` events (time, completed steps): completed
+    steps x per-worker batch, from the first event past the warm-up to the last step."""
+    warm = warm_steps(cfg.total_steps())
+    start = next(((t, c) for t, c in progress if c >= warm), None)
+    end = max(progress, key=lambda p: (p[1], p[0])) if progress else None
+    if start is None or end is None or end[1] <= start[1] or end[0] <= start[0]:
+        raise SystemExit(f"{side} async: too few progress events to measure ({len(progress)})")
+    per_worker = cfg.training.global_batch_size // len(cfg.cluster.tasks_of("worker"))
+    return (end[1] - start[1]) * per_worker / (end[0] - start[0])
+
+
+def async_direct_rate(cfg: config_mod.RunConfig, root: Path) -> float:
+    """Steady-state examples/s of the async runtime started by hand: chief, workers and ps each a process
+    with its ``TF_CONFIG``, no launcher or supervisor; the chief's events to its own file only. The workers
+    and the ps serve until ended: they are killed once the chief has finished."""
+    env = bare_env(len(cfg.cluster.tasks()))
+    work = Path(tempfile.mkdtemp(dir=root, prefix="direct-async-"))
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
+        config_mod.save(cfg, work / "config.yaml")
+        for plan in plan_tasks(cfg):
+            procs[plan.name] = subprocess.Popen(
+                [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work)], env=dict(env, **plan.env),
+                cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if plan.name == "chief:0" else subprocess.DEVNULL)
+        _, err = procs["chief:0"].communicate(timeout=900)
+        if procs["chief:0"].returncode != 0:
+            raise SystemExit(f"direct async chief failed ({procs['chief:0'].returncode}): {err.decode()[-2000:]}")
+        progress = [(float(e["t"]), int(e["completed"]))
+                    for e in events.read_file(RunFolder(work).task_events("chief:0"))
+                    if e["kind"] == "progress" and isinstance(e.get("completed"), int)]
+        return progress_rate(cfg, progress, DIRECT)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(work, ignore_errors=True)
 
 
 def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_threads: bool = False) -> float:
@@ -184,8 +223,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--steps", type=int, default=None, help="steps per run (default 1500, quick 60)")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds (default {MIN_ROUNDS}, quick 1)")
     parser.add_argument("--direct", action="store_true",
-                        help="data mode: also run the runtime with its telemetry but without launcher and supervisor "
-                             f"(side '{DIRECT}'), to tell the task's telemetry from the supervision around it")
+                        help="data and async modes: also run ClusterDeck's runtime with its telemetry, every task "
+                             f"started by hand without launcher and supervisor (side '{DIRECT}'), to tell the tasks' "
+                             "own runtime from the supervision around them")
     parser.add_argument("--tf-threads", action="store_true",
                         help="data mode: also run the bare side with TensorFlow's own thread pools instead of the "
                              f"machine's cores shared by the tasks (side '{TF_THREADS}'): what the sharing gains")
@@ -198,7 +238,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rounds = args.rounds or (1 if args.quick else MIN_ROUNDS)
     print(f"every mode against its bare loop: {', '.join(modes)}; {steps} steps, {rounds} round(s), order "
           f"rotating{rounds_note(rounds)}; {machine_line()}", flush=True)
-    sides_of = {m: SIDES + ((DIRECT,) if args.direct and m == "data" else ())
+    sides_of = {m: SIDES + ((DIRECT,) if args.direct and m in ("data", "async") else ())
                 + ((TF_THREADS,) if args.tf_threads and m == "data" else ()) for m in modes}
     rates: dict[str, dict[str, list[float]]] = {m: {s: [] for s in sides_of[m]} for m in modes}
     with tempfile.TemporaryDirectory(prefix="cd-modes-") as tmp:
@@ -211,7 +251,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     if side == "clusterdeck":
                         got[side] = clusterdeck_rate(mode, cfg, root)
                     elif side == DIRECT:
-                        got[side] = runtime_rate(cfg, root, telemetry=True)
+                        got[side] = (runtime_rate(cfg, root, telemetry=True) if mode == "data"
+                                     else async_direct_rate(cfg, root))
                     elif side == TF_THREADS:
                         got[side] = runtime_rate(cfg, root, telemetry=False, tf_threads=True)
                     else:
@@ -229,8 +270,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{mode}: clusterdeck / bare {ratio.text()} (goal >= {GOAL}: {results[mode]['verdict']}); medians "
               f"clusterdeck {results[mode]['clusterdeck']:.0f} ex/s, bare {results[mode]['bare']:.0f} ex/s")
         if DIRECT in rates[mode]:
-            print(f"{mode}: {DIRECT} / bare {paired_ratio(rates[mode][DIRECT], rates[mode]['bare']).text()} (the task's "
-                  f"telemetry); clusterdeck / {DIRECT} "
+            print(f"{mode}: {DIRECT} / bare {paired_ratio(rates[mode][DIRECT], rates[mode]['bare']).text()} (the tasks' "
+                  f"own runtime); clusterdeck / {DIRECT} "
                   f"{paired_ratio(rates[mode]['clusterdeck'], rates[mode][DIRECT]).text()} (the supervision around it)")
         if TF_THREADS in rates[mode]:
             print(f"{mode}: bare / {TF_THREADS} {paired_ratio(rates[mode]['bare'], rates[mode][TF_THREADS]).text()} "

@@ -166,7 +166,7 @@ def test_async_attribution_runs_a_changed_chief_against_the_original(tmp_path: P
     assert "counter+float64+window / hand-written: chief " in proc.stdout
 
 
-def test_modes_direct_side_runs_in_data_mode_only_and_is_read_against_both_sides(
+def test_modes_direct_side_runs_in_data_and_async_modes_and_is_read_against_both_sides(
         monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
     import modes
 
@@ -175,12 +175,27 @@ def test_modes_direct_side_runs_in_data_mode_only_and_is_read_against_both_sides
     monkeypatch.setattr(modes, "bare_rate", lambda mode, cfg, root: calls.append(("bare", mode)) or 100.0)
     monkeypatch.setattr(modes, "runtime_rate",
                         lambda cfg, root, telemetry: calls.append(("direct", cfg.parallelism.mode)) or 95.0)
-    modes.main(["--modes", "data,model", "--rounds", "2", "--steps", "30", "--direct", "--no-doc"])
+    monkeypatch.setattr(modes, "async_direct_rate",
+                        lambda cfg, root: calls.append(("direct", cfg.parallelism.mode)) or 80.0)
+    modes.main(["--modes", "data,async,model", "--rounds", "2", "--steps", "30", "--direct", "--no-doc"])
     out = capsys.readouterr().out
-    assert calls.count(("direct", "data")) == 2 and ("direct", "model") not in calls
+    assert calls.count(("direct", "data")) == calls.count(("direct", "async")) == 2
+    assert ("direct", "model") not in calls
     assert calls.count(("clusterdeck", "model")) == calls.count(("bare", "model")) == 2
-    assert "data: direct / bare 0.950" in out and "clusterdeck / direct 0.947" in out
+    assert "data: direct / bare 0.950" in out
+    assert "clusterdeck / direct 0.947" in out and "async: direct / bare 0.800" in out
+    assert "clusterdeck / direct 1.125" in out
     assert "model: direct" not in out
+
+
+@pytest.mark.cluster
+def test_the_async_direct_side_trains_every_task_by_hand_and_leaves_none(tmp_path: Path) -> None:
+    import modes
+
+    cfg = modes.load("async", 120)
+    rate = modes.async_direct_rate(cfg, tmp_path)
+    assert rate > 0
+    assert list(tmp_path.iterdir()) == []  # its folder removed; the workers and the ps killed (the fixture checks)
 
 
 def test_modes_tf_threads_side_is_the_bare_runtime_without_the_core_share(
