@@ -39,12 +39,14 @@ With ``--tf-threads`` it runs the bare side a second time with TensorFlow's own 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -134,33 +136,56 @@ def progress_rate(cfg: config_mod.RunConfig, progress: list[tuple[float, int]], 
     return (end[1] - start[1]) * per_worker / (end[0] - start[0])
 
 
-def async_direct_rate(cfg: config_mod.RunConfig, root: Path) -> float:
-    """Steady-state examples/s of the async runtime started by hand: chief, workers and ps each a process
-    with its ``TF_CONFIG``, no launcher or supervisor; the chief's events to its own file only. The workers
-    and the ps serve until ended: they are killed once the chief has finished."""
-    env = bare_env(len(cfg.cluster.tasks()))
-    work = Path(tempfile.mkdtemp(dir=root, prefix="direct-async-"))
+@contextlib.contextmanager
+def tasks_by_hand(cfg: config_mod.RunConfig, env: dict[str, str], root: Path, prefix: str, *,
+                  bare: bool = False) -> Iterator[tuple[Path, dict[str, subprocess.Popen[bytes]]]]:
+    """Every task of ``cfg`` started by hand in a scratch run folder, as the hand-written launches start
+    theirs: ``python -m engine.runtime.task`` with its ``TF_CONFIG`` and no launcher or supervisor (``bare``:
+    the runtime's loop without telemetry). Each task writes its summary to ``TASK.json`` and its stderr to
+    ``TASK.err`` (``TASK``: :func:`task_file`). On leaving, a task still running (an async worker or ps
+    serves until ended) is killed and the folder removed."""
+    work = Path(tempfile.mkdtemp(dir=root, prefix=prefix))
     procs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
         config_mod.save(cfg, work / "config.yaml")
         for plan in plan_tasks(cfg):
-            procs[plan.name] = subprocess.Popen(
-                [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work)], env=dict(env, **plan.env),
-                cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE if plan.name == "chief:0" else subprocess.DEVNULL)
-        _, err = procs["chief:0"].communicate(timeout=900)
-        if procs["chief:0"].returncode != 0:
-            raise SystemExit(f"direct async chief failed ({procs['chief:0'].returncode}): {err.decode()[-2000:]}")
-        progress = [(float(e["t"]), int(e["completed"]))
-                    for e in events.read_file(RunFolder(work).task_events("chief:0"))
-                    if e["kind"] == "progress" and isinstance(e.get("completed"), int)]
-        return progress_rate(cfg, progress, DIRECT)
+            name = task_file(plan.name)
+            with open(work / f"{name}.err", "wb") as err:
+                procs[plan.name] = subprocess.Popen(
+                    [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work),
+                     "--summary-out", str(work / f"{name}.json")] + (["--bare"] if bare else []),
+                    env=dict(env, **plan.env), cwd=work, stdout=subprocess.DEVNULL, stderr=err)
+        yield work, procs
     finally:
         for proc in procs.values():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def task_file(task: str) -> str:
+    return task.replace(":", "-")
+
+
+def wait_task(work: Path, task: str, proc: subprocess.Popen[bytes], side: str) -> None:
+    """Wait for a task of :func:`tasks_by_hand` to finish; a failed one ends the benchmark with its stderr."""
+    proc.wait(900)
+    if proc.returncode != 0:
+        err = (work / f"{task_file(task)}.err").read_text(encoding="utf-8", errors="replace")
+        raise SystemExit(f"{side} task {task} failed ({proc.returncode}): {err[-2000:]}")
+
+
+def async_direct_rate(cfg: config_mod.RunConfig, root: Path) -> float:
+    """Steady-state examples/s of the async runtime started by hand (chief, workers and ps; the chief's
+    events to its own file only), from the chief's ``progress`` events."""
+    with tasks_by_hand(cfg, bare_env(len(cfg.cluster.tasks())), root, "direct-async-") as (work, procs):
+        wait_task(work, "chief:0", procs["chief:0"], DIRECT)
+        progress = [(float(e["t"]), int(e["completed"]))
+                    for e in events.read_file(RunFolder(work).task_events("chief:0"))
+                    if e["kind"] == "progress" and isinstance(e.get("completed"), int)]
+    return progress_rate(cfg, progress, DIRECT)
 
 
 def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_threads: bool = False) -> float:
@@ -171,27 +196,14 @@ def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_t
     env = bare_env(len(cfg.cluster.tasks()))
     if tf_threads:
         env.pop(INTRA_OP_ENV)
-    work = Path(tempfile.mkdtemp(dir=root, prefix="bare-data-" if not telemetry else "direct-data-"))
-    try:
-        cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
-        config_mod.save(cfg, work / "config.yaml")
-        procs = []
-        for plan in plan_tasks(cfg):
-            out = work / f"{plan.name.replace(':', '-')}.json"
-            procs.append((out, subprocess.Popen(
-                [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work), "--summary-out", str(out)]
-                + ([] if telemetry else ["--bare"]), env=dict(env, **plan.env), cwd=work,
-                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+    side = DIRECT if telemetry else "bare"
+    with tasks_by_hand(cfg, env, root, f"{side}-data-", bare=not telemetry) as (work, procs):
         rates = []
-        for out, proc in procs:
-            _, err = proc.communicate(timeout=900)
-            if proc.returncode != 0:
-                raise SystemExit(f"{'direct' if telemetry else 'bare'} data task failed ({proc.returncode}): "
-                                 f"{err.decode()[-2000:]}")
-            rates.append(float(json.loads(out.read_text())["window_examples_per_sec"]))
-        return sum(rates) / len(rates)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        for task, proc in procs.items():
+            wait_task(work, task, proc, f"{side} data")
+            summary = json.loads((work / f"{task_file(task)}.json").read_text())
+            rates.append(float(summary["window_examples_per_sec"]))
+    return sum(rates) / len(rates)
 
 
 def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:

@@ -9,18 +9,12 @@ from pathlib import Path
 import psutil
 
 from engine.control import script_check
+from tests.conftest import command_line
 from tests.engine.test_user_script import script_config
 
 
 def leftover(marker: str) -> list[psutil.Process]:
-    found = []
-    for p in psutil.process_iter():
-        try:
-            if marker in " ".join(p.cmdline()):
-                found.append(p)
-        except psutil.Error:
-            continue
-    return found
+    return [p for p in psutil.process_iter() if marker in command_line(p)]
 
 
 def test_children_of_a_script_are_ended_and_do_not_hold_the_check(tmp_path: Path) -> None:
