@@ -13,7 +13,8 @@ step):
   ClusterDeck against the hand-written ``ParameterServerStrategy`` loop of
   ``bench/_handwritten.py`` grouping its steps as the preset does (``steps_per_execution`` steps
   per scheduled function), one fetch at the end; the runtime has no bare path for this mode.
-  ClusterDeck's figure: completed steps over time from the chief's ``progress`` events;
+  ClusterDeck's figure: the chief's own, over the same window as the bare loop's (from the end of the
+  warm-up, every step so far done, to the last step done), one worker batch per step;
 - *model* (preset ``model-2x2``: one worker, DTensor mesh batch 2 x model 2): ClusterDeck against
   the hand-written DTensor loop of ``bench/_handwritten.py`` (the same Megatron-style split and
   plain SGD; no bare path in the runtime for this mode either).
@@ -25,8 +26,7 @@ mode, the whole bootstrap 95 % interval above it.
 With ``--direct`` the data and async modes run a third side, ``direct``: ClusterDeck's runtime with its
 telemetry on (events to each task's own ``events.jsonl``; data: TensorBoard summaries, allocator figures),
 every task started by hand with its ``TF_CONFIG``, with no launcher, no supervisor and no network
-namespace (async: the chief, the workers and the ps; measured from the chief's ``progress`` events in its
-own file, as ClusterDeck's side is); ``direct / bare`` is what the tasks' own runtime costs against the
+namespace (async: the chief, the workers and the ps; measured by the chief, as ClusterDeck's side is); ``direct / bare`` is what the tasks' own runtime costs against the
 bare loop, ``clusterdeck / direct`` what the supervision around the tasks does (printed only; the page's
 table keeps two sides).
 With ``--tf-threads`` it runs the bare side a second time with TensorFlow's own thread pools (side
@@ -57,10 +57,8 @@ from _common import ROOT, add_doc_flags, free_port, machine_line, median, task_t
 from _stats import MIN_ROUNDS, goal_verdict, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract import events  # noqa: E402
 from engine.contract.plan import INTRA_OP_ENV, plan_tasks, resolve_ports  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
-from engine.contract.run_folder import RunFolder  # noqa: E402
 from engine.control.launcher import Run  # noqa: E402
 
 MODES = ("data", "async", "model")
@@ -102,13 +100,10 @@ def clusterdeck_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
     """Steady-state examples/s of a ClusterDeck run (mean over the tasks that measure it)."""
     run = Run(cfg, runs_root=root)
     finished: list[dict[str, Any]] = []
-    progress: list[tuple[float, int]] = []
 
     def listen(e: dict[str, Any]) -> None:
         if e["kind"] == "status" and e.get("state") == "finished":
             finished.append(e)
-        elif e["kind"] == "progress" and isinstance(e.get("completed"), int):
-            progress.append((float(e["t"]), int(e["completed"])))
 
     run.add_listener(listen)
     run.start()
@@ -116,24 +111,11 @@ def clusterdeck_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
     if state != "finished":
         raise SystemExit(f"clusterdeck {mode} run ended {state}: {run.state.reason}")
     shutil.rmtree(run.run_dir, ignore_errors=True)
-    if mode == "async":
-        return progress_rate(cfg, progress, "clusterdeck")
     rates = [e["window_examples_per_sec"] for e in finished if e.get("window_examples_per_sec")]
     if not rates:
         raise SystemExit(f"clusterdeck {mode}: no task reported its steady-state throughput")
-    return sum(rates) / len(rates)  # every synchronous task measures the global batch: the mean, not the sum
-
-
-def progress_rate(cfg: config_mod.RunConfig, progress: list[tuple[float, int]], side: str) -> float:
-    """Async steady-state examples/s from the chief's ``progress`` events (time, completed steps): completed
-    steps x per-worker batch, from the first event past the warm-up to the last step."""
-    warm = warm_steps(cfg.total_steps())
-    start = next(((t, c) for t, c in progress if c >= warm), None)
-    end = max(progress, key=lambda p: (p[1], p[0])) if progress else None
-    if start is None or end is None or end[1] <= start[1] or end[0] <= start[0]:
-        raise SystemExit(f"{side} async: too few progress events to measure ({len(progress)})")
-    per_worker = cfg.training.global_batch_size // len(cfg.cluster.tasks_of("worker"))
-    return (end[1] - start[1]) * per_worker / (end[0] - start[0])
+    # every synchronous task measures the global batch: the mean, not the sum (async: the chief alone measures)
+    return sum(rates) / len(rates)
 
 
 @contextlib.contextmanager
@@ -179,13 +161,13 @@ def wait_task(work: Path, task: str, proc: subprocess.Popen[bytes], side: str) -
 
 def async_direct_rate(cfg: config_mod.RunConfig, root: Path) -> float:
     """Steady-state examples/s of the async runtime started by hand (chief, workers and ps; the chief's
-    events to its own file only), from the chief's ``progress`` events."""
+    events to its own file only), as the chief measured it."""
     with tasks_by_hand(cfg, bare_env(len(cfg.cluster.tasks())), root, "direct-async-") as (work, procs):
         wait_task(work, "chief:0", procs["chief:0"], DIRECT)
-        progress = [(float(e["t"]), int(e["completed"]))
-                    for e in events.read_file(RunFolder(work).task_events("chief:0"))
-                    if e["kind"] == "progress" and isinstance(e.get("completed"), int)]
-    return progress_rate(cfg, progress, DIRECT)
+        summary = json.loads((work / f"{task_file('chief:0')}.json").read_text())
+    if not summary.get("window_examples_per_sec"):
+        raise SystemExit(f"{DIRECT} async: the chief measured no steady-state throughput")
+    return float(summary["window_examples_per_sec"])
 
 
 def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_threads: bool = False) -> float:
@@ -302,8 +284,8 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         "",
         f"`python bench/modes.py` — {steps} steps per run, {rounds} rounds, order rotating{rounds_note(rounds)}; "
         f"{machine_line()}. Steady-state examples/s measured inside the training process on both sides (after "
-        "`min(50, steps // 5)` warm-up steps, to the last step; async: completed steps x per-worker batch, from "
-        "the chief's `progress` events on ClusterDeck's side). ClusterDeck runs with `checkpoint_every: 0`; both "
+        "`min(50, steps // 5)` warm-up steps, to the last step; async: by the chief on both sides, steps x "
+        "per-worker batch, from the end of the warm-up to the last step done). ClusterDeck runs with `checkpoint_every: 0`; both "
         "sides run with the TensorFlow settings ClusterDeck gives its tasks (`TF_CPU_ALLOCATOR_USE_BFC=1`; the "
         "machine's cores shared evenly by the tasks, `TF_NUM_INTRAOP_THREADS`).",
         "",

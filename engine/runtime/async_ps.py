@@ -349,11 +349,12 @@ class CoordinatorAdapter:
         # tearing the coordinator (and its per-worker iterators) down waits on its threads for seconds; the
         # task process exits right after training (os._exit), so they are kept alive instead
         ctx.keep(coordinator)
-        global_batch = self.global_batch = config.training.global_batch_size
+        global_batch = config.training.global_batch_size
         self.lockstep = False  # only the chief runs the loop
         if global_batch % workers:
             raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the {workers} workers")
-        per_worker_batch = global_batch // workers
+        # a step here is one worker's batch, not a global one: the run's throughput counts those
+        per_worker_batch = self.global_batch = global_batch // workers
         per_execution = config.training.steps_per_execution
         ctx.emitter.info(f"ParameterServerStrategy: {workers} worker(s), {num_ps} ps, "
                          f"{per_worker_batch} examples per worker step"

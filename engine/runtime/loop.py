@@ -44,7 +44,8 @@ class Restored:
 class Adapter(Protocol):
     """What a strategy gives the loop."""
 
-    #: examples of one global step (for throughput)
+    #: examples of one step (for throughput): a synchronous step's global batch, an asynchronous step's
+    #: one worker batch (``global_batch_size / workers``)
     global_batch: int
     #: whether this task steps in lock-step with others (they agree on the step to stop after)
     lockstep: bool

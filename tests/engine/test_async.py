@@ -76,6 +76,12 @@ def test_chief_two_workers_one_ps_complete(runs_root: Path) -> None:
     assert progress[-1]["completed"] == progress[-1]["scheduled"] == 200 and progress[-1]["total"] == 200
     assert any(e["scheduled"] > e["completed"] for e in progress), "steps must be in flight while fetching"
 
+    # the chief's steady-state throughput counts one worker batch (64 examples) per step, as its progress does
+    (done,) = [e for e in rec.of("status", state="finished") if e["task"] == "chief:0"]
+    warm = [e for e in progress if e["completed"] >= 40]
+    paced = (warm[-1]["completed"] - warm[0]["completed"]) * 64 / (warm[-1]["t"] - warm[0]["t"])
+    assert 0.7 < done["window_examples_per_sec"] / paced < 1.4, (done["window_examples_per_sec"], paced)
+
     (placement,) = rec.of("placement")
     assert placement["variables"] and {v["task"] for v in placement["variables"]} == {"ps:0"}
     assert {e["task"] for e in rec.of("status", state="running")} == {"chief:0", "worker:0", "worker:1", "ps:0"}
