@@ -40,6 +40,8 @@ SCRIPT = textwrap.dedent('''
 
 
 def user_config(tmp_path: Path, steps: int = 60) -> config_mod.RunConfig:
+    """The user's sharded model and data; every step reported (``metrics_hz`` 1e6), so the count of loss
+    reports follows the steps, not how fast this machine ran them."""
     script = tmp_path / "sharded_user.py"
     script.write_text(SCRIPT)
     base = config_mod.load(PRESETS / "model-user-script.yaml")
@@ -47,7 +49,7 @@ def user_config(tmp_path: Path, steps: int = 60) -> config_mod.RunConfig:
                    data=replace(base.data, source="script", path=str(script), shape=(64,), classes=4, size=4096),
                    model=replace(base.model, script=str(script), hidden=(32,)),
                    training=replace(base.training, steps=steps, global_batch_size=64, learning_rate=0.003,
-                                    checkpoint_every=0, metrics_hz=50))
+                                    checkpoint_every=0, metrics_hz=1e6))
 
 
 def test_a_script_with_only_a_sharded_model_passes_the_check(tmp_path: Path) -> None:
