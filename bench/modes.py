@@ -151,20 +151,22 @@ def task_file(task: str) -> str:
     return task.replace(":", "-")
 
 
-def wait_task(work: Path, task: str, proc: subprocess.Popen[bytes], side: str) -> None:
-    """Wait for a task of :func:`tasks_by_hand` to finish; a failed one ends the benchmark with its stderr."""
+def task_summary(work: Path, task: str, proc: subprocess.Popen[bytes], side: str) -> dict[str, Any]:
+    """Wait for a task of :func:`tasks_by_hand` to finish and read its summary; a failed one ends the
+    benchmark with its stderr."""
     proc.wait(900)
     if proc.returncode != 0:
         err = (work / f"{task_file(task)}.err").read_text(encoding="utf-8", errors="replace")
         raise SystemExit(f"{side} task {task} failed ({proc.returncode}): {err[-2000:]}")
+    summary: dict[str, Any] = json.loads((work / f"{task_file(task)}.json").read_text(encoding="utf-8"))
+    return summary
 
 
 def async_direct_rate(cfg: config_mod.RunConfig, root: Path) -> float:
     """Steady-state examples/s of the async runtime started by hand (chief, workers and ps; the chief's
     events to its own file only), as the chief measured it."""
     with tasks_by_hand(cfg, bare_env(len(cfg.cluster.tasks())), root, "direct-async-") as (work, procs):
-        wait_task(work, "chief:0", procs["chief:0"], DIRECT)
-        summary = json.loads((work / f"{task_file('chief:0')}.json").read_text())
+        summary = task_summary(work, "chief:0", procs["chief:0"], DIRECT)
     if not summary.get("window_examples_per_sec"):
         raise SystemExit(f"{DIRECT} async: the chief measured no steady-state throughput")
     return float(summary["window_examples_per_sec"])
@@ -180,11 +182,8 @@ def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_t
         env.pop(INTRA_OP_ENV)
     side = DIRECT if telemetry else "bare"
     with tasks_by_hand(cfg, env, root, f"{side}-data-", bare=not telemetry) as (work, procs):
-        rates = []
-        for task, proc in procs.items():
-            wait_task(work, task, proc, f"{side} data")
-            summary = json.loads((work / f"{task_file(task)}.json").read_text())
-            rates.append(float(summary["window_examples_per_sec"]))
+        rates = [float(task_summary(work, task, proc, f"{side} data")["window_examples_per_sec"])
+                 for task, proc in procs.items()]
     return sum(rates) / len(rates)
 
 
