@@ -2,6 +2,9 @@
 
 Run in a subprocess by :mod:`engine.control.script_check` (the script imports TensorFlow; the launcher must
 not). It imports the script, builds its model and/or dataset and runs one batch through model and loss.
+TensorFlow (and the runtime's modules that import it) comes in only once the script has been read: a syntax
+error, a failing import or a missing function is reported in a fraction of a second, not after TensorFlow's
+import (unless the script itself imports it).
 """
 
 from __future__ import annotations
@@ -15,8 +18,6 @@ from typing import Any
 
 from engine.contract import config as config_mod
 from engine.contract.config import RunConfig
-from engine.runtime import data as data_mod
-from engine.runtime import models
 from engine.runtime.user_script import ScriptError, _function, load, script_path, user_traceback
 
 
@@ -84,6 +85,9 @@ def check(config: RunConfig) -> list[dict[str, str]]:
 
     import keras
     import tensorflow as tf
+
+    from engine.runtime import data as data_mod
+    from engine.runtime import models
 
     def failed(field: str, what: str, exc: BaseException) -> list[dict[str, str]]:
         if isinstance(exc, ScriptError):

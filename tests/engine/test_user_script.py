@@ -4,6 +4,8 @@ the config chooses it, and trained for real as model, as data, or both."""
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -73,6 +75,19 @@ def test_syntax_error_shows_the_file_line_and_caret(tmp_path: Path) -> None:
     p = one_problem(script_check.check(script_config(path)), "model.script", str(path),
                     "importing the script failed", "SyntaxError", "line 3", "def build_model(config)")
     assert "engine/runtime" not in p.message, "ClusterDeck's own frames stay out of the user's traceback"
+
+
+def test_a_script_that_fails_before_importing_keras_is_reported_without_tensorflow(tmp_path: Path) -> None:
+    # the check reads the script before TensorFlow comes in: the user's typo is named at once
+    path = write(tmp_path, "typo.py", "def build_model(config)\n    return None\n")
+    config_mod.save(script_config(path), tmp_path / "config.yaml")
+    code = ("import sys\nfrom engine.contract import config\nfrom engine.runtime import script_checker\n"
+            "problems = script_checker.check(config.load(sys.argv[1], check=False))\n"
+            "print(problems[0]['field'], 'tensorflow' in sys.modules, 'keras' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "config.yaml")], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["model.script", "False", "False"]
 
 
 def test_error_at_import_shows_the_scripts_traceback(tmp_path: Path) -> None:
