@@ -1,8 +1,15 @@
-"""Shared fixtures: every test gets its own runs folder, and no test may leave a process behind."""
+"""Shared fixtures: every test gets its own runs folder, and no test may leave a process behind.
+
+The one-node Slurm of ``tests/engine/test_slurm.py`` is a session fixture, and its job over a time limit
+starts with the session's first test when that test is collected: Slurm ends the job a minute later while
+the other tests run, and the test only reads how it ended, instead of waiting out the minute.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 import uuid
@@ -148,3 +155,103 @@ class EventRecorder:
 
     def pids(self) -> set[int]:
         return {e["pid"] for e in self.of("status") if isinstance(e.get("pid"), int)}
+
+
+# --------------------------------------------------------------------------- the one-node Slurm
+
+#: The test that reads how :func:`slurm_job_over_its_time_limit` ended.
+SLURM_TIME_LIMIT_TEST = "test_slurm.py::test_a_job_over_its_time_limit_fails_with_slurm_s_reason"
+#: The name of that job's run (and so of its Slurm job).
+SLURM_TIME_LIMITED = "slurm-time-limit"
+
+
+def slurm_preset(name: str, **changes: Any) -> Any:
+    """A Slurm preset, its python the interpreter running the tests (the node is this machine); ``changes``:
+    the Slurm request's ``partition``, ``nodes``, ``time_limit`` and any training setting."""
+    from engine.contract import config as config_mod
+
+    config = config_mod.load(PRESETS / name)
+    hosts = tuple(config_mod.replace(h, python=sys.executable) for h in config.cluster.hosts)
+    config = config_mod.replace(config, cluster=config_mod.replace(config.cluster, hosts=hosts))
+    slurm_changes = {k: changes.pop(k) for k in list(changes) if k in ("partition", "nodes", "time_limit")}
+    if slurm_changes:
+        h = config.cluster.hosts[0]
+        assert h.slurm is not None
+        host = config_mod.replace(h, slurm=config_mod.replace(h.slurm, **slurm_changes))
+        config = config_mod.replace(config, cluster=config_mod.replace(config.cluster, hosts=(host,)))
+    return config_mod.replace(config, training=config_mod.replace(config.training, **changes))
+
+
+@pytest.fixture(scope="session")
+def slurm_session() -> Iterator[Any]:
+    """The one-node Slurm on 127.0.0.1 (started unless it runs already; ``SLURM_CONF`` set for the session),
+    or, as a string, why it is not there: the Slurm tests' ``cluster`` fixture skips or fails on it."""
+    from tests.engine import slurm_cluster
+
+    missing = slurm_cluster.missing_programs()
+    if missing:
+        yield f"Slurm is not installed ({', '.join(missing)} missing; .ci/services/slurm.sh installs it)"
+        return
+    try:
+        up = slurm_cluster.ensure()
+    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+        yield f"the one-node Slurm did not start: {exc}"
+        return
+    saved = os.environ.get("SLURM_CONF")
+    os.environ.update({k: v for k, v in up.env.items() if k == "SLURM_CONF"})
+    try:
+        yield up
+    finally:
+        if saved is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = saved
+        up.stop()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def slurm_job_over_its_time_limit(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+                                  ) -> Iterator[dict[str, Any] | None]:
+    """``clusterdeck run`` of a 1-minute Slurm job that would train for an hour, from the session's first test
+    on, when :data:`SLURM_TIME_LIMIT_TEST` is collected (else None, as when Slurm is not there).
+
+    Its steps are slow on purpose (worker 0 sleeps 0.2 s a step, worker 1 waits for it): it trains through
+    its minute on little CPU beside the other tests. Its own test-session mark keeps the per-test leftover
+    check from counting its processes.
+    """
+    if not any(item.nodeid.endswith(SLURM_TIME_LIMIT_TEST) for item in request.session.items):
+        yield None
+        return
+    up = request.getfixturevalue("slurm_session")
+    if isinstance(up, str):
+        yield None
+        return
+    from engine.contract import config as config_mod
+    from engine.control import slurm
+    from tests.engine import slurm_cluster
+
+    folder = tmp_path_factory.mktemp("time-limit")
+    config = slurm_preset("slurm-data.yaml", time_limit="1", steps=10**7, checkpoint_every=0, global_batch_size=32)
+    config = config_mod.replace(config, name=SLURM_TIME_LIMITED,
+                                model=config_mod.replace(config.model, hidden=(16,)))
+    path = folder / "preset.yaml"
+    config_mod.save(config, path)
+    env = dict(os.environ, CLUSTERDECK_TEST_SESSION=f"time-limit-{uuid.uuid4().hex[:8]}",
+               CLUSTERDECK_TEST_STEP_DELAY="worker:0=0.2")
+    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    started = time.monotonic()
+    with open(folder / "out.jsonl", "wb") as out, open(folder / "err.txt", "wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(path), "--out", str(folder / "runs"),
+                                 "--json"], stdout=out, stderr=err, env=env, start_new_session=True)
+    job = {"proc": proc, "folder": folder, "started": started, "mark": env["CLUSTERDECK_TEST_SESSION"]}
+    try:
+        yield job
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        for jid in slurm_cluster.jobs_named(SLURM_TIME_LIMITED):
+            slurm.cancel(jid)

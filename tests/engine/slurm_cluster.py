@@ -111,6 +111,12 @@ def _is_ours(conf: Path) -> bool:
         return False
 
 
+def jobs_named(part: str) -> list[str]:
+    """Ids of the jobs in squeue whose name holds ``part``."""
+    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=10, check=True)
+    return [line.split()[0] for line in out.stdout.splitlines() if part in line.split(maxsplit=1)[-1]]
+
+
 def conf_path(folder: Path = DEFAULT_DIR) -> Path:
     """Where the cluster's config goes: Slurm's default place when free (or ours), else ``folder``."""
     explicit = os.environ.get("SLURM_CONF")

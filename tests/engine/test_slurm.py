@@ -3,9 +3,9 @@
 salloc, srun, scancel and the controller are Slurm's own; the tasks are real TensorFlow processes.
 Without Slurm the tests skip, except with ``CI=true`` (``.ci/run`` starts the cluster), where they fail.
 
-The job over its time limit runs in the background from the first test of the module on (a
-``clusterdeck run`` subprocess with a 1-minute limit): Slurm ends it about a minute later, while
-the other tests run, and the last test reads how it ended.
+The job over its time limit runs in the background from the session's first test on (a
+``clusterdeck run`` subprocess with a 1-minute limit, ``tests/conftest.py``): Slurm ends it about a
+minute later, while the other tests run, and the last test reads how it ended.
 """
 
 from __future__ import annotations
@@ -14,10 +14,8 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,11 +23,10 @@ import psutil
 import pytest
 import yaml
 
-from engine.contract import config as config_mod
 from engine.contract.config import RunConfig
 from engine.control import slurm
 from engine.control.launcher import Run
-from tests.conftest import IN_CI, PRESETS, ROOT, SESSION_MARK, EventRecorder, wait_gone
+from tests.conftest import IN_CI, SESSION_MARK, EventRecorder, slurm_preset, wait_gone
 from tests.engine import slurm_cluster
 
 pytestmark = pytest.mark.cluster
@@ -38,29 +35,12 @@ RUN_TIMEOUT = 150.0
 
 
 @pytest.fixture(scope="module")
-def cluster() -> Iterator[slurm_cluster.Cluster]:
-    missing = slurm_cluster.missing_programs()
-    if missing:
-        why = f"Slurm is not installed ({', '.join(missing)} missing; .ci/services/slurm.sh installs it)"
+def cluster(slurm_session: slurm_cluster.Cluster | str) -> slurm_cluster.Cluster:
+    if isinstance(slurm_session, str):
         if IN_CI:
-            pytest.fail(f"CI=true and {why}")
-        pytest.skip(why)
-    try:
-        up = slurm_cluster.ensure()
-    except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-        if IN_CI:
-            pytest.fail(f"CI=true and the one-node Slurm did not start: {exc}")
-        pytest.skip(f"the one-node Slurm did not start: {exc}")
-    saved = os.environ.get("SLURM_CONF")
-    os.environ.update({k: v for k, v in up.env.items() if k == "SLURM_CONF"})
-    try:
-        yield up
-    finally:
-        if saved is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = saved
-        up.stop()
+            pytest.fail(f"CI=true and {slurm_session}")
+        pytest.skip(slurm_session)
+    return slurm_session
 
 
 class Recorder(EventRecorder):
@@ -79,17 +59,8 @@ class Recorder(EventRecorder):
 
 
 def preset(name: str, **changes: Any) -> RunConfig:
-    """A Slurm preset, its python the interpreter running the tests (the node is this machine)."""
-    config = config_mod.load(PRESETS / name)
-    hosts = tuple(config_mod.replace(h, python=sys.executable) for h in config.cluster.hosts)
-    config = config_mod.replace(config, cluster=config_mod.replace(config.cluster, hosts=hosts))
-    slurm_changes = {k: changes.pop(k) for k in list(changes) if k in ("partition", "nodes", "time_limit")}
-    if slurm_changes:
-        h = config.cluster.hosts[0]
-        assert h.slurm is not None
-        host = config_mod.replace(h, slurm=config_mod.replace(h.slurm, **slurm_changes))
-        config = config_mod.replace(config, cluster=config_mod.replace(config.cluster, hosts=(host,)))
-    return config_mod.replace(config, training=config_mod.replace(config.training, **changes))
+    config: RunConfig = slurm_preset(name, **changes)
+    return config
 
 
 def launch(config: RunConfig, runs_root: Path) -> tuple[Run, Recorder]:
@@ -102,12 +73,6 @@ def launch(config: RunConfig, runs_root: Path) -> tuple[Run, Recorder]:
 
 def job_ids(rec: Recorder) -> set[str]:
     return {str(e["job_id"]) for e in rec.events if e.get("job_id")}
-
-
-def jobs_named(part: str) -> list[str]:
-    """Ids of the jobs in squeue whose name holds ``part``."""
-    out = subprocess.run(["squeue", "-h", "-o", "%i %j"], capture_output=True, text=True, timeout=10, check=True)
-    return [line.split()[0] for line in out.stdout.splitlines() if part in line.split(maxsplit=1)[-1]]
 
 
 def processes_of_run(run_dir: Path, jobs: set[str]) -> list[int]:
@@ -142,41 +107,6 @@ def assert_nothing_left(run: Run, rec: Recorder) -> None:
 
 # --------------------------------------------------------------------------- a job over its time limit
 
-TIME_LIMITED = "slurm-time-limit"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def job_over_its_time_limit(cluster: slurm_cluster.Cluster, tmp_path_factory: pytest.TempPathFactory
-                            ) -> Iterator[dict[str, Any]]:
-    """``clusterdeck run`` of a 1-minute job that would train for an hour, from the module's start on.
-
-    Its own test-session mark keeps the per-test leftover check from counting its processes.
-    """
-    folder = tmp_path_factory.mktemp("time-limit")
-    config = preset("slurm-data.yaml", time_limit="1", steps=10**7, checkpoint_every=0, global_batch_size=32)
-    config = config_mod.replace(config, name=TIME_LIMITED, model=config_mod.replace(config.model, hidden=(16,)))
-    path = folder / "preset.yaml"
-    config_mod.save(config, path)
-    env = dict(os.environ, CLUSTERDECK_TEST_SESSION=f"time-limit-{uuid.uuid4().hex[:8]}")
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    started = time.monotonic()
-    with open(folder / "out.jsonl", "wb") as out, open(folder / "err.txt", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(path), "--out", str(folder / "runs"),
-                                 "--json"], stdout=out, stderr=err, env=env, start_new_session=True)
-    job = {"proc": proc, "folder": folder, "started": started, "mark": env["CLUSTERDECK_TEST_SESSION"]}
-    try:
-        yield job
-    finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        for jid in jobs_named(TIME_LIMITED):
-            slurm.cancel(jid)
-
-
 # --------------------------------------------------------------------------- refused or explained
 
 
@@ -190,7 +120,7 @@ def test_more_nodes_than_the_partition_has_is_refused_before_submission(cluster:
     assert run.wait(30) == "failed"
     assert "slurm.nodes" in run.state.reason and "PartitionConfig" in run.state.reason
     assert not job_ids(rec), "a job was submitted although sinfo says it cannot run"
-    assert not jobs_named(slurm.job_name(run.run_dir.name, ""))
+    assert not slurm_cluster.jobs_named(slurm.job_name(run.run_dir.name, ""))
     # what Slurm itself would have said, explained the same way
     explained = slurm.JobStatus("7", "PENDING", "PartitionConfig", partition="debug").explain()
     assert "Slurm job 7 is pending in partition 'debug' (PartitionConfig)" in explained
@@ -278,8 +208,10 @@ def test_async_preset_runs_through_slurm_and_stop_cancels_the_job(cluster: slurm
     assert_nothing_left(run, rec)
 
 
-def test_a_job_over_its_time_limit_fails_with_slurm_s_reason(cluster: slurm_cluster.Cluster,
-                                                             job_over_its_time_limit: dict[str, Any]) -> None:
+def test_a_job_over_its_time_limit_fails_with_slurm_s_reason(
+        cluster: slurm_cluster.Cluster, slurm_job_over_its_time_limit: dict[str, Any] | None) -> None:
+    job_over_its_time_limit = slurm_job_over_its_time_limit
+    assert job_over_its_time_limit is not None, "the job over its time limit was not started"
     proc: subprocess.Popen[bytes] = job_over_its_time_limit["proc"]
     folder: Path = job_over_its_time_limit["folder"]
     try:
