@@ -15,10 +15,13 @@ import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psutil
 import pytest
+
+if TYPE_CHECKING:
+    from engine.contract.config import RunConfig
 
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ROOT / "presets"
@@ -165,7 +168,7 @@ SLURM_TIME_LIMIT_TEST = "test_slurm.py::test_a_job_over_its_time_limit_fails_wit
 SLURM_TIME_LIMITED = "slurm-time-limit"
 
 
-def slurm_preset(name: str, **changes: Any) -> Any:
+def slurm_preset(name: str, **changes: Any) -> RunConfig:
     """A Slurm preset, its python the interpreter running the tests (the node is this machine); ``changes``:
     the Slurm request's ``partition``, ``nodes``, ``time_limit`` and any training setting."""
     from engine.contract import config as config_mod

@@ -26,7 +26,8 @@ import yaml
 from engine.contract.config import RunConfig
 from engine.control import slurm
 from engine.control.launcher import Run
-from tests.conftest import IN_CI, SESSION_MARK, EventRecorder, slurm_preset, wait_gone
+from tests.conftest import IN_CI, SESSION_MARK, EventRecorder, wait_gone
+from tests.conftest import slurm_preset as preset
 from tests.engine import slurm_cluster
 
 pytestmark = pytest.mark.cluster
@@ -56,11 +57,6 @@ class Recorder(EventRecorder):
         with self.lock:
             return [f"{e['kind']}:{e.get('task')}:{e.get('state', '')}:{e.get('reason', e.get('message', ''))}"[:160]
                     for e in self.events if e["kind"] != "step" and e["kind"] != "device"][-20:]
-
-
-def preset(name: str, **changes: Any) -> RunConfig:
-    config: RunConfig = slurm_preset(name, **changes)
-    return config
 
 
 def launch(config: RunConfig, runs_root: Path) -> tuple[Run, Recorder]:
@@ -210,12 +206,11 @@ def test_async_preset_runs_through_slurm_and_stop_cancels_the_job(cluster: slurm
 
 def test_a_job_over_its_time_limit_fails_with_slurm_s_reason(
         cluster: slurm_cluster.Cluster, slurm_job_over_its_time_limit: dict[str, Any] | None) -> None:
-    job_over_its_time_limit = slurm_job_over_its_time_limit
-    assert job_over_its_time_limit is not None, "the job over its time limit was not started"
-    proc: subprocess.Popen[bytes] = job_over_its_time_limit["proc"]
-    folder: Path = job_over_its_time_limit["folder"]
+    assert slurm_job_over_its_time_limit is not None, "the job over its time limit was not started"
+    proc: subprocess.Popen[bytes] = slurm_job_over_its_time_limit["proc"]
+    folder: Path = slurm_job_over_its_time_limit["folder"]
     try:
-        code = proc.wait(timeout=max(1.0, 200 - (time.monotonic() - job_over_its_time_limit["started"])))
+        code = proc.wait(timeout=max(1.0, 200 - (time.monotonic() - slurm_job_over_its_time_limit["started"])))
     except subprocess.TimeoutExpired:
         pytest.fail("the run outlived its 1-minute Slurm time limit by minutes")
     lines = [json.loads(x) for x in (folder / "out.jsonl").read_text().splitlines() if x.startswith("{")]
@@ -229,5 +224,5 @@ def test_a_job_over_its_time_limit_fails_with_slurm_s_reason(
     assert yaml.safe_load((run_dir / "run.json").read_text())["state"] == "failed"
     jobs = {str(e["job_id"]) for e in events if e.get("job_id")}
     assert jobs and not any(slurm.queued(j) for j in jobs)
-    left = [p.pid for p in psutil.process_iter() if _environ_text(p).find(job_over_its_time_limit["mark"]) >= 0]
+    left = [p.pid for p in psutil.process_iter() if _environ_text(p).find(slurm_job_over_its_time_limit["mark"]) >= 0]
     assert wait_gone(left, 5.0) == [], "processes of the timed-out run are still alive"
