@@ -108,6 +108,25 @@ def task_threads(tasks: int, env: dict[str, str]) -> str:
     return env.get(INTRA_OP_ENV) or str(intra_op_threads(tasks, machine_fit.cpu_count()))
 
 
+def core_shares(plans: Sequence[Any]) -> dict[str, Any]:
+    """The cores and thread settings ClusterDeck's supervisor gives each of ``plans`` (one host's tasks) on
+    this machine (``engine.contract.plan.share_cores``); none where this environment chooses the intra-op
+    threads, as the supervisor then leaves the tasks' placement to the kernel."""
+    from engine.contract.plan import INTRA_OP_ENV, share_cores
+    from engine.control import machine_fit
+
+    if os.environ.get(INTRA_OP_ENV):
+        return {}
+    return share_cores(plans, machine_fit.cpus())
+
+
+def cores_json(shares: dict[str, Any]) -> str:
+    """``CD_BENCH_CORES`` for the hand-written loops (``bench/_handwritten.py``)."""
+    import json
+
+    return json.dumps({name: {"cores": list(s.cores), "env": s.env} for name, s in shares.items()})
+
+
 def machine_line() -> str:
     import platform
 

@@ -26,6 +26,10 @@ benchmarks, add measurements without changing the loop:
 - ``CD_BENCH_SUMMARY=PATH``: steady-state examples/s written there as JSON, measured as
   ClusterDeck's runtime measures its own (one extra sync at the end of the warm-up:
   ``min(50, steps // 5)`` steps, then the time to the last step).
+
+A third, ``CD_BENCH_CORES`` (JSON: ``{"worker:0": {"cores": [0], "env": {...}}, ...}``), gives a task
+the cores and thread settings ClusterDeck's supervisor gives it (``engine.contract.plan.share_cores``),
+before TensorFlow is imported: the benchmarks' "ClusterDeck's settings" sides.
 """
 
 from __future__ import annotations
@@ -34,7 +38,18 @@ import os
 import stat
 from pathlib import Path
 
-_PRELUDE = r'''
+#: Applies ``CD_BENCH_CORES`` to this task (named by its ``TF_CONFIG``), before TensorFlow is imported.
+_CORES = r'''
+import json, os
+_task = json.loads(os.environ.get("TF_CONFIG") or "{}").get("task", {})
+_share = json.loads(os.environ.get("CD_BENCH_CORES") or "{}").get(f"{_task.get('type')}:{_task.get('index')}")
+if _share:
+    os.environ.update(_share["env"])
+    if _share["cores"]:
+        os.sched_setaffinity(0, _share["cores"])
+'''
+
+_PRELUDE = _CORES + r'''
 import json, os, sys, time
 T_START = time.time()
 STAMPS = os.environ.get("CD_BENCH_STAMPS") == "1"
@@ -148,7 +163,7 @@ if os.environ.get("CD_BENCH_PLAIN_EXIT") != "1":
     os._exit(0)  # as ClusterDeck's tasks do: TF's own teardown after MultiWorkerMirrored takes seconds
 '''
 
-PSS_SERVER = r'''
+PSS_SERVER = _CORES + r'''
 import tensorflow as tf
 resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
 server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type, task_index=resolver.task_id,

@@ -53,7 +53,18 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import _handwritten  # noqa: E402
-from _common import ROOT, add_doc_flags, free_port, machine_line, median, task_threads, want_doc, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    ROOT,
+    add_doc_flags,
+    core_shares,
+    cores_json,
+    free_port,
+    machine_line,
+    median,
+    task_threads,
+    want_doc,
+    write_section,
+)
 from _stats import MIN_ROUNDS, goal_verdict, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
@@ -73,6 +84,9 @@ SIDES = ("clusterdeck", "bare")
 DIRECT = "direct"
 #: data mode, with ``--tf-threads``: the bare side with TensorFlow's own thread pools (a thread per core per task)
 TF_THREADS = "tf_threads"
+#: data and async modes, with ``--unpinned``: the bare side with the cores shared but every task placed by the
+#: kernel (no task on cores of its own)
+UNPINNED = "unpinned"
 
 
 def warm_steps(total: int) -> int:
@@ -120,10 +134,11 @@ def clusterdeck_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
 
 @contextlib.contextmanager
 def tasks_by_hand(cfg: config_mod.RunConfig, env: dict[str, str], root: Path, prefix: str, *,
-                  bare: bool = False) -> Iterator[tuple[Path, dict[str, subprocess.Popen[bytes]]]]:
+                  bare: bool = False, pinned: bool = True) -> Iterator[tuple[Path, dict[str, subprocess.Popen[bytes]]]]:
     """Every task of ``cfg`` started by hand in a scratch run folder, as the hand-written launches start
     theirs: ``python -m engine.runtime.task`` with its ``TF_CONFIG`` and no launcher or supervisor (``bare``:
-    the runtime's loop without telemetry). Each task writes its summary to ``TASK.json`` and its stderr to
+    the runtime's loop without telemetry), on the cores ClusterDeck's supervisor gives it (``pinned``; else
+    wherever the kernel places it). Each task writes its summary to ``TASK.json`` and its stderr to
     ``TASK.err`` (``TASK``: :func:`task_file`). On leaving, a task still running (an async worker or ps
     serves until ended) is killed and the folder removed."""
     work = Path(tempfile.mkdtemp(dir=root, prefix=prefix))
@@ -131,13 +146,17 @@ def tasks_by_hand(cfg: config_mod.RunConfig, env: dict[str, str], root: Path, pr
     try:
         cfg = config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))
         config_mod.save(cfg, work / "config.yaml")
-        for plan in plan_tasks(cfg):
+        plans = plan_tasks(cfg)
+        shares = core_shares(plans) if pinned else {}
+        for plan in plans:
             name = task_file(plan.name)
+            share = shares.get(plan.name)
             with open(work / f"{name}.err", "wb") as err:
                 procs[plan.name] = subprocess.Popen(
                     [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work),
                      "--summary-out", str(work / f"{name}.json")] + (["--bare"] if bare else []),
-                    env=dict(env, **plan.env), cwd=work, stdout=subprocess.DEVNULL, stderr=err)
+                    env=dict(env, **plan.env, **(share.env if share else {})), cwd=work, stdout=subprocess.DEVNULL,
+                    stderr=err, preexec_fn=_pin(share.cores) if share and share.cores else None)
         yield work, procs
     finally:
         for proc in procs.values():
@@ -145,6 +164,10 @@ def tasks_by_hand(cfg: config_mod.RunConfig, env: dict[str, str], root: Path, pr
                 proc.kill()
                 proc.wait()
         shutil.rmtree(work, ignore_errors=True)
+
+
+def _pin(cores: tuple[int, ...]) -> Any:
+    return lambda: os.sched_setaffinity(0, cores)
 
 
 def task_file(task: str) -> str:
@@ -172,25 +195,33 @@ def async_direct_rate(cfg: config_mod.RunConfig, root: Path) -> float:
     return float(summary["window_examples_per_sec"])
 
 
-def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_threads: bool = False) -> float:
+def runtime_rate(cfg: config_mod.RunConfig, root: Path, *, telemetry: bool, tf_threads: bool = False,
+                 pinned: bool = True) -> float:
     """Steady-state examples/s of the data-parallel runtime started by hand, one process per task with its
     ``TF_CONFIG`` and no launcher or supervisor: bare (``--bare``), or with its telemetry (events to its own
     ``events.jsonl``, TensorBoard summaries, allocator figures; no event pipe). ``tf_threads``: with
-    TensorFlow's own intra-op pools instead of ClusterDeck's share of the cores."""
+    TensorFlow's own intra-op pools instead of ClusterDeck's share of the cores; ``pinned``: each task on
+    the cores ClusterDeck gives it."""
     env = bare_env(len(cfg.cluster.tasks()))
     if tf_threads:
         env.pop(INTRA_OP_ENV)
     side = DIRECT if telemetry else "bare"
-    with tasks_by_hand(cfg, env, root, f"{side}-data-", bare=not telemetry) as (work, procs):
+    with tasks_by_hand(cfg, env, root, f"{side}-data-", bare=not telemetry,
+                       pinned=pinned and not tf_threads) as (work, procs):
         rates = [float(task_summary(work, task, proc, f"{side} data")["window_examples_per_sec"])
                  for task, proc in procs.items()]
     return sum(rates) / len(rates)
 
 
-def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path) -> float:
+def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path, *, pinned: bool = True) -> float:
+    """The bare loop's steady-state examples/s, its tasks on the cores ClusterDeck's supervisor gives them
+    (``pinned``; else placed by the kernel)."""
     if mode == "data":
-        return runtime_rate(cfg, root, telemetry=False)
+        return runtime_rate(cfg, root, telemetry=False, pinned=pinned)
     env = bare_env(len(cfg.cluster.tasks()))
+    shares = core_shares(plan_tasks(config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster)))) if pinned else {}
+    if shares:  # the hand-written tasks carry the same names (chief:0, worker:0, ...)
+        env["CD_BENCH_CORES"] = cores_json(shares)
     work = Path(tempfile.mkdtemp(dir=root, prefix=f"bare-{mode}-"))
     try:
         _handwritten.write_all(work)
@@ -219,6 +250,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="data and async modes: also run ClusterDeck's runtime with its telemetry, every task "
                              f"started by hand without launcher and supervisor (side '{DIRECT}'), to tell the tasks' "
                              "own runtime from the supervision around them")
+    parser.add_argument("--unpinned", action="store_true",
+                        help="data and async modes: also run the bare side with every task placed by the kernel "
+                             f"instead of on the cores ClusterDeck gives it (side '{UNPINNED}'): what the pinning "
+                             "gains")
     parser.add_argument("--tf-threads", action="store_true",
                         help="data mode: also run the bare side with TensorFlow's own thread pools instead of the "
                              f"machine's cores shared by the tasks (side '{TF_THREADS}'): what the sharing gains")
@@ -232,7 +267,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"every mode against its bare loop: {', '.join(modes)}; {steps} steps, {rounds} round(s), order "
           f"rotating{rounds_note(rounds)}; {machine_line()}", flush=True)
     sides_of = {m: SIDES + ((DIRECT,) if args.direct and m in ("data", "async") else ())
-                + ((TF_THREADS,) if args.tf_threads and m == "data" else ()) for m in modes}
+                + ((TF_THREADS,) if args.tf_threads and m == "data" else ())
+                + ((UNPINNED,) if args.unpinned and m in ("data", "async") else ()) for m in modes}
     rates: dict[str, dict[str, list[float]]] = {m: {s: [] for s in sides_of[m]} for m in modes}
     with tempfile.TemporaryDirectory(prefix="cd-modes-") as tmp:
         root = Path(tmp)
@@ -248,13 +284,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                      else async_direct_rate(cfg, root))
                     elif side == TF_THREADS:
                         got[side] = runtime_rate(cfg, root, telemetry=False, tf_threads=True)
+                    elif side == UNPINNED:
+                        got[side] = bare_rate(mode, cfg, root, pinned=False)
                     else:
                         got[side] = bare_rate(mode, cfg, root)
                     rates[mode][side].append(got[side])
                 print(f"round {r + 1:>2} {mode:<5}: clusterdeck {got['clusterdeck']:8.0f} ex/s, bare "
                       f"{got['bare']:8.0f} ex/s, ratio {got['clusterdeck'] / got['bare']:.3f}"
                       + (f"; {DIRECT} {got[DIRECT]:8.0f} ex/s" if DIRECT in got else "")
-                      + (f"; {TF_THREADS} {got[TF_THREADS]:8.0f} ex/s" if TF_THREADS in got else ""), flush=True)
+                      + (f"; {TF_THREADS} {got[TF_THREADS]:8.0f} ex/s" if TF_THREADS in got else "")
+                      + (f"; {UNPINNED} {got[UNPINNED]:8.0f} ex/s" if UNPINNED in got else ""), flush=True)
     results = {}
     for mode in modes:
         ratio = paired_ratio(rates[mode]["clusterdeck"], rates[mode]["bare"])
@@ -266,6 +305,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"{mode}: {DIRECT} / bare {paired_ratio(rates[mode][DIRECT], rates[mode]['bare']).text()} (the tasks' "
                   f"own runtime); clusterdeck / {DIRECT} "
                   f"{paired_ratio(rates[mode]['clusterdeck'], rates[mode][DIRECT]).text()} (the supervision around it)")
+        if UNPINNED in rates[mode]:
+            results[mode]["pinning"] = paired_ratio(rates[mode]["bare"], rates[mode][UNPINNED])
+            print(f"{mode}: bare / {UNPINNED} {results[mode]['pinning'].text()} (the training tasks on cores of their "
+                  f"own against placed by the kernel); clusterdeck / {UNPINNED} "
+                  f"{paired_ratio(rates[mode]['clusterdeck'], rates[mode][UNPINNED]).text()}")
         if TF_THREADS in rates[mode]:
             print(f"{mode}: bare / {TF_THREADS} {paired_ratio(rates[mode]['bare'], rates[mode][TF_THREADS]).text()} "
                   f"(the cores shared against TensorFlow's own pools); clusterdeck / {TF_THREADS} "
@@ -286,7 +330,9 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         "`min(50, steps // 5)` warm-up steps, to the last step; async: by the chief on both sides, steps x "
         "per-worker batch, from the end of the warm-up to the last step done). ClusterDeck runs with `checkpoint_every: 0`; both "
         "sides run with the TensorFlow settings ClusterDeck gives its tasks (`TF_CPU_ALLOCATOR_USE_BFC=1`; the "
-        "machine's cores shared evenly by the tasks, `TF_NUM_INTRAOP_THREADS`).",
+        "machine's cores shared evenly by the tasks, `TF_NUM_INTRAOP_THREADS`) and on the cores it gives them (the "
+        "training tasks, where there are enough cores, each on cores of its own; `share_cores` in "
+        "`engine/contract/plan.py`).",
         "",
         "| mode (preset) | bare side | bare ex/s (median) | ClusterDeck ex/s (median) | ClusterDeck / bare "
         "[95 % CI] | goal |",
@@ -310,6 +356,11 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         "every 0.5 s from the supervisor (psutil) and, in the task, TensorFlow's allocator figures at most every "
         "0.5 s; the final checkpoint after the measured window.",
     ]
+    pinning = {m: x["pinning"] for m, x in results.items() if x.get("pinning") is not None}
+    if pinning:
+        lines += ["", "What the cores of their own gain (`--unpinned`: the bare side again, every task placed by the "
+                  "kernel, in the same rounds): bare pinned / bare unpinned " + ", ".join(
+                      f"{m} **{r.text()}**" for m, r in pinning.items()) + "."]
     return "\n".join(lines)
 
 

@@ -52,6 +52,8 @@ import _handwritten  # noqa: E402
 from _common import (  # noqa: E402
     ROOT,
     add_doc_flags,
+    core_shares,
+    cores_json,
     free_port,
     machine_line,
     median,
@@ -63,7 +65,7 @@ from _common import (  # noqa: E402
 from _stats import MIN_ROUNDS, Ratio, goal_verdict, paired_difference, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract.plan import INTRA_OP_ENV  # noqa: E402
+from engine.contract.plan import INTRA_OP_ENV, plan_tasks, resolve_ports  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
 
 SIDES = ("clusterdeck", "hand")
@@ -99,6 +101,8 @@ class Bench:
     per_execution: dict[str, int] = field(default_factory=dict)
     #: intra-op threads per task that ClusterDeck's supervisor gives each mode's tasks on this machine
     threads: dict[str, str] = field(default_factory=dict)
+    #: the cores it gives them (``CD_BENCH_CORES`` of the hand-written loops; '' where it pins none)
+    cores: dict[str, str] = field(default_factory=dict)
 
     @staticmethod
     def create(work: Path) -> Bench:
@@ -115,6 +119,8 @@ class Bench:
             bench.presets[mode] = path
             bench.per_execution[mode] = cfg.training.steps_per_execution
             bench.threads[mode] = task_threads(len(cfg.cluster.tasks()), env)
+            shares = core_shares(plan_tasks(config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))))
+            bench.cores[mode] = cores_json(shares) if shares else ""
         (work / "runs").mkdir(exist_ok=True)
         return bench
 
@@ -137,6 +143,8 @@ class Bench:
             env = dict(env or self.env)
             if side == GROUPED:
                 env[INTRA_OP_ENV] = self.threads[mode]
+                if self.cores.get(mode):
+                    env["CD_BENCH_CORES"] = self.cores[mode]
             wall, cpu, code = timed_process(cmd, cwd=self.work, env=env, stdout=out, stderr=err,
                                             watch=watch)
         text = out_path.read_text(encoding="utf-8", errors="replace")
@@ -278,10 +286,12 @@ def settings_text(bench: Bench) -> list[str]:
         "write per event) and to its pipe; the launcher appends every event again to the run's `events.jsonl` "
         "(one write per burst); TensorBoard summaries of the same scalars on a background thread of each task "
         "(at most 2 points per second per replica, `flush_millis` 2000); `run.json` at the start and the end; task logs |",
-        "| threads | TensorFlow's defaults: every task an intra-op pool of a thread per core of the machine (the "
-        "grouped side: the machine's cores shared evenly by the tasks, as ClusterDeck does) | the supervisor "
-        "shares the machine's cores evenly between the tasks on it (`TF_NUM_INTRAOP_THREADS`, unless the "
-        "environment sets it) |",
+        "| threads and cores | TensorFlow's defaults: every task an intra-op pool of a thread per core of the machine, "
+        "placed by the kernel (the grouped side: the machine's cores shared evenly by the tasks and each training "
+        "task on cores of its own, as ClusterDeck does) | the supervisor shares the machine's cores evenly between "
+        "the tasks on it (`TF_NUM_INTRAOP_THREADS`) and, where there are enough, runs each training task on cores "
+        "of its own (its CPU affinity; the ps and the async chief stay free), unless the environment sets the "
+        "threads |",
         f"| checkpoints | none | data: `checkpoint_every: {t.checkpoint_every}` as the preset ships it, plus the "
         f"final one; async: `checkpoint_every: {async_cfg.training.checkpoint_every}`, the final one only |",
         "| end of a task | `os._exit(0)` after the last fetch (as ClusterDeck's tasks do: TensorFlow's own teardown "
@@ -320,8 +330,9 @@ def doc_section(results: list[dict[str, Any]], rounds: int, steps_list: list[int
         "same hand-written loop grouping its steps as the preset does (the launchers' last argument) and sharing "
         "the machine's cores between its tasks as ClusterDeck's supervisor does (`TF_NUM_INTRAOP_THREADS`: "
         f"{bench.threads.get('data', '?')} per task in data mode, {bench.threads.get('async', '?')} in async mode "
-        "here; TensorFlow otherwise gives every task a thread per core of the machine): ClusterDeck's own cost, "
-        "with both gains taken out.",
+        "here; TensorFlow otherwise gives every task a thread per core of the machine) and running each training "
+        "task on cores of its own as the supervisor does (`CD_BENCH_CORES`, where the supervisor pins): "
+        "ClusterDeck's own cost, with its gains taken out.",
         "",
         "| mode | steps | hand-written wall / CPU (median) | ClusterDeck wall / CPU (median) | wall ratio [95 % CI] "
         "| CPU ratio [95 % CI] | extra wall s [95 % CI] | goal |",

@@ -316,12 +316,17 @@ def _refusal(config: RunConfig, name: str, why: str) -> Problem:
 # --------------------------------------------------------------------------- CPUs
 
 
-def cpu_count() -> int:
-    """The CPUs this process may run on (its affinity), not the machine's total."""
+def cpus() -> list[int]:
+    """The CPUs this process may run on (its affinity: a Slurm step's, a taskset's), in order."""
     try:
-        return max(1, len(os.sched_getaffinity(0)))
+        return sorted(os.sched_getaffinity(0)) or [0]
     except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+        return list(range(max(1, os.cpu_count() or 1)))
+
+
+def cpu_count() -> int:
+    """How many CPUs this process may run on (its affinity), not the machine's total."""
+    return len(cpus())
 
 
 def _local_tasks(config: RunConfig) -> tuple[int, int]:

@@ -35,7 +35,7 @@ from typing import Any
 import psutil
 
 from engine.contract import events
-from engine.contract.plan import INTRA_OP_ENV, TaskPlan, intra_op_threads
+from engine.contract.plan import INTRA_OP_ENV, CoreShare, TaskPlan, intra_op_threads, share_cores
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
 from engine.control import machine_fit, netns
@@ -54,6 +54,30 @@ TASK_STOP_GRACE = 3.0  # a task gives itself 2.5 s after SIGTERM (engine.runtime
 #: Every task process (and what it starts) carries its run folder here: what is left is found by it.
 RUN_DIR_ENV = "CLUSTERDECK_RUN_DIR"
 USER_STOP = "stopped by the user"
+
+
+def start_arguments(cores: tuple[int, ...]) -> dict[str, Any]:
+    """``Popen`` arguments of a task: its own process group (:data:`OWN_PROCESS_GROUP`) and, for a task
+    given ``cores``, its CPU affinity, set in the child before it runs anything, so every thread it starts
+    inherits it. The supervisor starts no thread, so running that between fork and exec is safe."""
+    if not cores or not hasattr(os, "sched_setaffinity"):
+        return dict(OWN_PROCESS_GROUP)
+    group = OWN_PROCESS_GROUP.get("preexec_fn")
+
+    def pin() -> None:
+        if group is not None:
+            group()
+        os.sched_setaffinity(0, cores)
+
+    return {**OWN_PROCESS_GROUP, "preexec_fn": pin}
+
+
+def _cores_text(cores: list[int]) -> str:
+    if len(cores) == 1:
+        return f"core {cores[0]}"
+    if cores == list(range(cores[0], cores[-1] + 1)):
+        return f"cores {cores[0]}-{cores[-1]}"
+    return "cores " + ",".join(map(str, cores))
 
 
 def describe_exit(code: int) -> str:
@@ -94,8 +118,13 @@ class Supervisor:
         self.python = spec.get("python") or sys.executable
         self.extra_env: dict[str, str] = dict(spec.get("env", {}))
         self.tasks = {d["name"]: TaskProcess(TaskPlan.from_dict(d)) for d in spec["tasks"]}
-        # the host's cores, shared evenly by its tasks (TensorFlow would give each task all of them)
-        self.cores = machine_fit.cpu_count()  # its affinity: a Slurm step's CPUs, a taskset
+        # the host's cores, shared evenly by its tasks (TensorFlow would give each task all of them), unless
+        # the user chose the threads: its affinity (a Slurm step's CPUs, a taskset), each training task's own
+        self.cpus = machine_fit.cpus()
+        self.cores = len(self.cpus)
+        self.shares_chosen = INTRA_OP_ENV in os.environ or INTRA_OP_ENV in self.extra_env
+        self.shares: dict[str, CoreShare] = ({} if self.shares_chosen else
+                                             share_cores([t.plan for t in self.tasks.values()], self.cpus))
         self.intra_op_threads = intra_op_threads(len(self.tasks), self.cores)
         self.sample_interval = float(spec.get("sample_interval", SAMPLE_INTERVAL))
         self.out = out if out is not None else sys.stdout.buffer
@@ -134,12 +163,18 @@ class Supervisor:
 
     def announce_threads(self) -> None:
         """Say how the host's cores are shared, where several tasks share them and nobody chose otherwise."""
-        if len(self.tasks) < 2 or INTRA_OP_ENV in os.environ or INTRA_OP_ENV in self.extra_env:
+        if len(self.tasks) < 2 or self.shares_chosen:
             return
+        pinned = {name: list(share.cores) for name, share in self.shares.items() if share.cores}
+        where = ""
+        if pinned:
+            where = "; the training tasks run on cores of their own: " + ", ".join(
+                f"{name} on {_cores_text(cores)}" for name, cores in pinned.items())
         self.send(events.make(
             "info", f"supervisor@{self.host}", cores=self.cores, intra_op_threads=self.intra_op_threads,
+            task_cores=pinned,
             message=f"{len(self.tasks)} tasks share {self.cores} core(s) on this host: each task runs "
-                    f"{self.intra_op_threads} intra-op thread(s) ({INTRA_OP_ENV}; set it to choose)"))
+                    f"{self.intra_op_threads} intra-op thread(s){where} ({INTRA_OP_ENV}; set it to choose)"))
 
     def start_task(self, tp: TaskProcess) -> None:
         plan = tp.plan
@@ -152,7 +187,10 @@ class Supervisor:
         env.update(plan.env)
         env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        env.setdefault(INTRA_OP_ENV, str(self.intra_op_threads))
+        share = self.shares.get(plan.name)
+        for key, value in (share.env if share else {INTRA_OP_ENV: str(self.intra_op_threads)}).items():
+            env.setdefault(key, value)
+        cores = share.cores if share else ()
         env["PYTHONUNBUFFERED"] = "1"
         env[RUN_DIR_ENV] = str(self.run_dir)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
@@ -163,8 +201,8 @@ class Supervisor:
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {plan.name}\n".encode())
             log.flush()
             tp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, pass_fds=(ev_w, life_r), **OWN_PROCESS_GROUP,
-                                       cwd=str(self.run_dir))
+                                       env=env, pass_fds=(ev_w, life_r), cwd=str(self.run_dir),
+                                       **start_arguments(cores))
         os.close(ev_w)
         os.close(life_r)
         os.set_blocking(ev_r, False)
@@ -184,7 +222,7 @@ class Supervisor:
             tp.ps = None
         self.send(events.make("status", plan.name, state="starting", pid=tp.proc.pid, host=plan.host,
                               role=plan.role, gpu_ids=list(plan.gpu_ids), devices=plan.devices,
-                              restarts=tp.restarts))
+                              cores=list(cores), restarts=tp.restarts))
 
     # -- relaying
 

@@ -219,3 +219,45 @@ def test_modes_tf_threads_side_is_the_bare_runtime_without_the_core_share(
     # the bare environment shares the cores unless the environment chose; tf_threads drops the share
     monkeypatch.delenv("TF_NUM_INTRAOP_THREADS")
     assert modes.bare_env(2)["TF_NUM_INTRAOP_THREADS"] == str(max(1, len(os.sched_getaffinity(0)) // 2))
+
+
+def test_modes_unpinned_side_is_the_bare_loop_placed_by_the_kernel(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import modes
+
+    calls: list[tuple[str, bool]] = []
+    monkeypatch.setattr(modes, "clusterdeck_rate", lambda mode, cfg, root: 90.0)
+
+    def bare_rate(mode: str, cfg: Any, root: Path, *, pinned: bool = True) -> float:
+        calls.append((mode, pinned))
+        return 100.0 if pinned else 80.0
+
+    monkeypatch.setattr(modes, "bare_rate", bare_rate)
+    results = modes.main(["--modes", "data,async,model", "--rounds", "2", "--steps", "30", "--unpinned", "--no-doc"])
+    out = capsys.readouterr().out
+    assert sorted(calls) == sorted([(m, True) for m in ("data", "async", "model")] * 2
+                                   + [(m, False) for m in ("data", "async")] * 2)
+    assert "data: bare / unpinned 1.250" in out and "async: bare / unpinned 1.250" in out
+    assert "model: bare / unpinned" not in out
+    assert "bare pinned / bare unpinned data **1.250" in modes.doc_section(results, 30, 2)
+
+
+def test_hand_written_tasks_take_the_cores_and_threads_the_benchmark_gives_them(tmp_path: Path) -> None:
+    """``CD_BENCH_CORES`` pins the task its ``TF_CONFIG`` names, before TensorFlow would be imported."""
+    cpus = sorted(os.sched_getaffinity(0))
+    probe = _handwritten._CORES + "print(sorted(os.sched_getaffinity(0)), os.environ.get('TF_NUM_INTEROP_THREADS'))\n"
+    shares = {"worker:1": {"cores": [cpus[-1]], "env": {"TF_NUM_INTEROP_THREADS": str(len(cpus))}},
+              "ps:0": {"cores": [], "env": {"TF_NUM_INTRAOP_THREADS": "1"}}}
+    env = {k: v for k, v in os.environ.items() if k != "TF_NUM_INTEROP_THREADS"}
+    env["CD_BENCH_CORES"] = __import__("json").dumps(shares)
+
+    def run(task: str) -> str:
+        env["TF_CONFIG"] = '{"cluster": {}, "task": {"type": "%s", "index": %s}}' % tuple(task.split(":"))
+        return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
+                              check=True).stdout.strip()
+
+    assert run("worker:1") == f"[{cpus[-1]}] {len(cpus)}"
+    assert run("ps:0") == f"{cpus} None"  # no cores of its own: placed by the kernel
+    assert run("worker:0") == f"{cpus} None"  # not named: untouched
+    for name in ("mwms_loop.py", "pss_chief.py", "pss_server.py"):
+        assert _handwritten.FILES[name].lstrip().startswith(_handwritten._CORES.strip())

@@ -87,6 +87,7 @@ def main() -> None:
             fh.write(f"{child.pid} {escaped.pid}\n")
     # what the supervisor set in the environment that matters to TensorFlow's threads
     emit("status", state="running", pid=os.getpid(), intra_op_threads=os.environ.get("TF_NUM_INTRAOP_THREADS"),
+         inter_op_threads=os.environ.get("TF_NUM_INTEROP_THREADS"), affinity=sorted(os.sched_getaffinity(0)),
          pgid=os.getpgid(0), sid=os.getsid(0))
     if mode == "idle":
         while True:

@@ -19,6 +19,7 @@ from engine.contract.plan import (
     intra_op_threads,
     plan_tasks,
     resolve_ports,
+    share_cores,
     tf_config,
     tf_config_json,
 )
@@ -223,3 +224,43 @@ def test_plan_tasks_in_model_mode_carries_dtensor_env() -> None:
                                                           (8, 64, 8), (0, 4, 4)])
 def test_tasks_on_one_host_split_its_cores_at_least_one_thread_each(tasks: int, cores: int, threads: int) -> None:
     assert intra_op_threads(tasks, cores) == threads
+
+
+def _plans(mode: str, roles: tuple[str, ...]) -> list[TaskPlan]:
+    counts: dict[str, int] = {}
+    tasks = []
+    for role in roles:
+        tasks.append(Task(role, counts.get(role, 0), 7300 + len(tasks)))
+        counts[role] = counts.get(role, 0) + 1
+    config = RunConfig(cluster=Cluster(hosts=(Host(tasks=tuple(tasks)),)), parallelism=Parallelism(mode=mode))
+    return plan_tasks(config)
+
+
+def test_the_tasks_that_train_are_marked_in_their_plans() -> None:
+    assert [p.trains for p in _plans("data", ("chief", "worker", "evaluator"))] == [True, True, False]
+    assert [p.trains for p in _plans("async", ("chief", "worker", "worker", "ps"))] == [False, True, True, False]
+    plan = _plans("data", ("worker",))[0]
+    assert TaskPlan.from_dict(plan.to_dict()) == plan
+
+
+def test_training_tasks_get_cores_of_their_own_and_keep_the_hosts_inter_op_pool() -> None:
+    shares = share_cores(_plans("data", ("worker", "worker")), [0, 1])
+    assert {n: s.cores for n, s in shares.items()} == {"worker:0": (0,), "worker:1": (1,)}
+    assert all(s.env == {"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "2"} for s in shares.values())
+    # an allowed set that is not 0..n-1 (a Slurm step's CPUs, a taskset), split in order
+    shares = share_cores(_plans("data", ("worker", "worker")), [9, 3, 5, 7])
+    assert [s.cores for s in shares.values()] == [(3, 5), (7, 9)]
+    assert shares["worker:0"].env["TF_NUM_INTRAOP_THREADS"] == "2"
+
+
+def test_serving_tasks_stay_free_and_too_many_trainers_are_not_pinned() -> None:
+    shares = share_cores(_plans("async", ("chief", "worker", "worker", "ps")), [0, 1])
+    assert {n: s.cores for n, s in shares.items()} == {"chief:0": (), "worker:0": (0,), "worker:1": (1,), "ps:0": ()}
+    assert shares["ps:0"].env == {"TF_NUM_INTRAOP_THREADS": "1"}  # the even share, TensorFlow's own inter-op pool
+    # more trainers than cores, or a single one: nothing to pin
+    assert all(s.cores == () for s in share_cores(_plans("data", ("worker",) * 3), [0, 1]).values())
+    assert all(s.cores == () for s in share_cores(_plans("data", ("worker", "evaluator")), [0, 1, 2, 3]).values())
+    # 8 cores, 2 trainers and a ps: 4 cores each, the ps free with the even share
+    shares = share_cores(_plans("async", ("worker", "worker", "ps")), range(8))
+    assert [s.cores for s in shares.values()] == [(0, 1, 2, 3), (4, 5, 6, 7), ()]
+    assert shares["ps:0"].env == {"TF_NUM_INTRAOP_THREADS": "2"}

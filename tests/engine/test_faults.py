@@ -511,6 +511,52 @@ def test_tasks_sharing_a_host_share_its_cores_unless_the_user_chose(runs_root: P
         assert said == []  # the user's choice is theirs: nothing to say
 
 
+@pytest.mark.parametrize("mode", ["data", "async"])
+def test_training_tasks_run_on_cores_of_their_own_where_there_are_enough(runs_root: Path, mode: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each training task's affinity is its own share of the supervisor's cores; the ps and the async chief
+    stay free; every task keeps the inter-op pool TensorFlow would give it on the whole host."""
+    from engine.control import machine_fit
+
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
+    running: dict[str, dict[str, Any]] = {}
+    starting: dict[str, dict[str, Any]] = {}
+    run = fake_run(runs_root, steps=5, mode=mode)
+    run.add_listener(lambda e: (running if e.get("state") == "running" else starting).update({e["task"]: e})
+                     if e["kind"] == "status" and e.get("state") in ("running", "starting") else None)
+    run.start()
+    assert run.wait(60) == "finished", run.state.reason
+    cpus = machine_fit.cpus()
+    trainers = ["worker:0", "worker:1"]
+    if len(cpus) < 2:
+        pytest.skip("one CPU: two training tasks cannot have cores of their own")
+    own = [running[t]["affinity"] for t in trainers]
+    assert own[0] and own[1] and not set(own[0]) & set(own[1]), own
+    assert set(own[0]) | set(own[1]) <= set(cpus) and len(own[0]) == len(own[1]) == len(cpus) // 2
+    assert [starting[t]["cores"] for t in trainers] == own  # what the supervisor said it gave
+    assert all(running[t]["intra_op_threads"] == str(len(cpus) // 2) for t in trainers)
+    assert all(running[t]["inter_op_threads"] == str(len(cpus)) for t in trainers)
+    for free in set(running) - set(trainers):  # the async chief and ps
+        assert running[free]["affinity"] == cpus and starting[free]["cores"] == [], running[free]
+    said = [e for e in run.state.infos if "intra-op thread" in str(e.get("message"))]
+    assert len(said) == 1 and said[0]["task_cores"] == dict(zip(trainers, own, strict=True)), said
+    assert "the training tasks run on cores of their own: worker:0 on core" in said[0]["message"]
+
+
+def test_a_user_who_chose_the_threads_keeps_the_kernels_placement(runs_root: Path) -> None:
+    from engine.control import machine_fit
+
+    cfg = fake_run(runs_root).config
+    run = Run(cfg, runs_root=runs_root, python=FAKE_PYTHON, task_env={"TF_NUM_INTRAOP_THREADS": "1"}, checked=True)
+    running: dict[str, dict[str, Any]] = {}
+    run.add_listener(lambda e: running.update({e["task"]: e})
+                     if e["kind"] == "status" and e.get("state") == "running" else None)
+    run.start()
+    assert run.wait(60) == "finished", run.state.reason
+    assert [e["affinity"] for e in running.values()] == [machine_fit.cpus()] * 2
+
+
 def test_each_task_has_a_process_group_of_its_own_in_one_session_with_its_peers(runs_root: Path) -> None:
     """A stop signals a task's group; scheduling sees the run's tasks as one program (one session)."""
     running: dict[str, dict[str, Any]] = {}
