@@ -212,11 +212,11 @@ def share_cores(plans: Sequence[TaskPlan], cores: Sequence[int]) -> dict[str, Co
     Every task gets an even share of intra-op threads (:func:`intra_op_threads`). Where the tasks that
     train (:attr:`TaskPlan.trains`) are at least two and no more than the cores, each of them also runs
     on cores of its own, an even share in order (its CPU affinity, inherited by every thread it starts):
-    the training tasks of a run step together, and on 2 cores two data-parallel workers left to the
-    kernel's placement trained at 0.83 of their pace pinned (docs/benchmarks.md, 1d). The tasks that
+    the training tasks of a run step together, and on 2 cores the bare data-parallel loop trained 1.36
+    times as fast pinned as placed by the kernel, the async one 1.13 times (docs/benchmarks.md, 1d). The tasks that
     serve or coordinate (ps, the async chief, an evaluator) wake briefly per step and stay free to run on
     any core. A pinned task keeps the inter-op pool TensorFlow would size by the host's cores: sized by its
-    own single core, the pool of an async worker had one thread and its first step never ended.
+    own single core, the pool of an async worker had one thread and its first group of steps never ended.
     """
     cpus = sorted(cores) or [0]
     share = intra_op_threads(len(plans), len(cpus))
