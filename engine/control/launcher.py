@@ -48,6 +48,8 @@ __all__ = ["LOCAL_GROUP", "Run", "default_runs_root", "launch_problems"]
 #: How long the launcher waits for supervisors to stop their tasks (they give each task
 #: :data:`~engine.control.supervisor.TASK_STOP_GRACE` after SIGTERM) before killing what is left.
 STOP_TIMEOUT = TASK_STOP_GRACE + 1.5
+#: Seconds :meth:`Run.stop` waits, once the processes are gone, for the run to be recorded as ended.
+RECORD_WAIT_S = 5.0
 LOCAL_GROUP = "localhost"  # the supervisor of every host that is this machine
 MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
 TICK_S = 0.5  # progress deadlines and the run folder are checked this often
@@ -239,13 +241,16 @@ class Run:
 
     def stop(self, reason: str = lc.USER_STOP, wait: bool = True) -> None:
         """End every process of the run: supervisors ask their tasks to end (SIGTERM, then SIGKILL
-        after :data:`~engine.control.supervisor.TASK_STOP_GRACE`), stragglers are killed."""
+        after :data:`~engine.control.supervisor.TASK_STOP_GRACE`), stragglers are killed. With ``wait``
+        it returns once the processes are gone and, within a few seconds more, the run is recorded as
+        ended (``run.json``, the ``run`` event): what reads the run folder next sees it stopped."""
         self._stop_asked.set()
         if not self.started:
             return
         self._act(self._feed(lc.StopRequested(reason)))
         if wait and not self._done.is_set():
             self._stop_done.wait(STOP_TIMEOUT + 3)
+            self._done.wait(RECORD_WAIT_S)
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the run ends (or ``timeout``); returns the run state."""
