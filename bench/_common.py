@@ -120,6 +120,14 @@ def core_shares(plans: Sequence[Any]) -> dict[str, Any]:
     return share_cores(plans, machine_fit.cpus())
 
 
+def config_core_shares(cfg: Any) -> dict[str, Any]:
+    """:func:`core_shares` of the tasks of ``cfg`` (a one-host config whose ports may still be ``auto``)."""
+    from engine.contract import config as config_mod
+    from engine.contract.plan import plan_tasks, resolve_ports
+
+    return core_shares(plan_tasks(config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))))
+
+
 def cores_json(shares: dict[str, Any]) -> str:
     """``CD_BENCH_CORES`` for the hand-written loops (``bench/_handwritten.py``)."""
     import json

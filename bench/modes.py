@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import shutil
@@ -56,6 +57,7 @@ import _handwritten  # noqa: E402
 from _common import (  # noqa: E402
     ROOT,
     add_doc_flags,
+    config_core_shares,
     core_shares,
     cores_json,
     free_port,
@@ -156,7 +158,8 @@ def tasks_by_hand(cfg: config_mod.RunConfig, env: dict[str, str], root: Path, pr
                     [sys.executable, "-m", "engine.runtime.task", "--run-dir", str(work),
                      "--summary-out", str(work / f"{name}.json")] + (["--bare"] if bare else []),
                     env=dict(env, **plan.env, **(share.env if share else {})), cwd=work, stdout=subprocess.DEVNULL,
-                    stderr=err, preexec_fn=_pin(share.cores) if share and share.cores else None)
+                    stderr=err,
+                    preexec_fn=functools.partial(os.sched_setaffinity, 0, share.cores) if share and share.cores else None)
         yield work, procs
     finally:
         for proc in procs.values():
@@ -164,10 +167,6 @@ def tasks_by_hand(cfg: config_mod.RunConfig, env: dict[str, str], root: Path, pr
                 proc.kill()
                 proc.wait()
         shutil.rmtree(work, ignore_errors=True)
-
-
-def _pin(cores: tuple[int, ...]) -> Any:
-    return lambda: os.sched_setaffinity(0, cores)
 
 
 def task_file(task: str) -> str:
@@ -219,7 +218,7 @@ def bare_rate(mode: str, cfg: config_mod.RunConfig, root: Path, *, pinned: bool 
     if mode == "data":
         return runtime_rate(cfg, root, telemetry=False, pinned=pinned)
     env = bare_env(len(cfg.cluster.tasks()))
-    shares = core_shares(plan_tasks(config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster)))) if pinned else {}
+    shares = config_core_shares(cfg) if pinned else {}
     if shares:  # the hand-written tasks carry the same names (chief:0, worker:0, ...)
         env["CD_BENCH_CORES"] = cores_json(shares)
     work = Path(tempfile.mkdtemp(dir=root, prefix=f"bare-{mode}-"))

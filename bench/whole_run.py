@@ -52,7 +52,7 @@ import _handwritten  # noqa: E402
 from _common import (  # noqa: E402
     ROOT,
     add_doc_flags,
-    core_shares,
+    config_core_shares,
     cores_json,
     free_port,
     machine_line,
@@ -65,7 +65,7 @@ from _common import (  # noqa: E402
 from _stats import MIN_ROUNDS, Ratio, goal_verdict, paired_difference, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract.plan import INTRA_OP_ENV, plan_tasks, resolve_ports  # noqa: E402
+from engine.contract.plan import INTRA_OP_ENV  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
 
 SIDES = ("clusterdeck", "hand")
@@ -119,7 +119,7 @@ class Bench:
             bench.presets[mode] = path
             bench.per_execution[mode] = cfg.training.steps_per_execution
             bench.threads[mode] = task_threads(len(cfg.cluster.tasks()), env)
-            shares = core_shares(plan_tasks(config_mod.replace(cfg, cluster=resolve_ports(cfg.cluster))))
+            shares = config_core_shares(cfg)
             bench.cores[mode] = cores_json(shares) if shares else ""
         (work / "runs").mkdir(exist_ok=True)
         return bench

@@ -187,9 +187,10 @@ class Supervisor:
         env.update(plan.env)
         env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-        share = self.shares.get(plan.name)
-        for key, value in (share.env if share else {INTRA_OP_ENV: str(self.intra_op_threads)}).items():
-            env.setdefault(key, value)
+        share = self.shares.get(plan.name)  # none where the user chose the threads (they are in env already)
+        if share is not None:
+            for key, value in share.env.items():
+                env.setdefault(key, value)
         cores = share.cores if share else ()
         env["PYTHONUNBUFFERED"] = "1"
         env[RUN_DIR_ENV] = str(self.run_dir)

@@ -6,6 +6,7 @@ Smoke runs prove the scripts work end to end; their figures mean nothing.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -249,10 +250,11 @@ def test_hand_written_tasks_take_the_cores_and_threads_the_benchmark_gives_them(
     shares = {"worker:1": {"cores": [cpus[-1]], "env": {"TF_NUM_INTEROP_THREADS": str(len(cpus))}},
               "ps:0": {"cores": [], "env": {"TF_NUM_INTRAOP_THREADS": "1"}}}
     env = {k: v for k, v in os.environ.items() if k != "TF_NUM_INTEROP_THREADS"}
-    env["CD_BENCH_CORES"] = __import__("json").dumps(shares)
+    env["CD_BENCH_CORES"] = json.dumps(shares)
 
     def run(task: str) -> str:
-        env["TF_CONFIG"] = '{"cluster": {}, "task": {"type": "%s", "index": %s}}' % tuple(task.split(":"))
+        role, index = task.split(":")
+        env["TF_CONFIG"] = json.dumps({"cluster": {}, "task": {"type": role, "index": int(index)}})
         return subprocess.run([sys.executable, "-c", probe], env=env, capture_output=True, text=True,
                               check=True).stdout.strip()
 
