@@ -36,8 +36,8 @@ from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
 from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder, default_runs_root, launcher_identity
+from engine.control import background, netns, preflight, transports
 from engine.control import lifecycle as lc
-from engine.control import netns, preflight, transports
 from engine.control.run_record import FLUSH_S as FLUSH_S  # the record's flush cadence, also read from here
 from engine.control.run_record import RunRecord
 from engine.control.supervisor import RUN_DIR_ENV, TASK_STOP_GRACE, kill_run_processes
@@ -386,6 +386,7 @@ class Run:
     def _read(self, sup: _Supervisor, stream: IO[bytes]) -> None:
         """A supervisor's stream: what each read brings (up to :data:`READ_CHUNK` bytes) is split into lines
         and decoded, and its events go to the dispatcher as one list of ``(event, line to write)``."""
+        background.yield_to_training()
         read = getattr(stream, "read1", None) or stream.read
         lines = LineSplitter()
         suffix = b',"generation":%d}\n' % sup.generation if sup.generation else b""
@@ -431,6 +432,7 @@ class Run:
 
     def _dispatch(self) -> None:
         """The dispatcher thread: never dies without ending the run."""
+        background.yield_to_training()
         next_tick = time.monotonic() + TICK_S
         try:
             while True:

@@ -38,7 +38,7 @@ from engine.contract import events
 from engine.contract.plan import INTRA_OP_ENV, CoreShare, TaskPlan, intra_op_threads, share_cores
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
-from engine.control import machine_fit, netns
+from engine.control import background, machine_fit, netns
 from engine.control.gpu import GpuSampler, task_gpu_figures
 
 SAMPLE_INTERVAL = 0.5
@@ -57,19 +57,21 @@ USER_STOP = "stopped by the user"
 
 
 def start_arguments(cores: tuple[int, ...]) -> dict[str, Any]:
-    """``Popen`` arguments of a task: its own process group (:data:`OWN_PROCESS_GROUP`) and, for a task
-    given ``cores``, its CPU affinity, set in the child before it runs anything, so every thread it starts
-    inherits it. The supervisor starts no thread, so running that between fork and exec is safe."""
-    if not cores or not hasattr(os, "sched_setaffinity"):
-        return dict(OWN_PROCESS_GROUP)
+    """``Popen`` arguments of a task: its own process group (:data:`OWN_PROCESS_GROUP`), the normal
+    scheduling policy (the supervisor runs as background work, :mod:`engine.control.background`) and, for
+    a task given ``cores``, its CPU affinity, each set in the child before it runs anything, so every thread
+    it starts inherits them. The supervisor starts no thread, so running that between fork and exec is safe."""
     group = OWN_PROCESS_GROUP.get("preexec_fn")
+    pin_to = cores if cores and hasattr(os, "sched_setaffinity") else ()
 
-    def pin() -> None:
+    def prepare() -> None:
         if group is not None:
             group()
-        os.sched_setaffinity(0, cores)
+        background.restore_in_child()
+        if pin_to:
+            os.sched_setaffinity(0, pin_to)
 
-    return {**OWN_PROCESS_GROUP, "preexec_fn": pin}
+    return {**OWN_PROCESS_GROUP, "preexec_fn": prepare}
 
 
 def _cores_text(cores: list[int]) -> str:
@@ -525,6 +527,7 @@ def main() -> int:
             return 2
         first += chunk
     spec = json.loads(first)
+    background.yield_to_training()  # its wake-ups never preempt a task (the tasks get the normal policy back)
     sup = Supervisor(spec)
     try:
         return sup.run(stdin_fd)

@@ -88,7 +88,8 @@ def main() -> None:
     # what the supervisor set in the environment that matters to TensorFlow's threads
     emit("status", state="running", pid=os.getpid(), intra_op_threads=os.environ.get("TF_NUM_INTRAOP_THREADS"),
          inter_op_threads=os.environ.get("TF_NUM_INTEROP_THREADS"), affinity=sorted(os.sched_getaffinity(0)),
-         pgid=os.getpgid(0), sid=os.getsid(0))
+         pgid=os.getpgid(0), sid=os.getsid(0), policy=os.sched_getscheduler(0),
+         parent_policy=os.sched_getscheduler(os.getppid()))
     if mode == "idle":
         while True:
             time.sleep(1)

@@ -557,6 +557,30 @@ def test_a_user_who_chose_the_threads_keeps_the_kernels_placement(runs_root: Pat
     assert [e["affinity"] for e in running.values()] == [machine_fit.cpus()] * 2
 
 
+def test_clusterdecks_own_work_yields_to_the_tasks_which_keep_the_normal_policy(runs_root: Path) -> None:
+    """The supervisor and the launcher's event path run under SCHED_BATCH (a wake-up of theirs never preempts
+    a training task); every task, started by the supervisor, has the normal policy back."""
+    if not hasattr(os, "SCHED_BATCH"):
+        pytest.skip("no SCHED_BATCH on this platform")
+    running: dict[str, dict[str, Any]] = {}
+    dispatcher: list[int] = []
+
+    def listen(e: dict[str, Any]) -> None:
+        dispatcher.append(os.sched_getscheduler(0))  # listeners run on the launcher's dispatcher thread
+        if e["kind"] == "status" and e.get("state") == "running":
+            running[e["task"]] = e
+
+    run = fake_run(runs_root, steps=5, mode="async")
+    run.add_listener(listen)
+    run.start()
+    assert run.wait(60) == "finished", run.state.reason
+    assert len(running) == 4, running
+    assert {e["policy"] for e in running.values()} == {os.SCHED_OTHER}, running
+    assert {e["parent_policy"] for e in running.values()} == {os.SCHED_BATCH}, running  # the supervisor
+    assert dispatcher and set(dispatcher) == {os.SCHED_BATCH}
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the caller's own thread is left alone
+
+
 def test_each_task_has_a_process_group_of_its_own_in_one_session_with_its_peers(runs_root: Path) -> None:
     """A stop signals a task's group; scheduling sees the run's tasks as one program (one session)."""
     running: dict[str, dict[str, Any]] = {}
