@@ -193,6 +193,9 @@ class MirroredAdapter:
         if self.result is not None:
             self._local_results()
 
+    def steps_held(self, counted: int) -> int:
+        return max(counted, int(self.optimizer.iterations.numpy()))
+
     def flush(self, step: int) -> None:
         self._run_group()
         if self.unreported:

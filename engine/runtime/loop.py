@@ -64,6 +64,10 @@ class Adapter(Protocol):
     def settle(self) -> None:
         """Return once every step taken so far has finished (a group not run yet runs first)."""
 
+    def steps_held(self, counted: int) -> int:
+        """After :meth:`settle`: the steps the training state holds, ``counted`` unless a step the loop saw
+        fail had already updated it (a peer lost after the all-reduce: its optimizer counted the step)."""
+
     def flush(self, step: int) -> None:
         """Report what is still unreported, up to step ``step``."""
 
@@ -155,6 +159,7 @@ class TrainingLoop:
         path: str | None = None
         try:
             adapter.settle()
+            step = adapter.steps_held(step)  # the checkpoint is named by what it holds
             adapter.flush(step)
             path = adapter.save(step) if step > self.start else None
         except Exception as exc:  # noqa: BLE001 - a stop must end; say what was not saved

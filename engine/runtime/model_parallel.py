@@ -197,6 +197,9 @@ class MeshAdapter:
         if self.result is not None:
             self._replica_losses()
 
+    def steps_held(self, counted: int) -> int:
+        return max(counted, int(round(float(self.optimizer.iterations.numpy()))))
+
     def flush(self, step: int) -> None:
         if self.result is not None:
             self.reporter.flush(step, self._replica_losses)

@@ -24,7 +24,9 @@ class Recording:
     global_batch = 32
 
     def __init__(self, restored: Restored | None = None, stop_at: int | None = None,
-                 ctx: TaskContext | None = None, per_execution: int = 1, lockstep: bool = False) -> None:
+                 ctx: TaskContext | None = None, per_execution: int = 1, lockstep: bool = False,
+                 held_ahead: int = 0) -> None:
+        self.held_ahead = held_ahead  # steps the state holds beyond what the loop counted
         self.per_execution = per_execution
         self.lockstep = lockstep
         self.restored = restored
@@ -48,6 +50,9 @@ class Recording:
 
     def settle(self) -> None:
         self.calls.append(("settle", None))
+
+    def steps_held(self, counted: int) -> int:
+        return counted + self.held_ahead
 
     def flush(self, step: int) -> None:
         self.calls.append(("flush", step))
@@ -113,6 +118,20 @@ def test_a_stop_reports_the_last_steps_and_writes_a_checkpoint_even_without_a_ca
     ctx.emitter.close()
     notes = [e["message"] for e in events.read_file(path) if e["kind"] == "info"]
     assert "stopped at step 7: final checkpoint ckpt-7 written" in notes
+
+
+def test_a_stop_names_its_checkpoint_by_the_steps_the_state_holds(tmp_path: Path) -> None:
+    """A peer lost after a step's update: the loop saw the step fail, the optimizer counted it. The final
+    checkpoint and the stop say the step the state is at, so that a resumed run numbers its steps right."""
+    ctx, path = context(tmp_path, steps=1000, every=0)
+    adapter = Recording(stop_at=7, ctx=ctx, held_ahead=1)
+    with pytest.raises(Stopped) as stopped:
+        TrainingLoop(ctx, adapter).run()
+    assert stopped.value.step == 8 and stopped.value.checkpoint == "/run/checkpoints/ckpt-8"
+    assert adapter.of("flush") == [8] and adapter.of("save") == [8]
+    ctx.emitter.close()
+    notes = [e["message"] for e in events.read_file(path) if e["kind"] == "info"]
+    assert "stopped at step 8: final checkpoint ckpt-8 written" in notes
 
 
 def test_lockstep_tasks_agree_on_the_step_to_stop_after(tmp_path: Path) -> None:
