@@ -83,6 +83,9 @@ def check(config: RunConfig) -> list[dict[str, str]]:
     if not wanted:
         return []
 
+    from engine.runtime.keras_import import import_keras
+
+    import_keras()  # where the script did not import it: without the notebook extras
     import keras
     import tensorflow as tf
 

@@ -92,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
         config = config_mod.load(run_dir / "config.yaml")
         _test_faults(emitter)
         from engine.runtime.context import TaskContext  # imports nothing heavy
+        from engine.runtime.keras_import import import_keras
+
+        import_keras()  # first, without the notebook extras
 
         ctx = TaskContext.from_env(config, run_dir, emitter, stop)
         mode = config.parallelism.mode
