@@ -20,6 +20,9 @@ Elsewhere (not Linux) both functions do nothing.
 from __future__ import annotations
 
 import os
+import threading
+from collections.abc import Callable
+from typing import Any
 
 _BATCH = getattr(os, "SCHED_BATCH", None)
 _NORMAL = getattr(os, "SCHED_OTHER", None)
@@ -35,6 +38,15 @@ def yield_to_training() -> bool:
     except OSError:
         return False
     return True
+
+
+def thread(target: Callable[..., Any], *args: Any, name: str) -> threading.Thread:
+    """A daemon thread (not started) that runs ``target(*args)`` as background work."""
+    def run() -> None:
+        yield_to_training()
+        target(*args)
+
+    return threading.Thread(target=run, name=name, daemon=True)
 
 
 def restore_in_child() -> None:

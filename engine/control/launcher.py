@@ -215,7 +215,7 @@ class Run:
             mode=self.config.parallelism.mode, restarts_allowed=training.restarts,
             progress_timeout_s=float(getattr(training, "progress_timeout_s", 0.0) or 0.0),
             steps_per_execution=training.steps_per_execution, now=time.monotonic())
-        self._dispatcher = threading.Thread(target=self._dispatch, name="run-dispatch", daemon=True)
+        self._dispatcher = background.thread(self._dispatch, name="run-dispatch")
         self._dispatcher.start()
         self.started = True
         self._emit_run("starting")
@@ -378,7 +378,7 @@ class Run:
         self._supervisors.append(sup)
         sup.send(events.encode(spec))
         assert proc.stdout is not None
-        sup.reader = threading.Thread(target=self._read, args=(sup, proc.stdout), name=f"read-{host}", daemon=True)
+        sup.reader = background.thread(self._read, sup, proc.stdout, name=f"read-{host}")
         sup.reader.start()
 
     # -- the event path
@@ -386,7 +386,6 @@ class Run:
     def _read(self, sup: _Supervisor, stream: IO[bytes]) -> None:
         """A supervisor's stream: what each read brings (up to :data:`READ_CHUNK` bytes) is split into lines
         and decoded, and its events go to the dispatcher as one list of ``(event, line to write)``."""
-        background.yield_to_training()
         read = getattr(stream, "read1", None) or stream.read
         lines = LineSplitter()
         suffix = b',"generation":%d}\n' % sup.generation if sup.generation else b""
@@ -432,7 +431,6 @@ class Run:
 
     def _dispatch(self) -> None:
         """The dispatcher thread: never dies without ending the run."""
-        background.yield_to_training()
         next_tick = time.monotonic() + TICK_S
         try:
             while True:

@@ -14,18 +14,14 @@ from engine.control import background
 pytestmark = pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="no SCHED_BATCH on this platform")
 
 
-def test_yielding_changes_the_calling_thread_only() -> None:
-    seen: list[int] = []
-
-    def work() -> None:
-        assert background.yield_to_training()
-        seen.append(os.sched_getscheduler(0))
-
-    thread = threading.Thread(target=work)
+def test_a_background_thread_yields_and_its_starter_does_not() -> None:
+    seen: list[tuple[str, int]] = []
+    thread = background.thread(lambda tag: seen.append((tag, os.sched_getscheduler(0))), "x", name="bg")
+    assert thread.daemon and thread.name == "bg"
     thread.start()
     thread.join()
-    assert seen == [os.SCHED_BATCH]
-    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    assert seen == [("x", os.SCHED_BATCH)]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # the policy is the thread's own
 
 
 def test_a_child_gets_the_normal_policy_back_before_it_runs() -> None:
