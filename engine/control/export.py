@@ -11,7 +11,8 @@ Launch scripts. One bash script per host, ``launch-<host>.sh``, self-contained: 
 config into the run folder (``$CLUSTERDECK_RUN_DIR``, default ``<workdir>/runs/<run name>``), starts
 ``python -m engine.runtime.task --run-dir <run folder>`` for each task of the host in the background
 with its ``TF_CONFIG`` and ``CUDA_VISIBLE_DEVICES`` (and ``TF_NUM_INTRAOP_THREADS``, the host's cores shared
-evenly by its tasks, as the supervisor shares them), and stops them all on SIGINT/SIGTERM. It ends when
+evenly by its tasks, and each training task on cores of its own where there are enough, with ``taskset``:
+the supervisor's placement, :func:`engine.contract.plan.share_cores`), and stops them all on SIGINT/SIGTERM. It ends when
 the host's tasks that finish by themselves have finished (chief and workers; in ``async`` mode only the
 chief), then stops its servers (ps, async workers), which never finish on their own; a host with no
 such task runs until it is stopped. The evaluator reads checkpoints from the run folder, so the run
@@ -190,9 +191,35 @@ RUN_DIR=$(cd "$RUN_DIR" && pwd) || exit 1
 export PYTHONPATH="$WORKDIR${{PYTHONPATH:+:$PYTHONPATH}}"
 export PYTHONUNBUFFERED=1
 export TF_CPP_MIN_LOG_LEVEL=${{TF_CPP_MIN_LOG_LEVEL:-1}}
-# this host's {count} task(s) share its cores evenly (TensorFlow would give each task all of them)
-CORES=$(nproc 2>/dev/null || echo 1)
+# this host's {count} task(s) share its cores evenly (TensorFlow would give each task all of them), and where
+# there are enough cores its {trainers} training task(s) each run on cores of their own (unless
+# TF_NUM_INTRAOP_THREADS is set: the placement is then the kernel's)
+cpu_list() {{  # the CPUs this script may use (its affinity), one per word: "0-2,8" gives "0 1 2 8"
+  local spec part c out=()
+  spec=$(sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status 2>/dev/null)
+  IFS=, read -ra parts <<< "$spec"
+  for part in "${{parts[@]}}"; do
+    for ((c = ${{part%-*}}; c <= ${{part#*-}}; c++)); do out+=("$c"); done
+  done
+  echo "${{out[@]}}"
+}}
+CPUS=($(cpu_list))
+CORES=${{#CPUS[@]}}
+[ "$CORES" -gt 0 ] || CORES=$(nproc 2>/dev/null || echo 1)
+PER=0  # cores of each training task's own (0: none pinned)
+if [ -z "${{TF_NUM_INTRAOP_THREADS:-}}" ] && [ {trainers} -ge 2 ] && [ "$CORES" -ge {trainers} ]; then
+  command -v taskset >/dev/null 2>&1 && PER=$(( ${{#CPUS[@]}} / {trainers} ))
+fi
 export TF_NUM_INTRAOP_THREADS=${{TF_NUM_INTRAOP_THREADS:-$(( CORES / {count} > 0 ? CORES / {count} : 1 ))}}
+run_task() {{  # run_task K: the task, as the K-th training task of this host on cores of its own (-1: anywhere)
+  if [ "$1" -ge 0 ] && [ "$PER" -gt 0 ]; then
+    local own
+    own=$(echo "${{CPUS[@]:$(( $1 * PER )):$PER}}" | tr ' ' ,)
+    exec env TF_NUM_INTRAOP_THREADS="$PER" TF_NUM_INTEROP_THREADS="${{TF_NUM_INTEROP_THREADS:-$CORES}}" \\
+      taskset -c "$own" "$PYTHON" -m engine.runtime.task --run-dir "$RUN_DIR"
+  fi
+  exec "$PYTHON" -m engine.runtime.task --run-dir "$RUN_DIR"
+}}
 
 # the resolved config every task reads
 printf '%s' {config_yaml} > "$RUN_DIR/config.yaml" || exit 1
@@ -225,7 +252,7 @@ _SCRIPT_TASK = """
 mkdir -p "$RUN_DIR/tasks/{task_dir}"
 (
   {exports}
-  exec "$PYTHON" -m engine.runtime.task --run-dir "$RUN_DIR"
+  run_task {trainer}
 ) >>"$RUN_DIR/tasks/{task_dir}/log.txt" 2>&1 &
 pids+=("$!")
 {primary}echo "started {name} (pid $!)"
@@ -269,6 +296,7 @@ def launch_scripts(config: RunConfig, *, python: str = "python3", workdir: str |
         head = _SCRIPT_HEAD.format(
             run=_comment(resolved.name), mode=resolved.parallelism.mode, host=_comment(h.name),
             address=_comment(h.address), count=len(h.tasks),
+            trainers=sum(1 for t in h.tasks if plans[t.name].trains),
             workdir="$PWD" if workdir is None else shlex.quote(workdir),
             run_dir=("$WORKDIR/runs/" + shlex.quote(_file_part(resolved.name))) if run_dir is None
             else shlex.quote(run_dir),
@@ -276,13 +304,16 @@ def launch_scripts(config: RunConfig, *, python: str = "python3", workdir: str |
             config_yaml=shlex.quote(config_yaml),
         )
         parts = [head]
+        trainer = 0
         for t in h.tasks:
             plan = plans[t.name]
+            index = trainer if plan.trains else -1
+            trainer += plan.trains
             env = dict(plan.env)
             exports = "\n  ".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
             gpus = f" on GPU {','.join(map(str, plan.gpu_ids))}" if plan.gpu_ids else ""
             parts.append(_SCRIPT_TASK.format(
-                name=t.name, gpus=gpus, task_dir=task_folder_name(t.name), exports=exports,
+                name=t.name, gpus=gpus, task_dir=task_folder_name(t.name), exports=exports, trainer=index,
                 primary='primary+=("$!")\n' if t.role in primary else "",
             ))
         parts.append(_SCRIPT_TAIL)

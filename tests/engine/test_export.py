@@ -19,7 +19,7 @@ import yaml
 
 from engine.contract import config as config_mod
 from engine.contract.config import ConfigError, RunConfig
-from engine.contract.plan import gpu_assignment
+from engine.contract.plan import gpu_assignment, plan_tasks, share_cores
 from engine.control import export
 from tests.conftest import ROOT
 
@@ -128,7 +128,7 @@ def exports_by_task(script: str) -> dict[str, dict[str, str]]:
             (assignment,) = shlex.split(stripped[len("export "):])
             key, _, value = assignment.partition("=")
             current[key] = value
-        elif stripped.startswith("exec ") and current:
+        elif stripped.startswith("run_task ") and current:  # the task starts
             tasks[current["CLUSTERDECK_TASK"]] = current
             current = {}
     return tasks
@@ -198,6 +198,8 @@ name="${CLUSTERDECK_TASK/:/-}"
 printf '%s' "$TF_CONFIG" > "$run_dir/$name.tf_config"
 printf '%s' "$CUDA_VISIBLE_DEVICES" > "$run_dir/$name.gpus"
 printf '%s' "$TF_NUM_INTRAOP_THREADS" > "$run_dir/$name.threads"
+printf '%s' "$TF_NUM_INTEROP_THREADS" > "$run_dir/$name.inter"
+sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/$$/status > "$run_dir/$name.cpus" 2>/dev/null
 printf '%s %s %s %s' "$1" "$2" "$3" "$PWD" > "$run_dir/$name.argv"
 echo $$ > "$run_dir/$name.pid"
 case "$CLUSTERDECK_TASK" in
@@ -206,7 +208,8 @@ case "$CLUSTERDECK_TASK" in
       for _ in $(seq 1 500); do [ -s "$run_dir/$other.pid" ] && break; sleep 0.02; done
     done
     exit "${STUB_CHIEF_EXIT:-0}" ;;
-  *) exec sleep 30 ;;
+  *) [ -n "${STUB_ALL_EXIT:-}" ] && exit 0
+     exec sleep 30 ;;
 esac
 """
 
@@ -272,6 +275,56 @@ def test_chief_host_script_runs_its_tasks_and_stops_its_servers_when_the_chief_e
         assert not pid_alive(int((run_dir / f"{stem}.pid").read_text()))  # the ps servers were stopped
     assert config_mod.load(run_dir / "config.yaml") == export.export_ports(cfg)
     assert "started chief:0" in stdout
+
+
+def cpu_range_list(text: str) -> list[int]:
+    """``/proc``'s ``Cpus_allowed_list`` ("0-2,8") as CPUs."""
+    out: list[int] = []
+    for part in text.strip().split(","):
+        low, _, high = part.partition("-")
+        out += range(int(low), int(high or low) + 1)
+    return out
+
+
+@needs_bash
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("taskset") is None,
+                    reason="CPU affinity with taskset (Linux)")
+@pytest.mark.parametrize("chosen", [None, "1"])
+def test_training_tasks_run_on_cores_of_their_own_as_the_supervisor_places_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, chosen: str | None) -> None:
+    """The workers each on their own share of the script's CPUs (``share_cores``, the supervisor's rule), the
+    evaluator anywhere; a user who set ``TF_NUM_INTRAOP_THREADS`` keeps the kernel's placement."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) < 2:
+        pytest.skip("one CPU: two training tasks cannot have cores of their own")
+    monkeypatch.delenv("TF_NUM_INTRAOP_THREADS", raising=False)
+    monkeypatch.delenv("TF_NUM_INTEROP_THREADS", raising=False)
+    cfg = evaluator_config()
+    export.write_export(cfg, tmp_path / "export", workdir=str(tmp_path))
+    env = {"STUB_ALL_EXIT": "1", **({"TF_NUM_INTRAOP_THREADS": chosen} if chosen else {})}
+    proc = start_script(tmp_path / "export" / "launch-local.sh", tmp_path, **env)
+    try:
+        _, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 0, stderr
+    run_dir = tmp_path / "runs" / "run"
+
+    def seen(task: str, what: str) -> str:
+        return (run_dir / f"{task.replace(':', '-')}.{what}").read_text().strip()
+
+    tasks = ("worker:0", "worker:1", "evaluator:0")
+    if chosen:
+        assert all(cpu_range_list(seen(t, "cpus")) == cpus for t in tasks)
+        assert all(seen(t, "threads") == chosen and seen(t, "inter") == "" for t in tasks)
+        return
+    shares = share_cores(plan_tasks(export.export_ports(cfg)), cpus)
+    for task in tasks:
+        assert cpu_range_list(seen(task, "cpus")) == list(shares[task].cores or cpus), task
+        assert seen(task, "threads") == shares[task].env["TF_NUM_INTRAOP_THREADS"], task
+        assert seen(task, "inter") == shares[task].env.get("TF_NUM_INTEROP_THREADS", ""), task
+    assert set(shares["worker:0"].cores).isdisjoint(shares["worker:1"].cores) and shares["worker:0"].cores
 
 
 @needs_bash
