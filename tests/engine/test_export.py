@@ -246,6 +246,17 @@ def start_script(path: Path, tmp_path: Path, **env: str) -> subprocess.Popen[str
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+def run_script(path: Path, tmp_path: Path, **env: str) -> tuple[int, str, str]:
+    """Run a launch script to its end (20 s at most; its process group killed otherwise): code, stdout, stderr."""
+    proc = start_script(path, tmp_path, **env)
+    try:
+        stdout, stderr = proc.communicate(timeout=20)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return proc.returncode, stdout, stderr
+
+
 @needs_bash
 @pytest.mark.skipif(sys.platform == "win32", reason="bash scripts")
 def test_chief_host_script_runs_its_tasks_and_stops_its_servers_when_the_chief_ends(
@@ -257,13 +268,8 @@ def test_chief_host_script_runs_its_tasks_and_stops_its_servers_when_the_chief_e
     out = tmp_path / "export"
     export.write_export(cfg, out, workdir=str(workdir))
     run_dir = workdir / "runs" / "run"
-    proc = start_script(out / "launch-coord.sh", tmp_path, STUB_CHIEF_WAITS_FOR="ps-0 ps-1")
-    try:
-        stdout, stderr = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr
+    code, stdout, stderr = run_script(out / "launch-coord.sh", tmp_path, STUB_CHIEF_WAITS_FOR="ps-0 ps-1")
+    assert code == 0, stderr
     expected = export.tf_configs(cfg)
     for task in ("chief:0", "ps:0", "ps:1"):
         stem = task.replace(":", "-")
@@ -302,13 +308,8 @@ def test_training_tasks_run_on_cores_of_their_own_as_the_supervisor_places_them(
     cfg = evaluator_config()
     export.write_export(cfg, tmp_path / "export", workdir=str(tmp_path))
     env = {"STUB_ALL_EXIT": "1", **({"TF_NUM_INTRAOP_THREADS": chosen} if chosen else {})}
-    proc = start_script(tmp_path / "export" / "launch-local.sh", tmp_path, **env)
-    try:
-        _, stderr = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr
+    code, _, stderr = run_script(tmp_path / "export" / "launch-local.sh", tmp_path, **env)
+    assert code == 0, stderr
     run_dir = tmp_path / "runs" / "run"
 
     def seen(task: str, what: str) -> str:
@@ -330,13 +331,8 @@ def test_training_tasks_run_on_cores_of_their_own_as_the_supervisor_places_them(
 @needs_bash
 def test_the_script_exits_with_the_chief_s_failure_code(tmp_path: Path) -> None:
     export.write_export(async_config(), tmp_path / "export", workdir=str(tmp_path))
-    proc = start_script(tmp_path / "export" / "launch-coord.sh", tmp_path, STUB_CHIEF_EXIT="3")
-    try:
-        proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 3
+    code, _, _ = run_script(tmp_path / "export" / "launch-coord.sh", tmp_path, STUB_CHIEF_EXIT="3")
+    assert code == 3
 
 
 @needs_bash
@@ -379,13 +375,8 @@ def test_quoting_survives_hostile_host_names_addresses_and_paths(tmp_path: Path)
     paths = export.write_export(cfg, tmp_path / "export", workdir=str(workdir))
     (script,) = [p for p in paths if p.name.startswith("launch-it")]
     bash_syntax_ok(script.read_text(), tmp_path)
-    proc = start_script(script, tmp_path, STUB_CHIEF_WAITS_FOR="ps-0")
-    try:
-        _, stderr = proc.communicate(timeout=20)
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    assert proc.returncode == 0, stderr
+    code, _, stderr = run_script(script, tmp_path, STUB_CHIEF_WAITS_FOR="ps-0")
+    assert code == 0, stderr
     assert not list(tmp_path.rglob("pwned*")), "a value was run as a command"
     run_dir = workdir / "runs" / "run-touch-pwned-run"
     tfc = json.loads((run_dir / "chief-0.tf_config").read_text())
