@@ -11,6 +11,11 @@ Three figures, each over ``--rounds`` rounds interleaved with its baseline:
 - *stop to no process left*: :meth:`Run.stop` on a training run to the moment no
   process of the run (supervisor, tasks, their children) is alive.
 
+And, over ``--import-rounds`` rounds of its own (order rotating): a task's import of its runtime
+(``engine.runtime.data_parallel``) as the task does it (Keras first, without IPython's notebook extras:
+:mod:`engine.runtime.keras_import`) against a plain import of the same module (Keras importing IPython
+where it is installed), the median paired ratio with its bootstrap 95 % interval.
+
     python bench/startup_stop.py [--rounds 3] [--preset data-1worker-2gpus] [--quick]
 """
 
@@ -29,6 +34,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ROOT, add_doc_flags, machine_line, median, verdict, want_doc, write_section  # noqa: E402
+from _stats import Ratio, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
 from engine.contract.presets import resolve_preset  # noqa: E402
@@ -56,6 +62,11 @@ app.exec()
 """
 
 _IMPORT_CHILD = "import time, tensorflow; print(f'IMPORTED {time.time():.6f}', flush=True)"
+#: a task's runtime imported as :mod:`engine.runtime.task` imports it, and plainly
+_TASK_IMPORT = {
+    "task": "from engine.runtime.keras_import import import_keras\nimport_keras()\nimport engine.runtime.data_parallel",
+    "plain": "import engine.runtime.data_parallel",
+}
 
 
 def _child_env() -> dict[str, str]:
@@ -83,6 +94,26 @@ def import_round() -> float:
         if line.startswith("IMPORTED "):
             return float(line.split()[1]) - start
     raise SystemExit(f"import tensorflow failed: {out.stderr[-2000:]}")
+
+
+def task_import_round(side: str) -> float:
+    """Seconds a fresh process takes to start and import the data-parallel runtime, ``side`` of
+    :data:`_TASK_IMPORT`."""
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", _TASK_IMPORT[side]], env=_child_env(), capture_output=True,
+                         text=True, timeout=300)
+    if out.returncode != 0:
+        raise SystemExit(f"the {side} import failed: {out.stderr[-2000:]}")
+    return time.perf_counter() - start
+
+
+def task_import_ratio(rounds: int) -> tuple[Ratio, dict[str, float]]:
+    """The task's import against the plain one, paired over ``rounds`` rounds (order rotating)."""
+    got: dict[str, list[float]] = {"task": [], "plain": []}
+    for r in range(rounds):
+        for side in rotated(list(got), r):
+            got[side].append(task_import_round(side))
+    return paired_ratio(got["task"], got["plain"]), {side: median(v) for side, v in got.items()}
 
 
 def _run_processes(run: Run) -> list[psutil.Process]:
@@ -140,9 +171,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rounds", type=int, default=None, help="rounds (default 3, quick 1)")
     parser.add_argument("--preset", default="data-1worker-2gpus")
+    parser.add_argument("--import-rounds", type=int, default=None,
+                        help="rounds of the task's import against the plain one (default 12, quick 1; 0: none)")
     add_doc_flags(parser)
     args = parser.parse_args(argv)
     rounds = args.rounds or (1 if args.quick else 3)
+    import_rounds = args.import_rounds if args.import_rounds is not None else (1 if args.quick else 12)
     cfg = config_mod.load(resolve_preset(args.preset))
     cfg = config_mod.replace(cfg, training=config_mod.replace(cfg.training, steps=10_000_000, epochs=None,
                                                               checkpoint_every=0))
@@ -173,13 +207,20 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     print(f"launch to first step: {f['first_step_s']:.2f} s, import tensorflow alone {f['import_tf_s']:.2f} s: "
           f"{f['beyond_import_s']:.2f} s beyond it (goal <= {GOAL_FIRST_STEP_S} s)")
     print(f"stop to no process left: {f['stop_s']:.2f} s, worst {f['stop_max_s']:.2f} s (goal <= {GOAL_STOP_S} s)")
+    task_import: tuple[Ratio, dict[str, float]] | None = None
+    if import_rounds:
+        task_import = task_import_ratio(import_rounds)
+        print(f"a task's import of its runtime / the plain import: {task_import[0].text()} over {import_rounds} "
+              f"round(s){rounds_note(import_rounds)}; medians {task_import[1]['task']:.2f} s / "
+              f"{task_import[1]['plain']:.2f} s", flush=True)
     if want_doc(args):
-        write_section("startup_stop", _doc(args.preset, f), args.doc)
+        write_section("startup_stop", _doc(args.preset, f, task_import, import_rounds), args.doc)
     return f
 
 
-def _doc(preset: str, f: dict[str, float]) -> str:
-    return "\n".join([
+def _doc(preset: str, f: dict[str, float], task_import: tuple[Ratio, dict[str, float]] | None = None,
+         import_rounds: int = 0) -> str:
+    lines = [
         "## 4. Start-up and stop",
         "",
         f"`python bench/startup_stop.py` — preset `{preset}`, {int(f['rounds'])} rounds, each figure paired with its "
@@ -195,7 +236,17 @@ def _doc(preset: str, f: dict[str, float]) -> str:
         f"{GOAL_FIRST_STEP_S} s ({verdict(f['beyond_import_s'] <= GOAL_FIRST_STEP_S)}) |",
         f"| `Run.stop()` to no process of the run alive (median / worst) | **{f['stop_s']:.2f} s** / "
         f"{f['stop_max_s']:.2f} s | <= {GOAL_STOP_S} s ({verdict(f['stop_max_s'] <= GOAL_STOP_S)}) |",
-    ])
+    ]
+    if task_import is not None:
+        ratio, medians = task_import
+        lines += [
+            "",
+            f"A task's import of its runtime (`engine.runtime.data_parallel`, in a fresh process) as the task does it, "
+            f"Keras first without IPython's notebook extras (`engine/runtime/keras_import.py`), against the plain "
+            f"import (Keras imports IPython where it is installed, as here): **{ratio.text()}** over {import_rounds} "
+            f"rounds, order rotating (medians {medians['task']:.2f} s and {medians['plain']:.2f} s).",
+        ]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -69,4 +69,5 @@ def test_live_latency_against_tensorboard(tmp_path: Path) -> None:
 def test_startup_and_stop(tmp_path: Path) -> None:
     out, doc = run_bench("startup_stop", tmp_path)
     assert "stop to no process left" in out and "beyond it" in out
-    assert "Start-up and stop" in doc
+    assert "a task's import of its runtime / the plain import:" in out
+    assert "Start-up and stop" in doc and "without IPython's notebook extras" in doc
