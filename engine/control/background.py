@@ -1,11 +1,13 @@
-"""ClusterDeck's own work on a host runs as background work: it never preempts a training task.
+"""ClusterDeck's own work on a host runs as background work: its wake-ups never preempt a training task.
 
 Beside a run's training tasks, ClusterDeck keeps a few threads busy for short moments: the supervisor
 relays each task's events and samples its processes, and the launcher reads the supervisors' streams,
 writes the run's files and folds the events into the run's state. Each of these wakes tens of times a
 second. Where a synchronous run's workers have the cores to themselves (``share_cores``), a wake-up on
-a worker's core used to preempt it, and its peers then waited for it at the next all-reduce: a few
-hundred microseconds of ClusterDeck's work cost every replica the same.
+a worker's core preempts it under the normal policy, and its peers then wait for it at the next
+all-reduce: a few hundred microseconds of ClusterDeck's work cost every replica the same. (On the
+2-core benchmark machine the effect of this module did not separate from the noise of the data-mode
+series: ``docs/benchmarks.md``, 1d.)
 
 Linux's ``SCHED_BATCH`` policy is made for this: a thread under it keeps its fair share of the CPU
 (nothing starves; a stop is handled as quickly when the tasks are idle), but its wake-up never
@@ -13,8 +15,9 @@ preempts a running thread of the normal policy. It runs when a core is free (a w
 its peer, between steps) or at the next scheduler tick. Any user may lower a thread to it, and go back.
 
 The policy belongs to a thread and is inherited by the threads and processes it starts; the
-supervisor gives its tasks the normal policy back before they start (:func:`restore_in_child`).
-Elsewhere (not Linux) both functions do nothing.
+supervisor gives its tasks the normal policy back before they start (:func:`restore_in_child`), and
+the launcher starts its event path in threads of their own (:func:`thread`). Elsewhere (not Linux) this
+does nothing.
 """
 
 from __future__ import annotations
