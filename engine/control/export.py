@@ -293,10 +293,11 @@ def launch_scripts(config: RunConfig, *, python: str = "python3", workdir: str |
         if not h.tasks:
             continue  # nothing to start there
         host_python = h.python if h.python != "python3" else python
+        trainers = [t.name for t in h.tasks if plans[t.name].trains]  # in order: the K-th takes the K-th share
         head = _SCRIPT_HEAD.format(
             run=_comment(resolved.name), mode=resolved.parallelism.mode, host=_comment(h.name),
             address=_comment(h.address), count=len(h.tasks),
-            trainers=sum(1 for t in h.tasks if plans[t.name].trains),
+            trainers=len(trainers),
             workdir="$PWD" if workdir is None else shlex.quote(workdir),
             run_dir=("$WORKDIR/runs/" + shlex.quote(_file_part(resolved.name))) if run_dir is None
             else shlex.quote(run_dir),
@@ -304,16 +305,14 @@ def launch_scripts(config: RunConfig, *, python: str = "python3", workdir: str |
             config_yaml=shlex.quote(config_yaml),
         )
         parts = [head]
-        trainer = 0
         for t in h.tasks:
             plan = plans[t.name]
-            index = trainer if plan.trains else -1
-            trainer += plan.trains
             env = dict(plan.env)
             exports = "\n  ".join(f"export {key}={shlex.quote(value)}" for key, value in env.items())
             gpus = f" on GPU {','.join(map(str, plan.gpu_ids))}" if plan.gpu_ids else ""
             parts.append(_SCRIPT_TASK.format(
-                name=t.name, gpus=gpus, task_dir=task_folder_name(t.name), exports=exports, trainer=index,
+                name=t.name, gpus=gpus, task_dir=task_folder_name(t.name), exports=exports,
+                trainer=trainers.index(t.name) if t.name in trainers else -1,
                 primary='primary+=("$!")\n' if t.role in primary else "",
             ))
         parts.append(_SCRIPT_TAIL)

@@ -153,7 +153,7 @@ class MirroredAdapter:
         latest = self.checkpoints.restore()
         if latest is None:
             return None
-        return Restored(int(self.optimizer.iterations.numpy()), latest)
+        return Restored(self._optimizer_steps(), latest)
 
     def run_step(self, step: int, *, last: bool) -> None:
         self.pending += 1
@@ -194,7 +194,11 @@ class MirroredAdapter:
             self._local_results()
 
     def steps_held(self, counted: int) -> int:
-        return max(counted, int(self.optimizer.iterations.numpy()))
+        return max(counted, self._optimizer_steps())
+
+    def _optimizer_steps(self) -> int:
+        """The steps the optimizer has applied (restored with a checkpoint)."""
+        return int(self.optimizer.iterations.numpy())
 
     def flush(self, step: int) -> None:
         self._run_group()

@@ -180,7 +180,7 @@ class MeshAdapter:
         latest = self.checkpoints.restore()
         if latest is None:
             return None
-        step = int(round(float(self.optimizer.iterations.numpy())))
+        step = self._optimizer_steps()
         for _ in range(step):  # the data stream carries on where the checkpoint left it
             next(self.batches)
         return Restored(step, latest)
@@ -198,7 +198,11 @@ class MeshAdapter:
             self._replica_losses()
 
     def steps_held(self, counted: int) -> int:
-        return max(counted, int(round(float(self.optimizer.iterations.numpy()))))
+        return max(counted, self._optimizer_steps())
+
+    def _optimizer_steps(self) -> int:
+        """The steps the optimizer has applied (restored with a checkpoint)."""
+        return int(round(float(self.optimizer.iterations.numpy())))
 
     def flush(self, step: int) -> None:
         if self.result is not None:
