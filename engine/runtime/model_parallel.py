@@ -19,6 +19,7 @@ local device; a ``placement`` event with every parameter's live layout.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -26,6 +27,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 from tensorflow.experimental import dtensor
+from tensorflow.python.eager import context as tf_context
 
 from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
@@ -222,6 +224,39 @@ class MeshAdapter:
             # every client has finished its last step before any leaves (the first to exit ends the
             # coordination service)
             dtensor.barrier(self.info.mesh, "clusterdeck-end")
+            leave_together(self.info.client, self.info.clients)
+
+
+#: How long client 0 waits for the others' goodbyes after the end barrier (a client that died meanwhile
+#: does not hold it longer).
+LEAVE_TIMEOUT_MS = 10_000
+
+
+def leave_together(client: int, clients: int, kv: Any = None) -> None:
+    """Client 0 hosts the coordination service, so it leaves last.
+
+    The end barrier's answer reaches each client over the network; a client 0 that exited as soon as
+    its own answer came could take the service down before another client's answer left, and that
+    client would fail with "connection reset by peer" after finishing its work. So each other client,
+    once its answer came, says goodbye in the service's key-value store, and client 0 waits for every
+    goodbye. A goodbye whose own answer is lost (client 0 leaving) is harmless: everything is done.
+    ``kv``: the store (TensorFlow's context; tests pass their own).
+    """
+    kv = tf_context.context() if kv is None else kv
+    if client != 0:
+        delay = float(os.environ.get("CLUSTERDECK_TEST_LEAVE_DELAY", "0") or 0)  # test-only: a slow goodbye
+        if delay > 0:
+            time.sleep(delay)
+        try:
+            kv.set_config_key_value(f"clusterdeck-left/{client}", "1")
+        except Exception:  # noqa: BLE001 - client 0 already gone: nothing is left to say goodbye to
+            pass
+        return
+    for other in range(1, clients):
+        try:
+            kv.get_config_key_value(f"clusterdeck-left/{other}", timeout_in_ms=LEAVE_TIMEOUT_MS)
+        except Exception:  # noqa: BLE001 - that client died after the barrier: leave anyway
+            pass
 
 
 def main(ctx: TaskContext) -> dict[str, Any]:

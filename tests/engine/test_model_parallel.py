@@ -11,11 +11,13 @@ import pytest
 from engine.contract import config as config_mod
 from engine.contract.config import Cluster, ConfigError, Host, RunConfig, Task, replace
 from engine.control.launcher import Run
+from engine.runtime.model_parallel import leave_together
 from tests.conftest import PRESETS, alive
 
 pytestmark = pytest.mark.cluster
 
 STEPS = 20
+LEAVE_DELAY = 2.0
 U = "unsharded"
 #: What the 2 x 2 preset's MLP must look like: hidden units split on 'model', nothing else sharded.
 MLP_LAYOUTS = {
@@ -127,8 +129,9 @@ def test_transformer_shards_vocabulary_heads_and_mlp(runs_root: Path) -> None:
     assert losses and all(math.isfinite(x) for x in losses)
 
 
-def test_two_clients_complete_with_both_reporting(runs_root: Path) -> None:
+def test_two_clients_complete_with_both_reporting(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = comparable(config_mod.load(PRESETS / "model-2clients.yaml"))
+    monkeypatch.setenv("CLUSTERDECK_TEST_LEAVE_DELAY", str(LEAVE_DELAY))  # worker:1 says goodbye late
     run, seen = launch("2clients", cfg, runs_root)
     assert {t.state for t in run.state.tasks.values()} == {"finished"} and len(run.state.tasks) == 2
     steps = [e for e in seen if e["kind"] == "step"]
@@ -136,6 +139,11 @@ def test_two_clients_complete_with_both_reporting(runs_root: Path) -> None:
     assert {e["replica"] for e in steps if e["task"] == "worker:1"} == {1}
     clients = {e["task"]: e for e in seen if e["kind"] == "info" and e.get("strategy") == "DTensor"}
     assert {t: (e["client"], e["clients"]) for t, e in clients.items()} == {"worker:0": (0, 2), "worker:1": (1, 2)}
+    # client 0 hosts the coordination service: it left only after worker:1's late goodbye
+    last_step_1 = max(e["t"] for e in steps if e["task"] == "worker:1")
+    finished_0 = next(e["t"] for e in seen if e["kind"] == "status" and e["task"] == "worker:0"
+                      and e.get("state") == "finished")
+    assert finished_0 - last_step_1 >= LEAVE_DELAY
     # one mesh across both processes: the same training as on one device
     _, one_seen = one_device_run(runs_root)
     assert_same_trajectory(global_losses(one_seen), global_losses(seen), "2 clients")
@@ -159,3 +167,32 @@ def test_impossible_mesh_is_rejected_before_launch(runs_root: Path) -> None:
     text = _rejected(replace(wide, model=replace(cfg.model, name="transformer", heads=6, embed_dim=48),
                              data=replace(cfg.data, shape=(16,))), runs_root)
     assert "model.heads: 6 is not divisible by the mesh 'model' axis size 4" in text
+
+
+class _Store:
+    """A stand-in for the coordination service's key-value store, recording the calls."""
+
+    def __init__(self, missing: set[str] = frozenset(), gone: bool = False) -> None:  # type: ignore[assignment]
+        self.calls: list[tuple[str, str]] = []
+        self.missing, self.gone = missing, gone
+
+    def set_config_key_value(self, key: str, value: str) -> None:
+        self.calls.append(("set", key))
+        if self.gone:
+            raise RuntimeError("Connection reset by peer")
+
+    def get_config_key_value(self, key: str, timeout_in_ms: int = 0) -> str:
+        self.calls.append(("get", key))
+        if key in self.missing:
+            raise RuntimeError("DEADLINE_EXCEEDED")
+        return "1"
+
+
+def test_client_0_leaves_after_every_other_clients_goodbye() -> None:
+    leader = _Store(missing={"clusterdeck-left/2"})
+    leave_together(0, 4, leader)  # a client that died after the barrier does not keep it waiting
+    assert leader.calls == [("get", "clusterdeck-left/1"), ("get", "clusterdeck-left/2"),
+                            ("get", "clusterdeck-left/3")]
+    other = _Store(gone=True)
+    leave_together(2, 4, other)  # client 0 already gone when the goodbye is answered: not a failure
+    assert other.calls == [("set", "clusterdeck-left/2")]
