@@ -13,7 +13,7 @@ import pytest
 from engine.contract import config as config_mod
 from engine.contract.config import replace
 from engine.control.launcher import Run
-from tests.conftest import PRESETS, wait_gone
+from tests.conftest import PRESETS, run_story, wait_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -99,7 +99,7 @@ def test_model_parallel_run_restarts_from_its_checkpoint(runs_root: Path) -> Non
 
     run.add_listener(on_event)
     run.start()
-    assert run.wait(200) == "finished", run.state.summary()
+    assert run.wait(200) == "finished", run_story(run.run_dir)
     restart = next(i for i, e in enumerate(seen) if e["kind"] == "run" and e["state"] == "restarting")
     after = [e["step"] for e in seen[restart:] if e["kind"] == "step"]
     assert min(after) == 41 and max(after) == 120  # carried on from ckpt-40 on both clients

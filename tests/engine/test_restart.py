@@ -17,7 +17,7 @@ from engine.contract import config as config_mod
 from engine.contract.config import RunConfig, replace
 from engine.contract.run_folder import RunFolder
 from engine.control.launcher import Run
-from tests.conftest import PRESETS, EventRecorder, wait_gone
+from tests.conftest import PRESETS, EventRecorder, run_story, wait_gone
 
 pytestmark = pytest.mark.cluster
 
@@ -60,7 +60,7 @@ def test_two_worker_restart_resumes_every_replica_from_the_checkpoint(runs_root:
     run.add_listener(rec)
     run.add_listener(kill_after_checkpoint)
     run.start()
-    assert run.wait(240) == "finished", run.state.summary()
+    assert run.wait(240) == "finished", run_story(run.run_dir)
     assert killed and run.restarts_used == 1
     seen = rec.snapshot()
     restart = next(i for i, e in enumerate(seen) if e["kind"] == "run" and e["state"] == "restarting")
