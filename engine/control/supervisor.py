@@ -34,7 +34,7 @@ from typing import Any
 
 import psutil
 
-from engine.contract import events
+from engine.contract import events, parent_death
 from engine.contract.plan import INTRA_OP_ENV, CoreShare, TaskPlan, intra_op_threads, share_cores
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
@@ -57,16 +57,19 @@ USER_STOP = "stopped by the user"
 
 
 def start_arguments(cores: tuple[int, ...]) -> dict[str, Any]:
-    """``Popen`` arguments of a task: its own process group (:data:`OWN_PROCESS_GROUP`), the normal
+    """``Popen`` arguments of a task: its own process group (:data:`OWN_PROCESS_GROUP`), ``SIGKILL`` when the
+    supervisor ends (:mod:`engine.contract.parent_death`), the normal
     scheduling policy (the supervisor runs as background work, :mod:`engine.control.background`) and, for
     a task given ``cores``, its CPU affinity, each set in the child before it runs anything, so every thread
     it starts inherits them. The supervisor starts no thread, so running that between fork and exec is safe."""
     group = OWN_PROCESS_GROUP.get("preexec_fn")
     pin_to = cores if cores and hasattr(os, "sched_setaffinity") else ()
+    parent = os.getpid()
 
     def prepare() -> None:
         if group is not None:
             group()
+        parent_death.arm(parent)  # the task dies with the supervisor (else it watches its lifeline)
         background.restore_in_child()
         if pin_to:
             os.sched_setaffinity(0, pin_to)

@@ -2,7 +2,8 @@
 
 Started by the supervisor with ``TF_CONFIG``, ``CLUSTERDECK_TASK`` and
 ``CLUSTERDECK_DEVICES`` in its environment, an event pipe and a lifeline pipe.
-When the lifeline closes (the supervisor died) the task kills itself, so no
+When the supervisor dies the kernel kills the task (``PR_SET_PDEATHSIG``, armed by the
+supervisor); where it cannot, the task kills itself when the lifeline closes. So no
 task outlives its run. ``SIGTERM`` asks it to stop: a training task reports its
 last steps, writes a final checkpoint and exits within
 :data:`engine.runtime.stop.STOP_BUDGET_S` seconds (:mod:`engine.runtime.stop`).
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.contract import config as config_mod
+from engine.contract import parent_death
 from engine.contract.run_folder import RunFolder
 from engine.runtime.emitter import Emitter
 from engine.runtime.stop import EXIT_CODE as STOPPED_EXIT_CODE
@@ -29,6 +31,11 @@ from engine.runtime.stop import Stopped, StopSignal
 
 
 def _watch_lifeline(fd: int) -> None:
+    """Kill this process when the lifeline closes; not needed (no thread started) where the kernel already
+    kills it with its supervisor (:mod:`engine.contract.parent_death`)."""
+    if parent_death.armed():
+        return
+
     def watch() -> None:
         while True:
             try:
