@@ -5,7 +5,7 @@ On Linux the supervisor arms ``PR_SET_PDEATHSIG`` in each task between fork and 
 task then needs nothing of its own to notice (:func:`armed`). Elsewhere, and wherever arming failed, the
 task watches its lifeline pipe instead (``engine/runtime/task.py``), which costs it a thread blocked in
 ``read`` for the whole run: in a data-parallel run on pinned cores that thread cost the training loop
-~17 % of its throughput (``docs/benchmarks.md``, 1d), while the kernel's signal costs nothing.
+10-17 % of its throughput in two series (``docs/benchmarks.md``, 1d); the kernel's signal costs no thread.
 
 The signal follows the *thread* that started the task, so only a single-threaded starter (the
 supervisor) may arm it.
