@@ -7,7 +7,6 @@ the other tests run, and the test only reads how it ended, instead of waiting ou
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -164,20 +163,16 @@ class EventRecorder:
 def run_story(run_dir: Path, log_lines: int = 12) -> str:
     """What a failed run's folder tells: its run and status events (full reasons, with their generation),
     then the tail of each task's log. For assertion messages, so a failure in CI can be read afterwards."""
-    out = []
-    events_file = run_dir / "events.jsonl"
-    if events_file.exists():
-        for line in events_file.read_text(encoding="utf-8", errors="replace").splitlines():
-            try:
-                e = json.loads(line)
-            except ValueError:
-                continue
-            if e.get("kind") in ("run", "status"):
-                out.append(f"{e.get('t', 0):.2f} gen {e.get('generation', 0)} {e['kind']} {e.get('task', '')} "
-                           f"{e.get('state', '')} {e.get('reason', '')}")
-    for log in sorted(run_dir.glob("tasks/*/log.txt")):
-        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-log_lines:]
-        out.append(f"--- {log.parent.name}/log.txt\n" + "\n".join(tail))
+    from engine.contract import events
+    from engine.contract.run_folder import RunFolder
+    from engine.contract.task_logs import log_tail
+
+    folder = RunFolder(run_dir)
+    told = [e for e in events.read_file(folder.events) if e["kind"] in ("run", "status")]
+    out = [f"{e['t']:.2f} gen {e.get('generation', 0)} {e['kind']} {e['task']} {e.get('state', '')} "
+           f"{e.get('reason', '')}" for e in told]
+    for task in sorted({e["task"] for e in told if e["kind"] == "status"}):
+        out.append(f"--- {task}: log tail\n" + "\n".join(log_tail(folder.task_log(task), log_lines)))
     return "\n".join(out)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -172,7 +173,7 @@ def test_impossible_mesh_is_rejected_before_launch(runs_root: Path) -> None:
 class _Store:
     """A stand-in for the coordination service's key-value store, recording the calls."""
 
-    def __init__(self, missing: set[str] = frozenset(), gone: bool = False) -> None:  # type: ignore[assignment]
+    def __init__(self, missing: Collection[str] = (), gone: bool = False) -> None:
         self.calls: list[tuple[str, str]] = []
         self.missing, self.gone = missing, gone
 
