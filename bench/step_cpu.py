@@ -108,6 +108,9 @@ def measure(bench: Bench, side: str, mode: str, steps: int) -> dict[str, Any]:
         series.stop()
     if side == "clusterdeck":
         t0, t1, n = cd_window(sample.run_dir, mode)
+        series.relabel({e["pid"]: f"task: {e['task'].split(':')[0]}"
+                        for e in events_mod.read_file(Path(sample.run_dir) / "events.jsonl")
+                        if e["kind"] == "status" and isinstance(e.get("pid"), int)})
         shutil.rmtree(sample.run_dir, ignore_errors=True)
     else:
         t0, t1, n = hand_window((bench.work / f"err-{side}-{mode}-{steps}.txt").read_text(errors="replace"), steps)

@@ -411,6 +411,13 @@ class CpuSampler:
                 out[label] = out.get(label, 0.0) + cpu[-1]
         return out
 
+    def relabel(self, names: dict[int, str]) -> None:
+        """Name these pids so (a task forked from the warm-start template has the template's command line
+        and environment: only the run's events say which task it is)."""
+        for pid, name in names.items():
+            if pid in self.series:
+                self.series[pid][0] = name
+
     def between(self, t0: float, t1: float) -> dict[str, float]:
         """CPU seconds each kind of process spent between ``t0`` and ``t1`` (linear between samples)."""
         out: dict[str, float] = {}
@@ -440,6 +447,8 @@ def classify(cmdline: list[str]) -> str:
         return "supervisor"
     if "engine.control.netns" in text or text.startswith("unshare") or "/unshare " in text:
         return "namespace helper"
+    if "--template-fd" in text:  # the warm-start template, and the tasks forked from it (same command line)
+        return "warm-start template"
     if "engine.runtime.task" in text or "pss_chief" in text or "pss_server" in text or "mwms_loop" in text:
         return "tasks"
     if cmdline and cmdline[0].endswith("sh"):

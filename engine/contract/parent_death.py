@@ -9,6 +9,10 @@ task watches its lifeline pipe instead (``engine/runtime/task.py``), which costs
 
 The signal follows the *thread* that started the task, so only a single-threaded starter (the
 supervisor) may arm it.
+
+A task forked from the warm-start template (:mod:`engine.contract.warm_start`) is reparented to the
+supervisor, which made itself a *child subreaper* (:func:`become_subreaper`); the task arms the signal
+itself once the supervisor is its parent.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import sys
 
 PR_SET_PDEATHSIG = 1
 PR_GET_PDEATHSIG = 2
+PR_SET_CHILD_SUBREAPER = 36
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -58,3 +63,9 @@ def armed() -> bool:
     if _LIBC.prctl(PR_GET_PDEATHSIG, ctypes.byref(value), 0, 0, 0) != 0:
         return False
     return value.value != 0
+
+
+def become_subreaper() -> bool:
+    """Make this process the parent of any orphan among its descendants (``PR_SET_CHILD_SUBREAPER``), so
+    a task forked by another of its children becomes its own child. False where that is not possible."""
+    return _LIBC is not None and _LIBC.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0

@@ -6,6 +6,8 @@ missing; the NVML module can be swapped for a stand-in in tests.
 
 from __future__ import annotations
 
+import glob
+import os
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -18,6 +20,12 @@ class GpuSample:
     mem_used_bytes: int
     mem_total_bytes: int
     process_mem_bytes: dict[int, int]  # pid -> bytes this process holds on the GPU
+
+
+def driver_present() -> bool:
+    """Whether this machine has NVIDIA's driver loaded (its device files or its ``/proc`` entry), so a
+    process here may initialise CUDA. Without it every GPU a run assigns is emulated on the CPU."""
+    return os.path.exists("/proc/driver/nvidia") or bool(glob.glob("/dev/nvidia[0-9]*"))
 
 
 def _load_nvml() -> ModuleType | None:

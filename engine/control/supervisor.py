@@ -34,12 +34,13 @@ from typing import Any
 
 import psutil
 
-from engine.contract import events, parent_death
+from engine.contract import events, parent_death, warm_start
 from engine.contract.plan import INTRA_OP_ENV, CoreShare, TaskPlan, intra_op_threads, share_cores
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
 from engine.control import background, machine_fit, netns
-from engine.control.gpu import GpuSampler, task_gpu_figures
+from engine.control.gpu import GpuSampler, driver_present, task_gpu_figures
+from engine.control.warm_tasks import READY_TIMEOUT_S, ForkedTask, Template, TemplateError, template_env
 
 SAMPLE_INTERVAL = 0.5
 #: How a task is started: in a process group of its own (what a stop signals, children included), inside the
@@ -97,7 +98,7 @@ def describe_exit(code: int) -> str:
 @dataclass
 class TaskProcess:
     plan: TaskPlan
-    proc: subprocess.Popen[bytes] | None = None
+    proc: subprocess.Popen[bytes] | ForkedTask | None = None
     event_fd: int | None = None
     lifeline_fd: int | None = None
     lines: LineSplitter = field(default_factory=LineSplitter)
@@ -146,6 +147,8 @@ class Supervisor:
         self.launcher_gone = False
         self.stdin_lines = LineSplitter()
         self.bad_commands = 0
+        self.template: Template | None = None
+        self.subreaper = False
 
     # -- output
 
@@ -165,6 +168,69 @@ class Supervisor:
 
     def task_dir(self, name: str) -> Path:
         return self.folder.task_dir(name)
+
+    def host_env(self) -> dict[str, str]:
+        """The environment every task of this host starts with, before its own variables."""
+        env = dict(os.environ)
+        env.update(self.extra_env)
+        env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
+        env["PYTHONUNBUFFERED"] = "1"
+        env[RUN_DIR_ENV] = str(self.run_dir)
+        root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
+        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+        return env
+
+    def start_template(self) -> None:
+        """Start the warm-start template (:mod:`engine.contract.warm_start`) where it can serve: some task
+        of this host sees no GPU (or none can, without NVIDIA's driver), the supervisor can adopt the
+        forked tasks, and nobody turned it off."""
+        env = self.host_env()
+        gpu_driver = driver_present()
+        if (not warm_start.enabled(env) or not parent_death.available()
+                or (gpu_driver and all(tp.plan.gpu_ids for tp in self.tasks.values()))):
+            return
+        self.subreaper = self.subreaper or parent_death.become_subreaper()
+        if not self.subreaper:
+            return
+        log = self.folder.supervisor_log(self.host)
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.template = Template(self.python, self.run_dir, template_env(env), log, start_arguments(()),
+                                 gpu_driver=gpu_driver)
+        if self.template.error:
+            self.template_failed(self.template.error)
+
+    def wait_for_template(self) -> None:
+        """Until the template has imported everything (or failed, or a stop came), obeying commands."""
+        template = self.template
+        if template is None:
+            return
+        self.sel.register(template.fileno(), selectors.EVENT_READ, template)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        try:
+            while not template.ready and not template.error and not self.stopping:
+                if time.monotonic() >= deadline:
+                    template.error = f"the template did not import the runtime within {READY_TIMEOUT_S:g} s"
+                    break
+                for key, _ in self.sel.select(0.1):
+                    if key.data is None:
+                        self.read_stdin(key.fd)
+                    elif key.data is template:
+                        template.read_ready()
+                if self.launcher_gone:
+                    self.stopping = True
+        finally:
+            self.sel.unregister(template.fileno())
+        if template.error:
+            self.template_failed(template.error)
+
+    def template_failed(self, why: str) -> None:
+        """Start the tasks cold from now on, and say why."""
+        if self.template is None:
+            return
+        self.template.close()
+        self.template = None
+        self.send(events.make("info", f"supervisor@{self.host}", message=f"tasks start cold: {why}"))
 
     def announce_threads(self) -> None:
         """Say how the host's cores are shared, where several tasks share them and nobody chose otherwise."""
@@ -187,28 +253,33 @@ class Supervisor:
         tdir.mkdir(parents=True, exist_ok=True)
         ev_r, ev_w = os.pipe()
         life_r, life_w = os.pipe()
-        env = dict(os.environ)
-        env.update(self.extra_env)
+        env = self.host_env()
         env.update(plan.env)
-        env.setdefault("TF_CPU_ALLOCATOR_USE_BFC", "1")
-        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         share = self.shares.get(plan.name)  # none where the user chose the threads (they are in env already)
         if share is not None:
             for key, value in share.env.items():
                 env.setdefault(key, value)
         cores = share.cores if share else ()
-        env["PYTHONUNBUFFERED"] = "1"
-        env[RUN_DIR_ENV] = str(self.run_dir)
-        root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
-        env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-        cmd = [self.python, "-m", "engine.runtime.task", "--run-dir", str(self.run_dir),
-               "--event-fd", str(ev_w), "--lifeline-fd", str(life_r)]
+        args = ["--run-dir", str(self.run_dir)]
         with open(tdir / "log.txt", "ab") as log:
-            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {plan.name}\n".encode())
+            warm = self.template is not None and self.template.can_fork(env)
+            log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {plan.name}"
+                      f"{' (forked, warm)' if warm else ''}\n".encode())
             log.flush()
-            tp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, pass_fds=(ev_w, life_r), cwd=str(self.run_dir),
-                                       **start_arguments(cores))
+            tp.proc = None
+            if warm:
+                assert self.template is not None
+                try:
+                    tp.proc = self.template.fork(args, env, str(self.run_dir), cores,
+                                                 (log.fileno(), ev_w, life_r))
+                except TemplateError as exc:
+                    self.template_failed(str(exc))
+            if tp.proc is None:
+                cmd = [self.python, "-m", "engine.runtime.task", *args,
+                       "--event-fd", str(ev_w), "--lifeline-fd", str(life_r)]
+                tp.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                           env=env, pass_fds=(ev_w, life_r), cwd=str(self.run_dir),
+                                           **start_arguments(cores))
         os.close(ev_w)
         os.close(life_r)
         os.set_blocking(ev_r, False)
@@ -326,6 +397,26 @@ class Supervisor:
                     self.send(events.make("status", name, state="restarting", reason=reason,
                                           restarts=tp.restarts))
                     self.start_task(tp)
+        if self.subreaper:
+            self.reap_orphans()
+
+    def reap_orphans(self) -> None:
+        """As a child subreaper (warm start) the supervisor adopts what its tasks leave behind when they
+        end before their own children: reap those that ended (the tasks themselves are reaped above)."""
+        known = {tp.proc.pid for tp in self.tasks.values() if tp.proc is not None and tp.proc.returncode is None}
+        if self.template is not None and self.template.proc is not None:
+            known.add(self.template.proc.pid)
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return
+            if info is None or info.si_pid in known:
+                return
+            try:
+                os.waitpid(info.si_pid, os.WNOHANG)
+            except ChildProcessError:
+                return
 
     def sample(self) -> None:
         gpu_samples = self.gpus.sample() if self.gpus is not None and self.gpus.available else []
@@ -430,8 +521,11 @@ class Supervisor:
         os.set_blocking(stdin_fd, False)
         self.sel.register(stdin_fd, selectors.EVENT_READ, None)
         self.announce_threads()
+        self.start_template()
+        self.wait_for_template()
         for tp in self.tasks.values():
-            self.start_task(tp)
+            if not self.stopping:
+                self.start_task(tp)
         next_sample = time.monotonic() + self.sample_interval
         try:
             while not self.stopping:
@@ -460,6 +554,13 @@ class Supervisor:
                 if tp.lifeline_fd is not None:
                     os.close(tp.lifeline_fd)
                     tp.lifeline_fd = None
+            for tp in self.tasks.values():
+                if tp.proc is None and not tp.done:  # stopped before it was started
+                    tp.done = True
+                    self.send(events.make("status", tp.plan.name, state="stopped",
+                                          reason=self.stop_reason or USER_STOP))
+            if self.template is not None:
+                self.template.close()
             kill_run_processes(str(self.run_dir))
             if self.stats.bad:
                 self.send(events.make("info", f"supervisor@{self.host}", message=f"{self.stats.bad} malformed "
@@ -472,7 +573,7 @@ class Supervisor:
         return 0
 
 
-def _has_exited(proc: subprocess.Popen[bytes]) -> bool:
+def _has_exited(proc: subprocess.Popen[bytes] | ForkedTask) -> bool:
     """Whether ``proc`` ended, without reaping it (its pid, and so its process group id, stays reserved)."""
     if proc.returncode is not None:
         return True

@@ -1,7 +1,9 @@
 """Entry point of a task process: ``python -m engine.runtime.task --run-dir DIR``.
 
 Started by the supervisor with ``TF_CONFIG``, ``CLUSTERDECK_TASK`` and
-``CLUSTERDECK_DEVICES`` in its environment, an event pipe and a lifeline pipe.
+``CLUSTERDECK_DEVICES`` in its environment, an event pipe and a lifeline pipe; or forked,
+already imported, from its host's warm-start template (the same module with ``--template-fd``,
+:mod:`engine.runtime.template`).
 When the supervisor dies the kernel kills the task (``PR_SET_PDEATHSIG``, armed by the
 supervisor); where it cannot, the task kills itself when the lifeline closes. So no
 task outlives its run. ``SIGTERM`` asks it to stop: a training task reports its
@@ -23,7 +25,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.contract import config as config_mod
-from engine.contract import parent_death
+from engine.contract import parent_death, warm_start
 from engine.contract.run_folder import RunFolder
 from engine.runtime.emitter import Emitter
 from engine.runtime.stop import EXIT_CODE as STOPPED_EXIT_CODE
@@ -84,7 +86,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bare", action="store_true",
                         help="train without telemetry (no events, no files): the benchmark's baseline")
     parser.add_argument("--summary-out", default=None, help="write the final summary here as JSON")
+    parser.add_argument(warm_start.TEMPLATE_FLAG, type=int, default=None,
+                        help="serve as the host's warm-start template on this socket (engine.runtime.template)")
     args = parser.parse_args(argv)
+    if args.template_fd is not None:
+        from engine.runtime import template
+
+        return template.serve(args.template_fd)
     run_dir = Path(args.run_dir)
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
     events_path = None if args.bare else RunFolder(run_dir).task_events(task)
@@ -155,4 +163,4 @@ def _stopped_late(emitter: Emitter, stop: StopSignal) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

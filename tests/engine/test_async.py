@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from engine.contract import config as config_mod
+from engine.contract import parent_death
 from engine.contract.config import RunConfig
+from engine.contract.run_folder import RunFolder
 from engine.control.launcher import Run
 from tests.conftest import PRESETS, EventRecorder, wait_gone
 
@@ -198,6 +200,9 @@ def test_killed_worker_is_restarted_and_rejoins(runs_root: Path, monkeypatch: py
     (stopped,) = [e for e in rec.of("info") if e["task"] == "chief:0" and "stopped_step" in e]
     assert "final checkpoint ckpt-" in stopped["message"]
     assert_nothing_left(pids)
+    if parent_death.available():  # the restart, as the first start, forked from the host's warm-start template
+        log = RunFolder(run.run_dir).task_log("worker:1").read_text()
+        assert log.count("starting worker:1 (forked, warm)") == 2, log[-2000:]
 
 
 def test_killed_ps_restarts_the_run_from_its_checkpoint(runs_root: Path) -> None:

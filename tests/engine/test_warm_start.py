@@ -1,0 +1,152 @@
+"""Warm start: a host's tasks forked from one template that imported TensorFlow once, each then owned by
+its supervisor exactly as a task it started cold (parent, process group, death with the supervisor)."""
+
+from __future__ import annotations
+
+import os
+import selectors
+import sys
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from engine.contract import config as config_mod
+from engine.contract import parent_death, warm_start
+from engine.contract.config import replace
+from engine.contract.run_folder import RunFolder
+from engine.control.launcher import Run
+from engine.control.warm_tasks import Template, TemplateError, template_env
+from tests.conftest import PRESETS, ROOT, alive, wait_gone
+
+BASE = {"PATH": "/usr/bin", "TF_CPP_MIN_LOG_LEVEL": "1", "CUDA_VISIBLE_DEVICES": "", "CLUSTERDECK_RUN_DIR": "/r"}
+
+
+def test_a_task_is_forked_only_where_it_differs_in_what_is_read_after_the_import() -> None:
+    task = dict(BASE, TF_CONFIG='{"task": {}}', CLUSTERDECK_TASK="worker:1", TF_NUM_INTRAOP_THREADS="1",
+                TF_NUM_INTEROP_THREADS="2", DTENSOR_CLIENT_ID="1")
+    assert warm_start.can_fork(BASE, task)
+    # read when TensorFlow is imported: the task must start cold
+    assert not warm_start.can_fork(BASE, dict(task, TF_ENABLE_ONEDNN_OPTS="0"))
+    assert not warm_start.can_fork(BASE, dict(task, TF_CPP_MIN_LOG_LEVEL="0"))
+    assert not warm_start.can_fork(BASE, {k: v for k, v in task.items() if k != "PATH"})
+    # a GPU: cold where NVIDIA's driver is there, forked where the GPUs are emulated (nothing reads it)
+    gpu = dict(task, CUDA_VISIBLE_DEVICES="0,1")
+    assert not warm_start.can_fork(BASE, gpu, gpu_driver=True)
+    assert warm_start.can_fork(BASE, gpu, gpu_driver=False)
+    assert not warm_start.can_fork(dict(BASE, CUDA_VISIBLE_DEVICES="0"), task, gpu_driver=True)
+    # the template's own environment hides every GPU and keeps the run's folder (what finds its processes)
+    assert template_env(dict(BASE, CUDA_VISIBLE_DEVICES="3")) == BASE
+
+
+@pytest.mark.parametrize("value, on", [("", True), ("1", True), ("0", False), ("off", False), ("false", False)])
+def test_the_switch(value: str, on: bool) -> None:
+    assert warm_start.enabled({warm_start.WARM_START_ENV: value} if value else {}) is on
+
+
+def test_junk_from_a_template_is_no_message() -> None:
+    assert warm_start.decode(b"") is None
+    assert warm_start.decode(b"\xff\xfe") is None
+    assert warm_start.decode(b"[1, 2]") is None
+    assert warm_start.decode(warm_start.encode({"pid": 5})) == {"pid": 5}
+
+
+def _wait_readable(template: Template, timeout: float) -> None:
+    sel = selectors.DefaultSelector()
+    sel.register(template.fileno(), selectors.EVENT_READ)
+    assert sel.select(timeout), "the template said nothing"
+    sel.close()
+
+
+def test_a_template_that_cannot_import_says_so_and_forks_nothing(tmp_path: Path) -> None:
+    broken = tmp_path / "site"
+    (broken / "keras").mkdir(parents=True)
+    (broken / "keras" / "__init__.py").write_text("raise ImportError('no keras here')\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(broken), str(ROOT)]), CUDA_VISIBLE_DEVICES="")
+    log = tmp_path / "template.log"
+    template = Template(sys.executable, tmp_path, env, log, {})
+    try:
+        _wait_readable(template, 60)
+        template.read_ready()
+        assert not template.ready and "ended while importing" in template.error
+        assert "no keras here" in log.read_text()
+        r, w = os.pipe()
+        with pytest.raises(TemplateError):
+            template.fork(["--run-dir", str(tmp_path)], env, str(tmp_path), (), (w, w, r))
+        os.close(r)
+        os.close(w)
+    finally:
+        template.close()
+
+
+def _supervisor_of(pid: int) -> psutil.Process:
+    parent = psutil.Process(pid).parent()
+    assert parent is not None
+    return parent
+
+
+def _small(steps: int) -> config_mod.RunConfig:
+    cfg = config_mod.load(PRESETS / "data-2workers.yaml")
+    return replace(cfg, training=replace(cfg.training, steps=steps, epochs=None))
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not parent_death.available(), reason="warm start needs PR_SET_CHILD_SUBREAPER (Linux)")
+def test_forked_tasks_are_the_supervisors_own_and_die_with_it(runs_root: Path) -> None:
+    run = Run(_small(100_000), runs_root=runs_root)
+    got_step = threading.Event()
+    run.add_listener(lambda e: got_step.set() if e["kind"] == "step" else None)
+    run.start()
+    try:
+        assert got_step.wait(90), "no step within 90 s"
+        tasks = [run.state.tasks[name].pid for name in ("worker:0", "worker:1")]
+        assert all(tasks)
+        supervisor = _supervisor_of(tasks[0])  # type: ignore[arg-type]
+        assert "engine.control.supervisor" in " ".join(supervisor.cmdline())
+        # the template, and the tasks forked from it, have one command line: the template is the one not a task
+        (template,) = [c for c in supervisor.children()
+                       if warm_start.TEMPLATE_FLAG in c.cmdline() and c.pid not in tasks]
+        for pid in tasks:
+            assert pid is not None
+            assert _supervisor_of(pid).pid == supervisor.pid, "a forked task is its supervisor's child"
+            assert os.getpgid(pid) == pid, "in a process group of its own (what a stop signals)"
+            assert pid != template.pid and psutil.Process(pid).ppid() != template.pid
+        for name in ("worker:0", "worker:1"):
+            log = RunFolder(run.run_dir).task_log(name).read_text()
+            assert f"starting {name} (forked, warm)" in log
+        # the kernel ends the forked tasks, and the template, with their supervisor
+        supervisor.kill()
+        assert wait_gone([*tasks, template.pid], 3.0) == [], "forked tasks outlived their supervisor"  # type: ignore[list-item]
+    finally:
+        run.stop()
+        run.wait(20)
+    assert not alive(run.pids())
+
+
+@pytest.mark.cluster
+def test_with_warm_start_off_every_task_starts_cold(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(warm_start.WARM_START_ENV, "0")
+    run = Run(_small(20), runs_root=runs_root)
+    run.start()
+    assert run.wait(120) == "finished", run.state.summary()
+    for name in ("worker:0", "worker:1"):
+        log = RunFolder(run.run_dir).task_log(name).read_text()
+        assert f"starting {name}\n" in log and "forked" not in log
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not parent_death.available(), reason="warm start needs PR_SET_CHILD_SUBREAPER (Linux)")
+def test_a_stop_while_the_template_imports_stops_every_task_unstarted(runs_root: Path) -> None:
+    run = Run(_small(100_000), runs_root=runs_root)
+    seen: list[dict] = []
+    run.add_listener(seen.append)
+    run.start()
+    time.sleep(0.5)  # the template takes seconds to import TensorFlow: the stop comes while it does
+    t0 = time.monotonic()
+    run.stop()
+    assert run.wait(10) == "stopped"
+    assert time.monotonic() - t0 < 3.0, "a stop must not wait for TensorFlow's import"
+    assert {t.state for t in run.state.tasks.values()} == {"stopped"}
+    assert not any(e["kind"] == "status" and e.get("state") == "starting" for e in seen)
