@@ -69,6 +69,13 @@ def can_fork(template_env: Mapping[str, str], task_env: Mapping[str, str], *, gp
                for n in names if template_env.get(n) != task_env.get(n))
 
 
+def template_useful(env: Mapping[str, str], task_gpus: Sequence[Sequence[int]], *, gpu_driver: bool) -> bool:
+    """Whether a host's supervisor should start a template: warm start is on (``env``), and some task
+    (``task_gpus``: each task's GPU ids) could be forked, one without a GPU or any where the GPUs are
+    emulated (no NVIDIA driver)."""
+    return enabled(env) and any(not gpu_driver or not gpus for gpus in task_gpus)
+
+
 def fork_request(args: Sequence[str], env: Mapping[str, str], cwd: str, cores: Sequence[int],
                  parent: int) -> bytes:
     """One task to fork: its ``engine.runtime.task`` arguments (the file descriptors are added where it

@@ -187,8 +187,8 @@ class Supervisor:
         forked tasks, and nobody turned it off."""
         env = self.host_env()
         gpu_driver = driver_present()
-        if (not warm_start.enabled(env) or not parent_death.available()
-                or (gpu_driver and all(tp.plan.gpu_ids for tp in self.tasks.values()))):
+        if not parent_death.available() or not warm_start.template_useful(
+                env, [tp.plan.gpu_ids for tp in self.tasks.values()], gpu_driver=gpu_driver):
             return
         self.subreaper = self.subreaper or parent_death.become_subreaper()
         if not self.subreaper:
@@ -263,6 +263,8 @@ class Supervisor:
         args = ["--run-dir", str(self.run_dir)]
         with open(tdir / "log.txt", "ab") as log:
             warm = self.template is not None and self.template.can_fork(env)
+            if self.template is not None and self.template.error:  # it ended since the last task
+                self.template_failed(self.template.error)
             log.write(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} starting {plan.name}"
                       f"{' (forked, warm)' if warm else ''}\n".encode())
             log.flush()
@@ -273,6 +275,8 @@ class Supervisor:
                     tp.proc = self.template.fork(args, env, str(self.run_dir), cores,
                                                  (log.fileno(), ev_w, life_r))
                 except TemplateError as exc:
+                    log.write(f"--- the warm-start template failed ({exc}): starting {plan.name} cold\n".encode())
+                    log.flush()
                     self.template_failed(str(exc))
             if tp.proc is None:
                 cmd = [self.python, "-m", "engine.runtime.task", *args,
@@ -404,8 +408,7 @@ class Supervisor:
         """As a child subreaper (warm start) the supervisor adopts what its tasks leave behind when they
         end before their own children: reap those that ended (the tasks themselves are reaped above)."""
         known = {tp.proc.pid for tp in self.tasks.values() if tp.proc is not None and tp.proc.returncode is None}
-        if self.template is not None and self.template.proc is not None:
-            known.add(self.template.proc.pid)
+        template = self.template.proc if self.template is not None else None
         while True:
             try:
                 info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
@@ -413,6 +416,10 @@ class Supervisor:
                 return
             if info is None or info.si_pid in known:
                 return
+            if template is not None and info.si_pid == template.pid:
+                template.poll()  # a template that ended: its next fork request fails, and tasks start cold
+                template = None
+                continue
             try:
                 os.waitpid(info.si_pid, os.WNOHANG)
             except ChildProcessError:

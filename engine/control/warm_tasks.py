@@ -87,6 +87,8 @@ class Template:
 
     @property
     def usable(self) -> bool:
+        if self.ready and not self.error and (self.proc is None or self.proc.poll() is not None):
+            self.error = "the template ended"
         return self.ready and not self.error
 
     def read_ready(self) -> None:

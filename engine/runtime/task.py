@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.template_fd is not None:
         from engine.runtime import template
 
-        return template.serve(args.template_fd)
+        return template.serve(args.template_fd, main)
     run_dir = Path(args.run_dir)
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
     events_path = None if args.bare else RunFolder(run_dir).task_events(task)

@@ -15,6 +15,7 @@ import socket
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from engine.contract import parent_death, warm_start
@@ -31,8 +32,13 @@ def import_runtime() -> None:
     from engine.runtime import async_ps, context, data_parallel, model_parallel  # noqa: F401
 
 
-def serve(fd: int) -> int:
-    """Import, say ready, then fork one task per request until the supervisor closes the socket."""
+#: A task's entry point (``engine.runtime.task.main``), given its arguments; it ends the process itself.
+TaskMain = Callable[[list[str]], object]
+
+
+def serve(fd: int, task_main: TaskMain) -> int:
+    """Import, say ready, then fork one task per request (each runs ``task_main``) until the supervisor
+    closes the socket."""
     sock = socket.socket(fileno=fd)
     import_runtime()
     sock.send(warm_start.encode({"ready": True}))
@@ -47,7 +53,7 @@ def serve(fd: int) -> int:
             request = warm_start.decode(data)
             if request is None or len(fds) != len(warm_start.FDS):
                 raise ValueError(f"malformed request ({len(data)} bytes, {len(fds)} descriptors)")
-            reply: dict[str, Any] = {"pid": _fork_task(sock, request, fds)}
+            reply: dict[str, Any] = {"pid": _fork_task(sock, request, fds, task_main)}
         except Exception as exc:  # noqa: BLE001 - the supervisor starts the task cold instead
             reply = {"error": f"{type(exc).__name__}: {exc}"}
         finally:
@@ -59,7 +65,7 @@ def serve(fd: int) -> int:
             return 0
 
 
-def _fork_task(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> int:
+def _fork_task(sock: socket.socket, request: dict[str, Any], fds: list[int], task_main: TaskMain) -> int:
     """Fork the task through a middle process that exits at once; the task's pid, once it is an orphan."""
     sys.stdout.flush()
     sys.stderr.flush()
@@ -72,7 +78,7 @@ def _fork_task(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> 
             task = os.fork()
             if task == 0:
                 os.close(write_end)
-                _become_task(sock, request, fds)
+                _become_task(sock, request, fds, task_main)
             try:
                 os.setpgid(task, task)  # as the task does itself: whichever runs first, no signal misses it
             except OSError:
@@ -92,7 +98,7 @@ def _fork_task(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> 
     return int(data)
 
 
-def _become_task(sock: socket.socket, request: dict[str, Any], fds: list[int]) -> NoReturn:
+def _become_task(sock: socket.socket, request: dict[str, Any], fds: list[int], task_main: TaskMain) -> NoReturn:
     """In the forked task: become the process a cold start gives, then run the task (which never returns)."""
     try:
         sock.close()
@@ -118,9 +124,7 @@ def _become_task(sock: socket.socket, request: dict[str, Any], fds: list[int]) -
         _reseed()
         args = [str(a) for a in request["args"]] + ["--event-fd", str(event), "--lifeline-fd", str(lifeline)]
         sys.argv = [sys.argv[0], *args]
-        from engine.runtime import task
-
-        task.main(args)  # ends the process
+        task_main(args)  # ends the process
     except BaseException:  # noqa: BLE001 - whatever happens, this process must not go back to serving
         traceback.print_exc()
     os._exit(1)

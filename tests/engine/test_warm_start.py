@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import selectors
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -18,8 +20,8 @@ from engine.contract import parent_death, warm_start
 from engine.contract.config import replace
 from engine.contract.run_folder import RunFolder
 from engine.control.launcher import Run
-from engine.control.warm_tasks import Template, TemplateError, template_env
-from tests.conftest import PRESETS, ROOT, alive, wait_gone
+from engine.control.warm_tasks import ForkedTask, Template, TemplateError, template_env
+from tests.conftest import PRESETS, ROOT, EventRecorder, alive, wait_gone
 
 BASE = {"PATH": "/usr/bin", "TF_CPP_MIN_LOG_LEVEL": "1", "CUDA_VISIBLE_DEVICES": "", "CLUSTERDECK_RUN_DIR": "/r"}
 
@@ -39,6 +41,25 @@ def test_a_task_is_forked_only_where_it_differs_in_what_is_read_after_the_import
     assert not warm_start.can_fork(dict(BASE, CUDA_VISIBLE_DEVICES="0"), task, gpu_driver=True)
     # the template's own environment hides every GPU and keeps the run's folder (what finds its processes)
     assert template_env(dict(BASE, CUDA_VISIBLE_DEVICES="3")) == BASE
+
+
+def test_a_template_starts_where_some_task_could_be_forked() -> None:
+    cpu_and_gpu = [(), (0,), (1,)]  # an async ps and two workers with a GPU each
+    assert warm_start.template_useful({}, cpu_and_gpu, gpu_driver=True)
+    assert not warm_start.template_useful({}, [(0,), (1,)], gpu_driver=True)  # real GPUs only: all cold
+    assert warm_start.template_useful({}, [(0,), (1,)], gpu_driver=False)  # emulated GPUs
+    assert not warm_start.template_useful({warm_start.WARM_START_ENV: "0"}, cpu_and_gpu, gpu_driver=False)
+
+
+def test_a_forked_task_reads_as_a_popen_does() -> None:
+    ended = ForkedTask(os.posix_spawn("/bin/sh", ["sh", "-c", "exit 3"], dict(os.environ)))
+    assert ended.wait(10) == 3 and ended.poll() == 3
+    sleeping = ForkedTask(os.posix_spawn("/bin/sh", ["sh", "-c", "sleep 30"], dict(os.environ)))
+    assert sleeping.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        sleeping.wait(0.05)
+    os.kill(sleeping.pid, signal.SIGKILL)
+    assert sleeping.wait(10) == -signal.SIGKILL
 
 
 @pytest.mark.parametrize("value, on", [("", True), ("1", True), ("0", False), ("off", False), ("false", False)])
@@ -150,3 +171,40 @@ def test_a_stop_while_the_template_imports_stops_every_task_unstarted(runs_root:
     assert time.monotonic() - t0 < 3.0, "a stop must not wait for TensorFlow's import"
     assert {t.state for t in run.state.tasks.values()} == {"stopped"}
     assert not any(e["kind"] == "status" and e.get("state") == "starting" for e in seen)
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(not parent_death.available(), reason="warm start needs PR_SET_CHILD_SUBREAPER (Linux)")
+def test_a_lost_template_leaves_the_run_to_cold_starts(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERDECK_TEST_STEP_DELAY", "chief:0=0.01")  # cores stay free for the cold restart
+    cfg = config_mod.load(PRESETS / "async-1ps.yaml")
+    run = Run(replace(cfg, training=replace(cfg.training, steps=100_000, checkpoint_every=0)), runs_root=runs_root)
+    rec = EventRecorder()
+    run.add_listener(rec)
+    run.start()
+    try:
+        deadline = time.monotonic() + 120
+        while not rec.of("step"):
+            assert time.monotonic() < deadline and run.state.state in ("starting", "running"), run.state.reason
+            time.sleep(0.1)
+        tasks = {t.pid for t in run.state.tasks.values()}
+        worker = run.state.tasks["worker:1"].pid
+        assert worker is not None
+        supervisor = _supervisor_of(worker)
+        (template,) = [c for c in supervisor.children()
+                       if warm_start.TEMPLATE_FLAG in c.cmdline() and c.pid not in tasks]
+        template.kill()  # the template is lost (an OOM kill, say), then a worker
+        os.kill(worker, signal.SIGKILL)
+        while not any(e["task"] == "worker:1" and e["state"] == "running" and e.get("pid") not in (None, worker)
+                      for e in rec.of("status")):
+            assert time.monotonic() < deadline + 60, "the lost worker was never restarted"
+            assert run.state.state == "running", run.state.reason
+            time.sleep(0.1)
+    finally:
+        run.stop()
+        run.wait(30)
+    log = RunFolder(run.run_dir).task_log("worker:1").read_text()
+    # forked first; then cold, said either at the start (the template's end seen) or after the failed fork
+    assert log.count("starting worker:1 (forked, warm)") == 1, log[-1500:]
+    assert log.count("starting worker:1\n") + log.count("starting worker:1 cold\n") == 1, log[-1500:]
+    assert any("tasks start cold" in str(e.get("message")) for e in rec.of("info")), "the switch is said"
