@@ -119,6 +119,14 @@ def test_whole_run_against_the_hand_written_launch(tmp_path: Path) -> None:
 
 
 @pytest.mark.cluster
+def test_warm_start_runs_both_sides_and_writes_its_section(tmp_path: Path) -> None:
+    out, doc = run_bench("warm_start", tmp_path, "--presets", "async-1ps", "--steps", "20")
+    assert re.search(r"round  1 async-1ps: warm [0-9.]+ s / [0-9.]+ CPU-s, cold [0-9.]+ s", out), out
+    assert "async-1ps: warm / cold wall" in out
+    assert "## 4c. Warm start" in doc and "| `async-1ps` |" in doc
+
+
+@pytest.mark.cluster
 def test_cpu_per_training_step_by_process(tmp_path: Path) -> None:
     out, doc = run_bench("step_cpu", tmp_path, "--modes", "data", "--steps", "100")
     assert "task side, CPU per report: event" in out
