@@ -96,6 +96,18 @@ def wait_gone(pids: Iterable[int], timeout: float) -> list[int]:
     return alive(pids)
 
 
+def wait_while_live(run: Any, event: threading.Event, timeout: float) -> bool:
+    """Wait for ``event`` up to ``timeout`` seconds, but no longer than ``run`` lives: a run that failed at
+    its start is told at once instead of after the whole timeout. True when the event came."""
+    from engine.contract.run_folder import LIVE_STATES
+
+    deadline = time.monotonic() + timeout
+    while not event.wait(0.1):
+        if run.state.state not in LIVE_STATES or time.monotonic() >= deadline:
+            return event.is_set()
+    return True
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes() -> Iterator[None]:
     before = {p.pid for p in clusterdeck_processes()}

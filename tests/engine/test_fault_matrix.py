@@ -13,7 +13,7 @@ import pytest
 from engine.contract import config as config_mod
 from engine.contract.config import replace
 from engine.control.launcher import Run
-from tests.conftest import PRESETS, run_story, wait_gone
+from tests.conftest import PRESETS, run_story, wait_gone, wait_while_live
 
 pytestmark = pytest.mark.cluster
 
@@ -37,7 +37,7 @@ def start_and_wait_for_steps(run: Run, tasks: set[str]) -> None:
 
     run.add_listener(on_event)
     run.start()
-    assert ready.wait(120), f"no steps from {tasks - seen} within 120 s: {run.state.summary()}"
+    assert wait_while_live(run, ready, 120), f"no steps from {tasks - seen} within 120 s: {run.state.summary()}"
 
 
 @pytest.mark.parametrize("fault", ["kill", "freeze"])

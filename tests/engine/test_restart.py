@@ -17,7 +17,7 @@ from engine.contract import config as config_mod
 from engine.contract.config import RunConfig, replace
 from engine.contract.run_folder import RunFolder
 from engine.control.launcher import Run
-from tests.conftest import PRESETS, EventRecorder, run_story, wait_gone
+from tests.conftest import PRESETS, EventRecorder, run_story, wait_gone, wait_while_live
 
 pytestmark = pytest.mark.cluster
 
@@ -109,7 +109,7 @@ def test_stop_writes_a_final_checkpoint_and_the_last_steps(runs_root: Path) -> N
     run.add_listener(rec)
     run.add_listener(lambda e: got_steps.set() if e["kind"] == "step" and e["step"] >= 30 else None)
     run.start()
-    assert got_steps.wait(120), "no step 30 within 120 s"
+    assert wait_while_live(run, got_steps, 120), f"no step 30 within 120 s: {run.state.summary()}"
     pids = run.pids()
     t0 = time.monotonic()
     run.stop()

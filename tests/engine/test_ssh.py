@@ -18,7 +18,7 @@ from engine.contract.config import Cluster, Host, Task, replace
 from engine.contract.plan import free_port
 from engine.control.launcher import Run
 from engine.control.transports import SshTransport, SupervisorLaunch, log_tail, ssh_command
-from tests.conftest import require, wait_gone
+from tests.conftest import require, wait_gone, wait_while_live
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -98,7 +98,7 @@ def test_run_on_a_remote_host_over_ssh(sshd: Path, runs_root: Path, monkeypatch:
 
     run.add_listener(on_event)
     run.start()
-    assert both.wait(120), run.state.summary()
+    assert wait_while_live(run, both, 120), run.state.summary()
     # the events came back over the SSH connection; the multi-host warning was shown
     assert any(e.get("warning") == "ports-exposed" for e in run.state.infos)
     pids = [t.pid for t in run.state.tasks.values() if t.pid]
