@@ -14,7 +14,8 @@ The changes (``--sides``; join several with ``+``, applied in that order):
 - ``float64``: a group's loss carried in float64;
 - ``window``: ClusterDeck's window, needs ``counter``: at most 8 groups in flight, waited for oldest
   first (each held, so ``ClusterCoordinator`` copies each result to the chief as it ends), a sample
-  (loss, worker, clock, batch count) scheduled about every 25 ms, the others returning their loss;
+  (loss, worker, clock, batch count) scheduled about every 25 ms, the others returning their loss (as
+  ClusterDeck's chief did until its groups that are not a sample returned nothing, section 1d);
 - ``copy_window``: the same window without samples: every group returns its mean loss, worker and
   clock as one vector, and the chief copies each;
 - ``halves``: needs a window: a full window is drained to half before the next group is scheduled;

@@ -26,17 +26,21 @@ full on another worker (as with Keras' ``steps_per_execution``): up to K - 1 upd
 the steps counted, per lost worker.
 
 A step is one of two functions, chosen when it is scheduled. Most steps return
-only their loss, as a hand-written loop's would. A sample of them (about one per
-worker and report interval, and every step of the run's last window) returns one
-small vector instead: its loss, the index of the worker that ran it, that
-worker's clock and how many batches that worker has read. So the chief reports
-every worker's loss, throughput and step time without an extra round trip. The
-chief waits for every step in order (a bounded window, so the pipeline never
-drains just to read a figure, and a stop waits for a few groups only), reading
-each result with ``RemoteValue.fetch``: ``ClusterCoordinator`` copies a function's
-output to the chief as soon as it ends wherever its ``RemoteValue`` is still held,
-as the window holds it, so the copy is paid either way and one packed vector keeps
-it to one tensor. Throughput and step time stay exact (the worker's batch count and
+nothing. A sample of them (about one per worker and report interval, and every
+step of the run's last window) returns one small vector: its loss, the index of
+the worker that ran it, that worker's clock and how many batches that worker has
+read. So the chief reports every worker's loss, throughput and step time without
+an extra round trip. The chief waits for every step in order (a bounded window,
+so the pipeline never drains just to read a figure, and a stop waits for a few
+groups only) with ``RemoteValue.fetch``. Why most steps return nothing:
+``ClusterCoordinator`` copies a function's output to the chief as soon as it ends
+wherever its ``RemoteValue`` is still held, as the window holds it, and it does so
+on the thread that feeds that worker, so the worker waits for the copy (a round
+trip, ~3-4 ms on a loaded machine) before its next function is sent. A function
+with no output has nothing to copy; its ``RemoteValue`` is ready once the function
+has run. One packed vector keeps a sample's copy to one tensor (docs/benchmarks.md,
+1d: the copies of every group cost the workers ~2.5 % of their time, those of the
+samples alone ~0.9 %). Throughput and step time stay exact (the worker's batch count and
 clock between two samples); a report's loss is the mean of the sampled steps since
 the previous report. A stopped run's last steps since each worker's latest sample
 are trained and checkpointed but not in its per-worker step counts.
@@ -382,10 +386,11 @@ class CoordinatorAdapter:
         self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
         ctx.keep(self.iterator)
 
+        # the steps that are not a sample return nothing: the chief has nothing to copy from their worker
         @tf.function
-        def train_step(it: Any) -> tf.Tensor:
+        def train_step(it: Any) -> None:
             _, batch = next(it)
-            return strategy.run(trainable.step_fn, args=batch)
+            strategy.run(trainable.step_fn, args=batch)
 
         @tf.function
         def sampled_step(it: Any) -> tf.Tensor:
@@ -396,12 +401,10 @@ class CoordinatorAdapter:
                              tf.timestamp(), tf.cast(count, tf.float64)])
 
         @tf.function
-        def train_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
-            loss = tf.constant(0.0, tf.float64)
+        def train_steps(it: Any, n: tf.Tensor) -> None:
             for _ in tf.range(n):
                 _, batch = next(it)
-                loss = tf.cast(strategy.run(trainable.step_fn, args=batch), tf.float64)
-            return loss
+                strategy.run(trainable.step_fn, args=batch)
 
         @tf.function
         def sampled_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
@@ -439,7 +442,7 @@ class CoordinatorAdapter:
         """Wait for the oldest step in flight; read its figures if it is a sample."""
         step, remote, sampled, ran = self.window.popleft()
         try:
-            result = remote.fetch()  # already copied to the chief as the step ended (the window holds it)
+            result = remote.fetch()  # a sample: already copied to the chief as it ended (the window holds it)
             if not sampled:
                 self.completed += ran
                 return
