@@ -38,11 +38,13 @@ wherever its ``RemoteValue`` is still held, as the window holds it, and it does 
 on the thread that feeds that worker, so the worker waits for the copy (a round
 trip, ~3-4 ms on a loaded machine) before its next function is sent. A function
 with no output has nothing to copy; its ``RemoteValue`` is ready once the function
-has run. One packed vector keeps a sample's copy to one tensor (docs/benchmarks.md,
-1d: the copies of every group cost the workers ~2.5 % of their time, those of the
-samples alone ~0.9 %). Throughput and step time stay exact (the worker's batch count and
-clock between two samples); a report's loss is the mean of the sampled steps since
-the previous report. A stopped run's last steps since each worker's latest sample
+has run. One packed vector keeps a sample's copy to one tensor. The chief's last
+info event says what the copies cost (``coordinator_copy_s`` against
+``coordinator_run_s``, TensorFlow's own timers): ~2.5 % of the workers' time when
+every group returned its loss, ~0.9 % for the samples alone (docs/benchmarks.md,
+1e). Throughput and step time stay exact (the worker's batch count and clock
+between two samples); a report's loss is the mean of the sampled steps since the
+previous report. A stopped run's last steps since each worker's latest sample
 are trained and checkpointed but not in its per-worker step counts.
 """
 
@@ -442,7 +444,7 @@ class CoordinatorAdapter:
         """Wait for the oldest step in flight; read its figures if it is a sample."""
         step, remote, sampled, ran = self.window.popleft()
         try:
-            result = remote.fetch()  # a sample: already copied to the chief as it ended (the window holds it)
+            result = remote.fetch()  # None unless a sample, whose vector was copied to the chief as it ended
             if not sampled:
                 self.completed += ran
                 return
@@ -541,8 +543,15 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     summary = loop.run()
     ran = adapter.scheduled - loop.start
     steps_per_sec = ran / loop.elapsed if loop.elapsed > 0 else 0.0
-    ctx.emitter.info(f"{ran} steps in {loop.elapsed:.1f} s ({steps_per_sec:.1f} steps/s)",
-                     steps_per_sec=steps_per_sec, steps_run=ran)
+    text = f"{ran} steps in {loop.elapsed:.1f} s ({steps_per_sec:.1f} steps/s)"
+    try:  # what reading the samples cost the workers: each copy is time a worker waits for its next group
+        timers = tf_compat.coordinator_timers()
+    except tf_compat.CompatError:
+        timers = {}
+    run_s, copy_s = timers.get("coordinator_run_s", 0.0), timers.get("coordinator_copy_s", 0.0)
+    if run_s:
+        text += f"; results copied to the chief: {copy_s:.2f} s, {100 * copy_s / run_s:.1f} % of the workers' {run_s:.1f} s"
+    ctx.emitter.info(text, steps_per_sec=steps_per_sec, steps_run=ran, **timers)
     summary.update(reports=adapter.reporter.reports, steps_per_sec=steps_per_sec)
     return summary
 

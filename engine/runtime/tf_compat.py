@@ -11,6 +11,8 @@ ClusterDeck's runtime relies on a few internals that no public API offers:
   ``Model._compute_loss``), for :mod:`engine.runtime.keras_callback`.
 - :func:`current_worker_index`: which worker runs a ``ParameterServerStrategy`` step or dataset
   (``tf.distribute.coordinator.experimental_get_current_worker_index``, experimental).
+- :func:`coordinator_timers`: how long ``ClusterCoordinator``'s worker threads ran functions and copied
+  their held results to the chief (TF's private ``coordinator.metric_utils`` timers).
 
 Not a patch but a TF behaviour worked around elsewhere: the coordination service's preemption
 notifier installs its own C++ ``SIGTERM`` handler (it swallows the signal); :mod:`engine.runtime.stop`
@@ -178,3 +180,38 @@ def current_worker_index() -> tf.Tensor:
                           f"expected it as in {_tested_text()}")
     return fn()
 
+
+
+#: ``ClusterCoordinator``'s own timers (``tensorflow/python/distribute/coordinator/metric_utils.py``): a
+#: function's run on its worker, and the copy of its held result to the chief that follows on the same
+#: worker thread, before the worker's next function is sent.
+COORDINATOR_TIMERS = {"coordinator_run_s": "closure_execution", "coordinator_copy_s": "remote_value_fetch"}
+
+
+def coordinator_timers() -> dict[str, float]:
+    """This process's ``ClusterCoordinator`` timers: ``coordinator_functions`` (functions run on workers, each
+    worker's dataset creation included), ``coordinator_run_s`` (seconds the worker threads waited for them
+    to run) and ``coordinator_copy_s`` (seconds they then spent copying held results to the chief, while
+    that worker had nothing to run). All zero before any function ran."""
+    try:
+        from tensorflow.python.distribute.coordinator import metric_utils
+    except ImportError as exc:
+        raise CompatError(f"tf_compat.coordinator_timers: tensorflow.python.distribute.coordinator.metric_utils "
+                          f"is gone in {_versions_text()}; expected it as in {_tested_text()}") from exc
+    mapping = getattr(metric_utils, "_METRICS_MAPPING", None)
+    summary = getattr(metric_utils, "get_metric_summary", None)
+    if not isinstance(mapping, dict) or summary is None:
+        raise CompatError(f"tf_compat.coordinator_timers: metric_utils._METRICS_MAPPING or get_metric_summary "
+                          f"is gone in {_versions_text()}; expected them as in {_tested_text()}")
+    found: dict[str, float] = {"coordinator_functions": 0, "coordinator_run_s": 0.0, "coordinator_copy_s": 0.0}
+    if not mapping:  # filled on the coordinator's first timed call
+        return found
+    for key, name in COORDINATOR_TIMERS.items():
+        if name not in mapping:
+            raise CompatError(f"tf_compat.coordinator_timers: TensorFlow's coordinator timer {name!r} is gone "
+                              f"in {_versions_text()}; expected it as in {_tested_text()}")
+        histogram = summary(name)
+        found[key] = float(histogram["sum"])
+        if key == "coordinator_run_s":
+            found["coordinator_functions"] = int(histogram["num"])
+    return found

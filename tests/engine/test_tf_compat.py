@@ -86,10 +86,23 @@ def worker_index():
     fn = getattr(tf.distribute.coordinator, "experimental_get_current_worker_index", None)
     return {"exists": callable(fn)}
 
+def coordinator_timers():
+    # the timers ClusterCoordinator's worker threads write, written here the same way
+    from tensorflow.python.distribute.coordinator import metric_utils
+    import time
+    before = tf_compat.coordinator_timers()
+    with metric_utils.monitored_timer("closure_execution"):
+        time.sleep(0.02)
+    with metric_utils.monitored_timer("remote_value_fetch"):
+        time.sleep(0.01)
+    return {"before": before, "after": tf_compat.coordinator_timers()}
+
+
 finding("emulate_multi_worker_devices", multi_worker_devices)
 finding("time_gradient_all_reduce", all_reduce_wait)
 finding("wrap_compute_loss", compute_loss)
 finding("current_worker_index", worker_index)
+finding("coordinator_timers", coordinator_timers)
 finding("untested_versions", lambda: {"note": tf_compat.untested_versions()})
 print("PROBE " + json.dumps(out))
 sys.stdout.flush()
@@ -134,6 +147,14 @@ def test_compute_loss_wrap_sees_the_loss_fit_logs(findings: dict[str, Any]) -> N
 
 def test_worker_index_function_exists(findings: dict[str, Any]) -> None:
     assert no_error(findings["current_worker_index"])["exists"] is True
+
+
+def test_coordinator_timers_read_what_the_coordinator_writes(findings: dict[str, Any]) -> None:
+    found = no_error(findings["coordinator_timers"])
+    assert found["before"] == {"coordinator_functions": 0, "coordinator_run_s": 0.0, "coordinator_copy_s": 0.0}
+    after = found["after"]
+    assert after["coordinator_functions"] == 1
+    assert after["coordinator_run_s"] >= 0.02 and 0.01 <= after["coordinator_copy_s"] < after["coordinator_run_s"]
 
 
 def test_tested_versions_are_the_installed_ones(findings: dict[str, Any]) -> None:
