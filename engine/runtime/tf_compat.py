@@ -182,17 +182,15 @@ def current_worker_index() -> tf.Tensor:
 
 
 
-#: ``ClusterCoordinator``'s own timers (``tensorflow/python/distribute/coordinator/metric_utils.py``): a
-#: function's run on its worker, and the copy of its held result to the chief that follows on the same
-#: worker thread, before the worker's next function is sent.
-COORDINATOR_TIMERS = {"coordinator_run_s": "closure_execution", "coordinator_copy_s": "remote_value_fetch"}
-
-
 def coordinator_timers() -> dict[str, float]:
     """This process's ``ClusterCoordinator`` timers: ``coordinator_functions`` (functions run on workers, each
     worker's dataset creation included), ``coordinator_run_s`` (seconds the worker threads waited for them
     to run) and ``coordinator_copy_s`` (seconds they then spent copying held results to the chief, while
-    that worker had nothing to run). All zero before any function ran."""
+    that worker had nothing to run). All zero before any function ran.
+
+    TF's own timers (``tensorflow/python/distribute/coordinator/metric_utils.py``): ``closure_execution``
+    (a function's run on its worker) and ``remote_value_fetch`` (the copy of its held result that follows
+    on the same worker thread, before the worker's next function is sent)."""
     try:
         from tensorflow.python.distribute.coordinator import metric_utils
     except ImportError as exc:
@@ -203,15 +201,12 @@ def coordinator_timers() -> dict[str, float]:
     if not isinstance(mapping, dict) or summary is None:
         raise CompatError(f"tf_compat.coordinator_timers: metric_utils._METRICS_MAPPING or get_metric_summary "
                           f"is gone in {_versions_text()}; expected them as in {_tested_text()}")
-    found: dict[str, float] = {"coordinator_functions": 0, "coordinator_run_s": 0.0, "coordinator_copy_s": 0.0}
     if not mapping:  # filled on the coordinator's first timed call
-        return found
-    for key, name in COORDINATOR_TIMERS.items():
-        if name not in mapping:
-            raise CompatError(f"tf_compat.coordinator_timers: TensorFlow's coordinator timer {name!r} is gone "
-                              f"in {_versions_text()}; expected it as in {_tested_text()}")
-        histogram = summary(name)
-        found[key] = float(histogram["sum"])
-        if key == "coordinator_run_s":
-            found["coordinator_functions"] = int(histogram["num"])
-    return found
+        return {"coordinator_functions": 0, "coordinator_run_s": 0.0, "coordinator_copy_s": 0.0}
+    missing = [name for name in ("closure_execution", "remote_value_fetch") if name not in mapping]
+    if missing:
+        raise CompatError(f"tf_compat.coordinator_timers: TensorFlow's coordinator timer(s) {missing} are gone "
+                          f"in {_versions_text()}; expected them as in {_tested_text()}")
+    run, copy = summary("closure_execution"), summary("remote_value_fetch")
+    return {"coordinator_functions": int(run["num"]), "coordinator_run_s": float(run["sum"]),
+            "coordinator_copy_s": float(copy["sum"])}
