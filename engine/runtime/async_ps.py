@@ -32,17 +32,20 @@ the worker that ran it, that worker's clock and how many batches that worker has
 read. So the chief reports every worker's loss, throughput and step time without
 an extra round trip. The chief waits for every step in order (a bounded window,
 so the pipeline never drains just to read a figure, and a stop waits for a few
-groups only) with ``RemoteValue.fetch``. Why most steps return nothing:
-``ClusterCoordinator`` copies a function's output to the chief as soon as it ends
-wherever its ``RemoteValue`` is still held, as the window holds it, and it does so
-on the thread that feeds that worker, so the worker waits for the copy (a round
-trip, ~3-4 ms on a loaded machine) before its next function is sent. A function
-with no output has nothing to copy; its ``RemoteValue`` is ready once the function
-has run. One packed vector keeps a sample's copy to one tensor. The chief's last
-info event says what the copies cost (``coordinator_copy_s`` against
-``coordinator_run_s``, TensorFlow's own timers): ~2.5 % of the workers' time when
-every group returned its loss, ~0.9 % for the samples alone (docs/benchmarks.md,
-1e). Throughput and step time stay exact (the worker's batch count and clock
+groups only) with ``RemoteValue.fetch``. Why most steps return nothing, and why a
+sample is copied when the chief reads it: ``ClusterCoordinator`` copies a function's
+output to the chief as soon as it ends wherever its ``RemoteValue`` is still held, as
+the window holds it, and it does so on the thread that feeds that worker, so the
+worker waits for the copy (a round trip, ~3-4 ms on a loaded machine) before its next
+function is sent. A function with no output has nothing to copy; its ``RemoteValue``
+is ready once the function has run. A sample's output is copied by the chief's own
+thread when the window reaches it (:func:`engine.runtime.tf_compat.copy_when_fetched`),
+while its worker runs its next group; a worker lost in between loses that sample's
+figures, never its update. One packed vector keeps a sample's copy to one tensor. The
+chief's last info event says what copies cost the workers (``coordinator_copy_s``
+against ``coordinator_run_s``, TensorFlow's own timers): ~2.5 % of the workers' time
+when every group returned its loss, ~0.9 % for the samples alone, ~0 since the chief
+copies them (docs/benchmarks.md, 1e). Throughput and step time stay exact (the worker's batch count and clock
 between two samples); a report's loss is the mean of the sampled steps since the
 previous report. A stopped run's last steps since each worker's latest sample
 are trained and checkpointed but not in its per-worker step counts.
@@ -436,6 +439,8 @@ class CoordinatorAdapter:
         # ``completed`` is also the last finished step)
         self.scheduled = self.completed = 0
         self.lost_results = 0
+        # a sample's figures copied when the chief reads them, not before its worker's next group is sent
+        self.copy_when_fetched = True
         self.t0 = time.perf_counter()
 
     # -- fetching
@@ -444,24 +449,33 @@ class CoordinatorAdapter:
         """Wait for the oldest step in flight; read its figures if it is a sample."""
         step, remote, sampled, ran = self.window.popleft()
         try:
-            result = remote.fetch()  # None unless a sample, whose vector was copied to the chief as it ended
+            result = remote.fetch()  # None unless a sample, whose vector is copied from its worker here
             if not sampled:
                 self.completed += ran
                 return
             loss, worker, ts, count = result
+        except tf_compat.ResultLost:
+            # the step ran (its update reached the ps) but the worker holding its figures died or restarted
+            # before the chief copied them: only that step's figures are lost
+            self._lost(step, ran)
+            return
         except (tf.errors.UnavailableError, tf.errors.CancelledError) as exc:
-            # the step ran (its update reached the ps) but the worker holding its result died before
-            # the chief copied it: only that step's figures are lost. A lost ps is fatal: re-raise.
+            # the same, where the coordinator's worker thread copied the result (copy_when_fetched off).
+            # A lost ps is fatal: re-raise.
             if "/job:ps" in str(exc) or "/job:worker" not in str(exc):
                 raise
-            self.completed += ran
-            self.lost_results += 1
-            if self.lost_results <= 3:
-                self.ctx.emitter.info(f"step {step}: its worker died before its figures were read; "
-                                      "training goes on", lost_step=step)
+            self._lost(step, ran)
             return
         self.completed += ran
         self.reporter.step_done(step, float(loss), int(worker), float(ts), int(count))
+
+    def _lost(self, step: int, ran: int) -> None:
+        """Count a group whose figures could not be read (it ran); say so for the first few."""
+        self.completed += ran
+        self.lost_results += 1
+        if self.lost_results <= 3:
+            self.ctx.emitter.info(f"step {step}: its worker died before its figures were read; "
+                                  "training goes on", lost_step=step)
 
     # -- the adapter
 
@@ -504,6 +518,12 @@ class CoordinatorAdapter:
             raise
         if sample:
             self.last_sample = now
+            if self.copy_when_fetched:
+                try:  # copied here when the window reaches it, not by the worker's thread before its next group
+                    remote = tf_compat.copy_when_fetched(remote)
+                except tf_compat.CompatError as exc:
+                    self.copy_when_fetched = False
+                    self.ctx.emitter.info(f"{exc}: each sample is copied to the chief as its group ends")
         self.window.append((step, remote, sample, n))
         self.scheduled += n
         self.pending = 0
@@ -544,13 +564,14 @@ def train(ctx: TaskContext) -> dict[str, Any]:
     ran = adapter.scheduled - loop.start
     steps_per_sec = ran / loop.elapsed if loop.elapsed > 0 else 0.0
     text = f"{ran} steps in {loop.elapsed:.1f} s ({steps_per_sec:.1f} steps/s)"
-    try:  # what reading the samples cost the workers: each copy is time a worker waits for its next group
+    try:  # what reading the samples cost the workers: a copy on a worker's thread delays its next group
         timers = tf_compat.coordinator_timers()
     except tf_compat.CompatError:
         timers = {}
     run_s, copy_s = timers.get("coordinator_run_s", 0.0), timers.get("coordinator_copy_s", 0.0)
     if run_s:
-        text += f"; results copied to the chief: {copy_s:.2f} s, {100 * copy_s / run_s:.1f} % of the workers' {run_s:.1f} s"
+        text += (f"; the workers waited {copy_s:.2f} s for copies to the chief "
+                 f"({100 * copy_s / run_s:.1f} % of their {run_s:.1f} s)")
     ctx.emitter.info(text, steps_per_sec=steps_per_sec, steps_run=ran, **timers)
     summary.update(reports=adapter.reporter.reports, steps_per_sec=steps_per_sec)
     return summary

@@ -13,6 +13,9 @@ ClusterDeck's runtime relies on a few internals that no public API offers:
   (``tf.distribute.coordinator.experimental_get_current_worker_index``, experimental).
 - :func:`coordinator_timers`: how long ``ClusterCoordinator``'s worker threads ran functions and copied
   their held results to the chief (TF's private ``coordinator.metric_utils`` timers).
+- :func:`copy_when_fetched`: a scheduled function's result copied to the chief by the thread that
+  fetches it, not by the coordinator's worker thread as the function ends (TF's private
+  ``coordinator.values.RemoteValueImpl``).
 
 Not a patch but a TF behaviour worked around elsewhere: the coordination service's preemption
 notifier installs its own C++ ``SIGTERM`` handler (it swallows the signal); :mod:`engine.runtime.stop`
@@ -210,3 +213,68 @@ def coordinator_timers() -> dict[str, float]:
     run, copy = summary("closure_execution"), summary("remote_value_fetch")
     return {"coordinator_functions": int(run["num"]), "coordinator_run_s": float(run["sum"]),
             "coordinator_copy_s": float(copy["sum"])}
+
+
+class ResultLost(RuntimeError):
+    """A function ran to its end on its worker, but its result could not be copied from there to the chief
+    (the worker died, or restarted and lost it, before the chief fetched it). The function's effects (its
+    updates on the ps tasks) stand; only what it returned is lost."""
+
+
+_COPIED_WHEN_FETCHED: type | None = None
+
+
+def _copied_when_fetched_class() -> type:
+    global _COPIED_WHEN_FETCHED
+    if _COPIED_WHEN_FETCHED is not None:
+        return _COPIED_WHEN_FETCHED
+    try:
+        from tensorflow.python.distribute.coordinator import values as coordinator_values
+    except ImportError as exc:
+        raise CompatError(f"tf_compat.copy_when_fetched: tensorflow.python.distribute.coordinator.values is gone "
+                          f"in {_versions_text()}; expected it as in {_tested_text()}") from exc
+    base = getattr(coordinator_values, "RemoteValueImpl", None)
+    if not isinstance(base, type):
+        raise CompatError(f"tf_compat.copy_when_fetched: coordinator.values.RemoteValueImpl is gone in "
+                          f"{_versions_text()}; expected it as in {_tested_text()}")
+    for attr in ("get", "_wait_and_maybe_error", "_copy_to_local"):
+        _require("copy_when_fetched", base, attr, ("self",))
+
+    class CopiedWhenFetched(base):  # type: ignore[misc, valid-type]
+        """A ``RemoteValueImpl`` whose ``get`` copies only on the thread that scheduled its function."""
+
+        _owner_thread: int
+
+        def get(self) -> Any:
+            if threading.get_ident() != self._owner_thread:
+                return None  # the coordinator's worker thread, right after the function ran: no copy
+            self._wait_and_maybe_error()  # the function's own failure, raised as it is
+            try:
+                return super().get()
+            except tf.errors.OpError as exc:
+                raise ResultLost(f"a finished function's result could not be copied from its worker: "
+                                 f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}") from exc
+
+    _COPIED_WHEN_FETCHED = CopiedWhenFetched
+    return CopiedWhenFetched
+
+
+def copy_when_fetched(remote: Any) -> Any:
+    """Have ``remote`` (what ``ClusterCoordinator.schedule`` returned) copied to the chief when this thread
+    fetches it, instead of by the coordinator's worker thread as soon as the function ends.
+
+    The coordinator copies every held result on the thread that feeds the function's worker, after the
+    function ran and before that worker's next function is sent: the worker waits for the copy (a round
+    trip). Copied when fetched, the copy runs on the chief's thread while the worker runs its next function.
+    What that changes: the result stays on the worker until then, so a worker that dies (or restarts) in
+    between loses it, and :meth:`fetch` raises :class:`ResultLost` (the function's own failure is raised as
+    before). Returns ``remote``; where its function has already ended, its result may already be copied.
+    """
+    cls = _copied_when_fetched_class()
+    if type(remote) is not cls.__mro__[1]:
+        raise CompatError(f"tf_compat.copy_when_fetched: ClusterCoordinator.schedule returned a "
+                          f"{type(remote).__qualname__}, not a RemoteValueImpl, in {_versions_text()}; "
+                          f"expected one as in {_tested_text()}")
+    remote._owner_thread = threading.get_ident()  # type: ignore[attr-defined]  # (narrowed by the check above)
+    remote.__class__ = cls
+    return remote

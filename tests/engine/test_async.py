@@ -113,11 +113,12 @@ def test_steps_run_in_groups_cut_at_warm_up_and_checkpoints(runs_root: Path) -> 
     assert ckpts == ["ckpt-100.index", "ckpt-90.index"]
     (ran,) = [e for e in rec.of("info") if "steps_run" in e]
     assert ran["steps_run"] == 100
-    # TensorFlow's coordinator timers: the 8 groups and each worker's dataset ran; only the samples' results
-    # were copied (all 8 here), in less time than the groups took
+    # TensorFlow's coordinator timers: the 8 groups and each worker's dataset ran; every group was a sample,
+    # copied by the chief as it read it, so the workers' threads copied nothing (a copy there, a round trip,
+    # took ~3-4 ms each: 8 of them ~30 ms)
     assert ran["coordinator_functions"] >= 8, ran
-    assert 0 < ran["coordinator_copy_s"] < ran["coordinator_run_s"], ran
-    assert "results copied to the chief" in ran["message"], ran
+    assert 0 < ran["coordinator_run_s"] and ran["coordinator_copy_s"] < 0.005, ran
+    assert "copies to the chief" in ran["message"], ran
     assert_nothing_left(rec.pids())
 
 

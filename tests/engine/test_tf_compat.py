@@ -2,7 +2,8 @@
 fails here, loudly, with the hook's name.
 
 The hooks run in one fresh subprocess (logical devices must be set before TensorFlow starts), which
-prints one JSON line of findings per hook.
+prints one JSON line of findings per hook; ``copy_when_fetched`` runs in a second one, the chief of a real
+ParameterServerStrategy cluster whose worker it kills and restarts.
 """
 
 from __future__ import annotations
@@ -176,3 +177,134 @@ def test_a_changed_internal_fails_loudly_with_the_hook_named() -> None:
                            ("self", "cluster_resolver", "worker_device"))
     with pytest.raises(tf_compat.CompatError, match="is gone"):
         tf_compat._require("hook", Changed, "_missing", ("self",))
+
+
+#: A real ParameterServerStrategy cluster: this probe is the chief, a worker and a ps are server processes.
+#: What copy_when_fetched must do, each case against a worker process: the result is copied when the
+#: chief fetches it, not by the coordinator's worker thread; a worker killed, or restarted, after the
+#: function ended loses the result (ResultLost), never its update; the function's own failure is raised
+#: as it is.
+COPY_PROBE = r'''
+import json, os, signal, socket, subprocess, sys, time
+os.environ["GRPC_FAIL_FAST"] = "use_caller"  # as the async tasks run
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+cluster = {job: [f"127.0.0.1:{free_port()}"] for job in ("chief", "worker", "ps")}
+SERVER = ("import json, sys, tensorflow as tf\n"
+          "tf.distribute.Server(tf.train.ClusterSpec(json.loads(sys.argv[1])), job_name=sys.argv[2], "
+          "task_index=0, protocol='grpc', start=True).join()\n")
+
+def start(job):
+    return subprocess.Popen([sys.executable, "-c", SERVER, json.dumps(cluster), job], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+
+def serving(job, timeout=60):
+    host, port = cluster[job][0].split(":")
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection((host, int(port)), 0.5).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise TimeoutError(f"{job} never served")
+
+def kill(job):
+    procs[job].send_signal(signal.SIGKILL)
+    procs[job].wait()
+
+procs = {"worker": start("worker"), "ps": start("ps")}
+out = {}
+try:
+    import tensorflow as tf
+    from engine.runtime import tf_compat
+    serving("worker"); serving("ps")
+    resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
+        tf.train.ClusterSpec(cluster), task_type="chief", task_id=0, rpc_layer="grpc")
+    strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)
+    coordinator = tf.distribute.coordinator.ClusterCoordinator(strategy)
+    with strategy.scope():
+        v = tf.Variable(0.0)
+
+    @tf.function
+    def bump(n):
+        v.assign_add(n)
+        return n * 2.0
+
+    @tf.function
+    def bad():
+        tf.debugging.assert_equal(v, -1.0, message="the function's own failure")
+        return tf.constant(1.0)
+
+    def fetch(remote):
+        try:
+            return float(remote.fetch())
+        except tf_compat.ResultLost as exc:
+            return f"ResultLost: {exc}"
+        except tf.errors.OpError as exc:
+            return type(exc).__name__
+
+    # held and fetched by this thread: the coordinator's worker thread copied nothing; a plain one it copied
+    held = tf_compat.copy_when_fetched(coordinator.schedule(bump, args=(tf.constant(3.0),)))
+    plain = coordinator.schedule(bump, args=(tf.constant(1.0),))
+    coordinator.join()
+    out["copied_by_the_worker_thread"] = [held._fetched_tensors is not None, plain._fetched_tensors is not None]
+    out["fetched"] = [fetch(held), fetch(plain)]
+    # the worker killed after the function ended, before the fetch
+    held = tf_compat.copy_when_fetched(coordinator.schedule(bump, args=(tf.constant(5.0),)))
+    coordinator.join()
+    kill("worker")
+    out["killed"] = fetch(held)
+    out["variable_after_killed"] = float(v.numpy())
+    # the worker restarted at its address after the function ended, before the fetch
+    procs["worker"] = start("worker")
+    serving("worker")
+    held = tf_compat.copy_when_fetched(coordinator.schedule(bump, args=(tf.constant(7.0),)))
+    coordinator.join()
+    kill("worker")
+    procs["worker"] = start("worker")
+    serving("worker")
+    out["restarted"] = fetch(held)
+    out["variable_after_restarted"] = float(v.numpy())
+    # the function's own failure (last: the coordinator raises it again at its next call)
+    out["own_failure"] = fetch(tf_compat.copy_when_fetched(coordinator.schedule(bad)))
+except Exception as exc:
+    out["error"] = f"{type(exc).__name__}: {exc}"[:1000]
+finally:
+    for p in procs.values():
+        p.kill()
+print("PROBE " + json.dumps(out), flush=True)
+os._exit(0)
+'''
+
+
+def test_a_result_copied_when_fetched_is_lost_with_its_worker_and_never_its_update() -> None:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
+    env.pop("TF_CONFIG", None)
+    out = subprocess.run([sys.executable, "-c", COPY_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=240)
+    line = next((x for x in out.stdout.splitlines() if x.startswith("PROBE ")), None)
+    assert line is not None, out.stdout[-2000:] + out.stderr[-3000:]
+    found = no_error(json.loads(line[len("PROBE "):]))
+    assert found["copied_by_the_worker_thread"] == [False, True]
+    assert found["fetched"] == [6.0, 2.0]
+    # the result is lost with its worker, killed (gRPC: unavailable) or restarted (its handles gone: aborted)
+    assert str(found["killed"]).startswith("ResultLost"), found
+    assert str(found["restarted"]).startswith("ResultLost"), found
+    # and never the function's update: 3 + 1 + 5, then + 7
+    assert found["variable_after_killed"] == 9.0
+    assert found["variable_after_restarted"] == 16.0
+    assert found["own_failure"] == "InvalidArgumentError"
+
+
+def test_copy_when_fetched_refuses_what_is_not_a_coordinators_remote_value() -> None:
+    pytest.importorskip("tensorflow")
+    from engine.runtime import tf_compat
+
+    with pytest.raises(tf_compat.CompatError, match=r"tf_compat\.copy_when_fetched: .*returned a object, not a "
+                                                    r"RemoteValueImpl"):
+        tf_compat.copy_when_fetched(object())
