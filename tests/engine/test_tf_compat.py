@@ -111,15 +111,20 @@ os._exit(0)
 '''
 
 
-@pytest.fixture(scope="module")
-def findings() -> dict[str, Any]:
+def run_probe(source: str, timeout: float) -> dict[str, Any]:
+    """Run a probe in a fresh Python (no TF_CONFIG, no GPU) and return the findings it prints."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="2", CUDA_VISIBLE_DEVICES="")
     env.pop("TF_CONFIG", None)
-    out = subprocess.run([sys.executable, "-c", PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=180)
+    out = subprocess.run([sys.executable, "-c", source], cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=timeout)
     line = next((x for x in out.stdout.splitlines() if x.startswith("PROBE ")), None)
     assert line is not None, out.stdout[-2000:] + out.stderr[-3000:]
     return json.loads(line[len("PROBE "):])
+
+
+@pytest.fixture(scope="module")
+def findings() -> dict[str, Any]:
+    return run_probe(PROBE, timeout=180)
 
 
 def no_error(found: dict[str, Any]) -> dict[str, Any]:
@@ -283,13 +288,7 @@ os._exit(0)
 
 
 def test_a_result_copied_when_fetched_is_lost_with_its_worker_and_never_its_update() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), TF_CPP_MIN_LOG_LEVEL="3", CUDA_VISIBLE_DEVICES="")
-    env.pop("TF_CONFIG", None)
-    out = subprocess.run([sys.executable, "-c", COPY_PROBE], cwd=ROOT, env=env, capture_output=True, text=True,
-                         timeout=240)
-    line = next((x for x in out.stdout.splitlines() if x.startswith("PROBE ")), None)
-    assert line is not None, out.stdout[-2000:] + out.stderr[-3000:]
-    found = no_error(json.loads(line[len("PROBE "):]))
+    found = no_error(run_probe(COPY_PROBE, timeout=240))
     assert found["copied_by_the_worker_thread"] == [False, True]
     assert found["fetched"] == [6.0, 2.0]
     # the result is lost with its worker, killed (gRPC: unavailable) or restarted (its handles gone: aborted)
