@@ -25,27 +25,31 @@ middle of a group has applied some of its steps, which ``ClusterCoordinator`` ru
 full on another worker (as with Keras' ``steps_per_execution``): up to K - 1 updates more than
 the steps counted, per lost worker.
 
-A step is one of two functions, chosen when it is scheduled. Most steps return
-nothing. A sample of them (about one per worker and report interval, and every
-step of the run's last window) returns one small vector: its loss, the index of
-the worker that ran it, that worker's clock and how many batches that worker has
-read. So the chief reports every worker's loss, throughput and step time without
-an extra round trip. The chief waits for every step in order (a bounded window,
-so the pipeline never drains just to read a figure, and a stop waits for a few
-groups only) with ``RemoteValue.fetch``. Why most steps return nothing, and why a
-sample is copied when the chief reads it: ``ClusterCoordinator`` copies a function's
-output to the chief as soon as it ends wherever its ``RemoteValue`` is still held, as
-the window holds it, and it does so on the thread that feeds that worker, so the
-worker waits for the copy (a round trip, ~3-4 ms on a loaded machine) before its next
-function is sent. A function with no output has nothing to copy; its ``RemoteValue``
-is ready once the function has run. A sample's output is copied by the chief's own
-thread when the window reaches it (:func:`engine.runtime.tf_compat.copy_when_fetched`),
+A step (a group) is one function, the same for every step, so that each worker
+registers and instantiates it once, at its first step. It returns one small vector:
+its loss, the index of the worker that ran it, that worker's clock and how many
+batches that worker has read. The chief reads it for a sample of the steps (about
+one per worker and report interval, and every step of the run's last window), so
+it reports every worker's loss, throughput and step time without an extra round
+trip. The chief waits for every step in order (a bounded window, so the pipeline
+never drains just to read a figure, and a stop waits for a few groups only). Why the
+vector stays on the worker unless the step is a sample, and why a sample is copied
+when the chief reads it: ``ClusterCoordinator`` copies a function's output to the
+chief as soon as it ends wherever its ``RemoteValue`` is still held, as the window
+holds it, and it does so on the thread that feeds that worker, so the worker waits
+for the copy (a round trip, ~3-4 ms on a loaded machine) before its next function is
+sent. Every ``RemoteValue`` is taken over (:func:`engine.runtime.tf_compat.copy_when_fetched`):
+a step that is not a sample is waited for without a copy (:func:`engine.runtime.tf_compat.wait_for`),
+and a sample's output is copied by the chief's own thread when the window reaches it,
 while its worker runs its next group; a worker lost in between loses that sample's
 figures, never its update. One packed vector keeps a sample's copy to one tensor. The
 chief's last info event says what copies cost the workers (``coordinator_copy_s``
 against ``coordinator_run_s``, TensorFlow's own timers): ~2.5 % of the workers' time
-when every group returned its loss, ~0.9 % for the samples alone, ~0 since the chief
-copies them (docs/benchmarks.md, 1e). Throughput and step time stay exact (the worker's batch count and clock
+when every group's loss was copied, ~0.9 % for the samples alone, ~0 since the chief
+copies them (docs/benchmarks.md, 1e). Two functions (one returning nothing, one the
+vector) cost a second trace on the chief and, on each worker, a first run about 70 ms
+slower than the next (its registration and instantiation), which came after the
+warm-up on a worker whose first groups were all samples (docs/benchmarks.md, 1e). Throughput and step time stay exact (the worker's batch count and clock
 between two samples); a report's loss is the mean of the sampled steps since the
 previous report. A stopped run's last steps since each worker's latest sample
 are trained and checkpointed but not in its per-worker step counts.
@@ -391,38 +395,28 @@ class CoordinatorAdapter:
         self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
         ctx.keep(self.iterator)
 
-        # the steps that are not a sample return nothing: the chief has nothing to copy from their worker
-        @tf.function
-        def train_step(it: Any) -> None:
-            _, batch = next(it)
-            strategy.run(trainable.step_fn, args=batch)
-
-        @tf.function
-        def sampled_step(it: Any) -> tf.Tensor:
-            count, batch = next(it)
-            loss = strategy.run(trainable.step_fn, args=batch)
+        def figures(loss: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
             # one tensor, so that reading a step's figures is one copy from its worker, not four
             return tf.stack([tf.cast(loss, tf.float64), tf.cast(tf_compat.current_worker_index(), tf.float64),
                              tf.timestamp(), tf.cast(count, tf.float64)])
 
+        # one function for every step (one for every group), so that a worker registers and instantiates it
+        # once, at its first step; what it returns stays on the worker unless the step is a sample
         @tf.function
-        def train_steps(it: Any, n: tf.Tensor) -> None:
-            for _ in tf.range(n):
-                _, batch = next(it)
-                strategy.run(trainable.step_fn, args=batch)
+        def train_step(it: Any) -> tf.Tensor:
+            count, batch = next(it)
+            return figures(strategy.run(trainable.step_fn, args=batch), count)
 
         @tf.function
-        def sampled_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
+        def train_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
             total = tf.constant(0.0, tf.float64)
             count = tf.constant(0, tf.int64)
             for _ in tf.range(n):
                 count, batch = next(it)
                 total += tf.cast(strategy.run(trainable.step_fn, args=batch), tf.float64)
-            return tf.stack([total / tf.cast(n, tf.float64), tf.cast(tf_compat.current_worker_index(), tf.float64),
-                             tf.timestamp(), tf.cast(count, tf.float64)])
+            return figures(total / tf.cast(n, tf.float64), count)
 
-        self.train_step, self.sampled_step = train_step, sampled_step
-        self.train_steps, self.sampled_steps = train_steps, sampled_steps
+        self.train_step, self.train_steps = train_step, train_steps
         self.per_execution = per_execution
         self.pending = 0  # steps run_step was given and not yet scheduled (the loop says where a group ends)
         self.pending_step = 0  # the last of them
@@ -449,11 +443,11 @@ class CoordinatorAdapter:
         """Wait for the oldest step in flight; read its figures if it is a sample."""
         step, remote, sampled, ran = self.window.popleft()
         try:
-            result = remote.fetch()  # None unless a sample, whose vector is copied from its worker here
-            if not sampled:
+            if not sampled:  # its figures stay on its worker: wait for it, copy nothing
+                tf_compat.wait_for(remote)
                 self.completed += ran
                 return
-            loss, worker, ts, count = result
+            loss, worker, ts, count = remote.fetch()  # a sample: its vector is copied from its worker here
         except tf_compat.ResultLost:
             # the step ran (its update reached the ps) but the worker holding its figures died or restarted
             # before the chief copied them: only that step's figures are lost
@@ -508,22 +502,22 @@ class CoordinatorAdapter:
             sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
             if self.per_execution == 1:
                 args: tuple[Any, ...] = (self.iterator,)
-                fn = self.sampled_step if sample else self.train_step
+                fn = self.train_step
             else:
                 args = (self.iterator, tf.constant(n, tf.int64))
-                fn = self.sampled_steps if sample else self.train_steps
+                fn = self.train_steps
             remote = self.coordinator.schedule(fn, args=args)
         except BaseException:
             self.pending, self.pending_step = n - 1, step - 1
             raise
         if sample:
             self.last_sample = now
-            if self.copy_when_fetched:
-                try:  # copied here when the window reaches it, not by the worker's thread before its next group
-                    remote = tf_compat.copy_when_fetched(remote)
-                except tf_compat.CompatError as exc:
-                    self.copy_when_fetched = False
-                    self.ctx.emitter.info(f"{exc}: each sample is copied to the chief as its group ends")
+        if self.copy_when_fetched:
+            try:  # a sample copied here when the window reaches it, not by the worker's thread before its next group
+                remote = tf_compat.copy_when_fetched(remote)
+            except tf_compat.CompatError as exc:
+                self.copy_when_fetched = False
+                self.ctx.emitter.info(f"{exc}: each group's figures are copied to the chief as it ends")
         self.window.append((step, remote, sample, n))
         self.scheduled += n
         self.pending = 0

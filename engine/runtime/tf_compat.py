@@ -15,7 +15,8 @@ ClusterDeck's runtime relies on a few internals that no public API offers:
   their held results to the chief (TF's private ``coordinator.metric_utils`` timers).
 - :func:`copy_when_fetched`: a scheduled function's result copied to the chief by the thread that
   fetches it, not by the coordinator's worker thread as the function ends (TF's private
-  ``coordinator.values.RemoteValueImpl``).
+  ``coordinator.values.RemoteValueImpl``); :func:`wait_for` waits for such a function without copying
+  its result at all.
 
 Not a patch but a TF behaviour worked around elsewhere: the coordination service's preemption
 notifier installs its own C++ ``SIGTERM`` handler (it swallows the signal); :mod:`engine.runtime.stop`
@@ -278,3 +279,13 @@ def copy_when_fetched(remote: Any) -> Any:
     remote._owner_thread = threading.get_ident()  # type: ignore[attr-defined]  # (narrowed by the check above)
     remote.__class__ = cls
     return remote
+
+
+def wait_for(remote: Any) -> None:
+    """Wait until the function behind ``remote`` has ended, raising its own failure as ``fetch`` does, without
+    copying its result to the chief where :func:`copy_when_fetched` took ``remote`` (its result stays on its
+    worker until ``remote`` is dropped); any other ``remote`` is fetched (copied) as usual."""
+    if _COPIED_WHEN_FETCHED is not None and type(remote) is _COPIED_WHEN_FETCHED:
+        remote._wait_and_maybe_error()
+    else:
+        remote.fetch()

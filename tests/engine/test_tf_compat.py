@@ -188,7 +188,7 @@ def test_a_changed_internal_fails_loudly_with_the_hook_named() -> None:
 #: What copy_when_fetched must do, each case against a worker process: the result is copied when the
 #: chief fetches it, not by the coordinator's worker thread; a worker killed, or restarted, after the
 #: function ended loses the result (ResultLost), never its update; the function's own failure is raised
-#: as it is.
+#: as it is. What wait_for must do: wait without copying, and raise the function's own failure.
 COPY_PROBE = r'''
 import json, os, signal, socket, subprocess, sys, time
 os.environ["GRPC_FAIL_FAST"] = "use_caller"  # as the async tasks run
@@ -259,11 +259,17 @@ try:
     coordinator.join()
     out["copied_by_the_worker_thread"] = [held._fetched_tensors is not None, plain._fetched_tensors is not None]
     out["fetched"] = [fetch(held), fetch(plain)]
+    # waited for with wait_for: copied neither by the coordinator's worker thread nor by this one
+    waited = tf_compat.copy_when_fetched(coordinator.schedule(bump, args=(tf.constant(0.5),)))
+    tf_compat.wait_for(waited)
+    out["waited_copied"] = waited._fetched_tensors is not None
     # the worker killed after the function ended, before the fetch
     held = tf_compat.copy_when_fetched(coordinator.schedule(bump, args=(tf.constant(5.0),)))
+    waited = tf_compat.copy_when_fetched(coordinator.schedule(bump, args=(tf.constant(0.25),)))
     coordinator.join()
     kill("worker")
     out["killed"] = fetch(held)
+    tf_compat.wait_for(waited)  # it ended before its worker died: nothing lost, nothing raised
     out["variable_after_killed"] = float(v.numpy())
     # the worker restarted at its address after the function ended, before the fetch
     procs["worker"] = start("worker")
@@ -277,6 +283,15 @@ try:
     out["variable_after_restarted"] = float(v.numpy())
     # the function's own failure (last: the coordinator raises it again at its next call)
     out["own_failure"] = fetch(tf_compat.copy_when_fetched(coordinator.schedule(bad)))
+    try:
+        coordinator.join()  # raises that failure once more, and clears it
+    except tf.errors.OpError:
+        pass
+    try:
+        tf_compat.wait_for(tf_compat.copy_when_fetched(coordinator.schedule(bad)))
+        out["own_failure_waited"] = None
+    except tf.errors.OpError as exc:
+        out["own_failure_waited"] = type(exc).__name__
 except Exception as exc:
     out["error"] = f"{type(exc).__name__}: {exc}"[:1000]
 finally:
@@ -294,10 +309,13 @@ def test_a_result_copied_when_fetched_is_lost_with_its_worker_and_never_its_upda
     # the result is lost with its worker, killed (gRPC: unavailable) or restarted (its handles gone: aborted)
     assert str(found["killed"]).startswith("ResultLost"), found
     assert str(found["restarted"]).startswith("ResultLost"), found
-    # and never the function's update: 3 + 1 + 5, then + 7
-    assert found["variable_after_killed"] == 9.0
-    assert found["variable_after_restarted"] == 16.0
+    # and never the function's update: 3 + 1 + 0.5 + 5 + 0.25, then + 7
+    assert found["variable_after_killed"] == 9.75
+    assert found["variable_after_restarted"] == 16.75
     assert found["own_failure"] == "InvalidArgumentError"
+    # a function waited for is never copied, and raises its own failure as a fetch does
+    assert found["waited_copied"] is False
+    assert found["own_failure_waited"] == "InvalidArgumentError"
 
 
 def test_copy_when_fetched_refuses_what_is_not_a_coordinators_remote_value() -> None:
