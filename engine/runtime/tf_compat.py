@@ -286,6 +286,6 @@ def wait_for(remote: Any) -> None:
     copying its result to the chief where :func:`copy_when_fetched` took ``remote`` (its result stays on its
     worker until ``remote`` is dropped); any other ``remote`` is fetched (copied) as usual."""
     if _COPIED_WHEN_FETCHED is not None and type(remote) is _COPIED_WHEN_FETCHED:
-        remote._wait_and_maybe_error()
+        remote._wait_and_maybe_error()  # type: ignore[attr-defined]  # (a RemoteValueImpl: checked when made)
     else:
         remote.fetch()
