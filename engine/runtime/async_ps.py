@@ -416,7 +416,8 @@ class CoordinatorAdapter:
                 total += tf.cast(strategy.run(trainable.step_fn, args=batch), tf.float64)
             return figures(total / tf.cast(n, tf.float64), count)
 
-        self.train_step, self.train_steps = train_step, train_steps
+        # a run of single steps (steps_per_execution 1) runs the single-step function, a grouped run the group one
+        self.step_function = train_step if per_execution == 1 else train_steps
         self.per_execution = per_execution
         self.pending = 0  # steps run_step was given and not yet scheduled (the loop says where a group ends)
         self.pending_step = 0  # the last of them
@@ -490,7 +491,7 @@ class CoordinatorAdapter:
         """Schedule the pending steps as one function, once the window has room: if that raises, none
         of them started, and the step being run is given back (the loop does not count it as done, so a
         stop's settle must not run it). A run of single steps (``steps_per_execution`` 1) uses the
-        single-step functions; a grouped run uses the group functions for every group, a group cut to
+        single-step function; a grouped run uses the group function for every group, a group cut to
         one step included, so that it traces no more functions."""
         n, step = self.pending, self.pending_step
         if not n:
@@ -500,20 +501,15 @@ class CoordinatorAdapter:
                 self._fetch_oldest()
             now = time.perf_counter()
             sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
-            if self.per_execution == 1:
-                args: tuple[Any, ...] = (self.iterator,)
-                fn = self.train_step
-            else:
-                args = (self.iterator, tf.constant(n, tf.int64))
-                fn = self.train_steps
-            remote = self.coordinator.schedule(fn, args=args)
+            args = (self.iterator,) if self.per_execution == 1 else (self.iterator, tf.constant(n, tf.int64))
+            remote = self.coordinator.schedule(self.step_function, args=args)
         except BaseException:
             self.pending, self.pending_step = n - 1, step - 1
             raise
         if sample:
             self.last_sample = now
         if self.copy_when_fetched:
-            try:  # a sample copied here when the window reaches it, not by the worker's thread before its next group
+            try:  # a sample copied here when the window reaches it (not by the worker's thread), the rest never
                 remote = tf_compat.copy_when_fetched(remote)
             except tf_compat.CompatError as exc:
                 self.copy_when_fetched = False
