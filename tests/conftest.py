@@ -35,7 +35,8 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 # Every process this test session starts inherits this marker, so the leftover check
-# never mistakes another session's processes (or a benchmark's) for ours.
+# never mistakes another session's processes (or a benchmark's) for ours. Under pytest-xdist
+# each worker imports this file itself, so each worker has a mark of its own.
 SESSION_MARK = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
 os.environ["CLUSTERDECK_TEST_SESSION"] = SESSION_MARK
 
