@@ -152,14 +152,25 @@ class Supervisor:
 
     # -- output
 
-    def send(self, event: dict[str, Any]) -> None:
-        self.send_line(events.encode(event).encode("utf-8"))
+    def send(self, event: dict[str, Any], *, flush: bool = True) -> None:
+        self.send_line(events.encode(event).encode("utf-8"), flush=flush)
 
-    def send_line(self, line: bytes) -> None:
+    def send_line(self, line: bytes, *, flush: bool = True) -> None:
+        """Write ``line`` to the launcher; ``flush`` False leaves it buffered for the next :meth:`flush_out`
+        (the events relayed from one read of a task's pipe go out in one write: one wake-up of the launcher)."""
         if self.launcher_gone:
             return
         try:
             self.out.write(line)
+            if flush:
+                self.out.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            self.launcher_gone = True
+
+    def flush_out(self) -> None:
+        if self.launcher_gone:
+            return
+        try:
             self.out.flush()
         except (BrokenPipeError, OSError, ValueError):
             self.launcher_gone = True
@@ -320,9 +331,10 @@ class Supervisor:
                 self.close_events(tp)
                 return
             for line in tp.lines.feed(chunk):
-                self.relay(tp, line)
+                self.relay(tp, line, flush=False)
+            self.flush_out()
 
-    def relay(self, tp: TaskProcess, line: bytes) -> None:
+    def relay(self, tp: TaskProcess, line: bytes, *, flush: bool = True) -> None:
         if not line.strip():
             return
         if line is OVERLONG:
@@ -343,7 +355,7 @@ class Supervisor:
                 tp.traceback = str(event.get("traceback", ""))
                 return
         self.stats.good += 1
-        self.send(event)
+        self.send(event, flush=flush)
 
     def close_events(self, tp: TaskProcess) -> None:
         if tp.event_fd is not None:
@@ -449,7 +461,8 @@ class Supervisor:
                 tp.frozen_samples = 0
             fields: dict[str, Any] = {"cpu_percent": cpu, "rss_bytes": rss, "pid": tp.ps.pid}
             fields.update(task_gpu_figures(gpu_samples, list(tp.plan.gpu_ids), tp.ps.pid))
-            self.send(events.make("device", tp.plan.name, **fields))
+            self.send(events.make("device", tp.plan.name, **fields), flush=False)
+        self.flush_out()  # every task's figures in one write
 
     # -- stopping
 

@@ -324,6 +324,12 @@ class WorkerReporter:
 
     def maybe_report(self, scheduled: int, completed: int, force: bool = False) -> None:
         now = time.perf_counter()
+        if force or now - self.last_progress >= self.interval or any(
+                w.steps and now - w.last_emit >= self.interval for w in self.workers.values()):
+            with self.emitter.batch():  # a report's events in one write
+                self._report(now, scheduled, completed, force)
+
+    def _report(self, now: float, scheduled: int, completed: int, force: bool) -> None:
         for index, w in sorted(self.workers.items()):
             if w.steps and (force or now - w.last_emit >= self.interval):
                 step_time = w.busy / w.timed if w.timed else None
@@ -418,6 +424,10 @@ class CoordinatorAdapter:
 
         # a run of single steps (steps_per_execution 1) runs the single-step function, a grouped run the group one
         self.step_function = train_step if per_execution == 1 else train_steps
+        # what is scheduled: the step function's concrete function, looked up once instead of by every
+        # schedule (tf_compat.scheduled_concrete_function); the function itself where that hook fails
+        self.function: Any = None
+        self.counts: dict[int, tf.Tensor] = {}  # a group's step count, one tensor per count
         self.per_execution = per_execution
         self.pending = 0  # steps run_step was given and not yet scheduled (the loop says where a group ends)
         self.pending_step = 0  # the last of them
@@ -501,8 +511,10 @@ class CoordinatorAdapter:
                 self._fetch_oldest()
             now = time.perf_counter()
             sample = step > self.sample_all_after or now - self.last_sample >= self.sample_every
-            args = (self.iterator,) if self.per_execution == 1 else (self.iterator, tf.constant(n, tf.int64))
-            remote = self.coordinator.schedule(self.step_function, args=args)
+            args = (self.iterator,) if self.per_execution == 1 else (self.iterator, self._count(n))
+            if self.function is None:
+                self.function = self._scheduled_function(args)
+            remote = self.coordinator.schedule(self.function, args=args)
         except BaseException:
             self.pending, self.pending_step = n - 1, step - 1
             raise
@@ -517,6 +529,19 @@ class CoordinatorAdapter:
         self.window.append((step, remote, sample, n))
         self.scheduled += n
         self.pending = 0
+
+    def _count(self, n: int) -> tf.Tensor:
+        count = self.counts.get(n)
+        if count is None:
+            count = self.counts[n] = tf.constant(n, tf.int64)
+        return count
+
+    def _scheduled_function(self, args: tuple[Any, ...]) -> Any:
+        try:
+            return tf_compat.scheduled_concrete_function(self.step_function, args)
+        except tf_compat.CompatError as exc:
+            self.ctx.emitter.info(f"{exc}: each scheduled group looks its function up again")
+            return self.step_function
 
     def report(self, step: int, *, force: bool) -> None:
         self.reporter.maybe_report(self.scheduled, self.completed, force=force)

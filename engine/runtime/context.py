@@ -109,33 +109,34 @@ class StepReporter:
         now = time.perf_counter()
         step_time = (now - self.last) / max(1, self.pending)
         rate = self.per_replica_batch / step_time if step_time > 0 else 0.0
-        for rid, result in zip(self.replica_ids, results, strict=False):
-            # a result is the replica's loss, or (loss, seconds it waited for the others to sync)
-            wait = None
-            if isinstance(result, (tuple, list)):
-                loss, wait = result
-            else:
-                loss = result
-            fields = {"replica": rid, "step": step, "loss": float(loss), "examples_per_sec": rate,
-                      "step_time": step_time}
-            if wait is not None:
-                fields["sync_wait"] = float(wait)
-                fields["own_time"] = max(1e-6, step_time - float(wait))
-            if worker is not None:
-                fields["worker"] = worker
-            self.emitter.emit("step", **fields)
-            if self.summaries is not None:
-                self.summaries.replica(rid, step, loss=float(loss), examples_per_sec=rate, step_time=step_time)
-        self.reports += 1
-        self.last = now
-        self.last_emit = now
-        self.pending = 0
-        if self.memory is not None and now - self.last_memory >= 0.5:
-            self.last_memory = now
-            for i, name in enumerate(self.device_names):
-                current, peak = self.memory(name)
-                if current is not None:
-                    self.emitter.emit("device", device=name, device_index=i, tf_bytes=current, tf_peak_bytes=peak)
+        with self.emitter.batch():  # a report's events (every replica, the devices) in one write
+            for rid, result in zip(self.replica_ids, results, strict=False):
+                # a result is the replica's loss, or (loss, seconds it waited for the others to sync)
+                wait = None
+                if isinstance(result, (tuple, list)):
+                    loss, wait = result
+                else:
+                    loss = result
+                fields = {"replica": rid, "step": step, "loss": float(loss), "examples_per_sec": rate,
+                          "step_time": step_time}
+                if wait is not None:
+                    fields["sync_wait"] = float(wait)
+                    fields["own_time"] = max(1e-6, step_time - float(wait))
+                if worker is not None:
+                    fields["worker"] = worker
+                self.emitter.emit("step", **fields)
+                if self.summaries is not None:
+                    self.summaries.replica(rid, step, loss=float(loss), examples_per_sec=rate, step_time=step_time)
+            self.reports += 1
+            self.last = now
+            self.last_emit = now
+            self.pending = 0
+            if self.memory is not None and now - self.last_memory >= 0.5:
+                self.last_memory = now
+                for i, name in enumerate(self.device_names):
+                    current, peak = self.memory(name)
+                    if current is not None:
+                        self.emitter.emit("device", device=name, device_index=i, tf_bytes=current, tf_peak_bytes=peak)
 
     def flush(self, step: int, fetch: Callable[[], Sequence[Any]]) -> None:
         """Report the steps counted since the last report (the last one of a run that stops)."""

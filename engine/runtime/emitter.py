@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +16,8 @@ class Emitter:
     """Writes each event to the task's ``events.jsonl`` first, then to the supervisor's pipe.
 
     Thread-safe. A broken pipe (supervisor gone) leaves the file going: the
-    lifeline watcher ends the process soon after anyway.
+    lifeline watcher ends the process soon after anyway. Events emitted together
+    (a report of every replica) may be sent in one :meth:`batch`.
     """
 
     def __init__(self, task: str, path: str | Path | None, fd: int | None = None) -> None:
@@ -23,10 +26,35 @@ class Emitter:
         # a full or unwritable run folder must not cost the pipe its events (the launcher then fails the run)
         self._file = events.EventWriter(path, keep_going=True) if path else None
         self._fd = fd
+        self._batch = threading.local()  # a thread's lines held by batch(), or none
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = events.make(kind, self.task, **fields)
         line = events.encode(event)
+        held: list[str] | None = getattr(self._batch, "lines", None)
+        if held is not None:
+            held.append(line)
+        else:
+            self._write(line)
+        return event
+
+    @contextmanager
+    def batch(self) -> Iterator[None]:
+        """The events this thread emits inside the block go out together when it ends: one write to the
+        file and one to the pipe, so the supervisor (and the launcher after it) wakes once for them, not
+        once per event. Held lines are written even when the block raises."""
+        if getattr(self._batch, "lines", None) is not None:  # already in a batch: the outer one writes
+            yield
+            return
+        self._batch.lines = []
+        try:
+            yield
+        finally:
+            lines, self._batch.lines = self._batch.lines, None
+            if lines:
+                self._write("".join(lines))
+
+    def _write(self, line: str) -> None:
         with self._lock:
             if self._file is not None:
                 self._file.write_line(line)
@@ -35,7 +63,6 @@ class Emitter:
                     os.write(self._fd, line.encode("utf-8"))
                 except OSError:
                     self._fd = None
-        return event
 
     def status(self, state: str, **fields: Any) -> None:
         self.emit("status", state=state, pid=os.getpid(), **fields)

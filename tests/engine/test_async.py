@@ -78,6 +78,8 @@ def test_chief_two_workers_one_ps_complete(runs_root: Path) -> None:
     assert progress and all(0 <= e["completed"] <= e["scheduled"] <= 200 for e in progress)
     assert progress[-1]["completed"] == progress[-1]["scheduled"] == 200 and progress[-1]["total"] == 200
     assert any(e["scheduled"] > e["completed"] for e in progress), "steps must be in flight while fetching"
+    # every group scheduled as the one concrete function (tf_compat.scheduled_concrete_function), no fallback
+    assert not [e for e in rec.of("info") if "looks its function up" in e.get("message", "")]
 
     # the chief's steady-state throughput counts one worker batch (64 examples) per step, as its progress does
     (done,) = [e for e in rec.of("status", state="finished") if e["task"] == "chief:0"]

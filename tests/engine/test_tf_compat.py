@@ -99,6 +99,25 @@ def coordinator_timers():
     return {"before": before, "after": tf_compat.coordinator_timers()}
 
 
+def scheduled_concrete():
+    # what ClusterCoordinator.schedule looks up for a tf.function: the first worker's slice of the
+    # arguments (PerWorkerValues hold one value per worker), by type
+    @tf.function
+    def group(x, n):
+        return tf.reduce_sum(x) * tf.cast(n, tf.float32)
+
+    from tensorflow.python.distribute.coordinator.values import RemoteValueImpl
+    spec = tf.TensorSpec([2], tf.float32)  # as a per-worker iterator's remote values carry their spec
+    per_worker = tf.distribute.experimental.coordinator.PerWorkerValues(
+        (RemoteValueImpl(None, spec), RemoteValueImpl(None, spec)))
+    n = tf.constant(3, tf.int64)
+    concrete = tf_compat.scheduled_concrete_function(group, (per_worker, n))
+    again = tf_compat.scheduled_concrete_function(group, (per_worker, tf.constant(5, tf.int64)))
+    return {"concrete": isinstance(concrete, tf.types.experimental.ConcreteFunction),
+            "same": concrete is again, "traced": group.experimental_get_tracing_count(),
+            "value": float(concrete(tf.constant([1.0, 2.0]), n).numpy())}
+
+finding("scheduled_concrete_function", scheduled_concrete)
 finding("emulate_multi_worker_devices", multi_worker_devices)
 finding("time_gradient_all_reduce", all_reduce_wait)
 finding("wrap_compute_loss", compute_loss)
@@ -161,6 +180,11 @@ def test_coordinator_timers_read_what_the_coordinator_writes(findings: dict[str,
     after = found["after"]
     assert after["coordinator_functions"] == 1
     assert after["coordinator_run_s"] >= 0.02 and 0.01 <= after["coordinator_copy_s"] < after["coordinator_run_s"]
+
+
+def test_the_scheduled_concrete_function_is_found_once_for_arguments_of_one_type(findings: dict[str, Any]) -> None:
+    found = no_error(findings["scheduled_concrete_function"])
+    assert found == {"concrete": True, "same": True, "traced": 1, "value": 9.0}
 
 
 def test_tested_versions_are_the_installed_ones(findings: dict[str, Any]) -> None:
