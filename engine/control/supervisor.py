@@ -162,10 +162,10 @@ class Supervisor:
             return
         try:
             self.out.write(line)
-            if flush:
-                self.out.flush()
         except (BrokenPipeError, OSError, ValueError):
             self.launcher_gone = True
+        if flush:
+            self.flush_out()
 
     def flush_out(self) -> None:
         if self.launcher_gone:

@@ -324,14 +324,13 @@ class WorkerReporter:
 
     def maybe_report(self, scheduled: int, completed: int, force: bool = False) -> None:
         now = time.perf_counter()
-        if force or now - self.last_progress >= self.interval or any(
-                w.steps and now - w.last_emit >= self.interval for w in self.workers.values()):
-            with self.emitter.batch():  # a report's events in one write
-                self._report(now, scheduled, completed, force)
-
-    def _report(self, now: float, scheduled: int, completed: int, force: bool) -> None:
-        for index, w in sorted(self.workers.items()):
-            if w.steps and (force or now - w.last_emit >= self.interval):
+        due = [(index, w) for index, w in sorted(self.workers.items())
+               if w.steps and (force or now - w.last_emit >= self.interval)]
+        progress = force or now - self.last_progress >= self.interval
+        if not due and not progress:
+            return
+        with self.emitter.batch():  # a report's events in one write
+            for index, w in due:
                 step_time = w.busy / w.timed if w.timed else None
                 rate = self.batch / step_time if step_time else None
                 self.emitter.emit("step", replica=index, worker=index, step=w.last_step,
@@ -339,9 +338,10 @@ class WorkerReporter:
                                   steps=w.ran, sampled=w.steps)
                 self.reports += 1
                 w.ran, w.steps, w.busy, w.timed, w.loss_sum, w.last_emit = 0, 0, 0.0, 0, 0.0, now
-        if force or now - self.last_progress >= self.interval:
-            self.emitter.emit("progress", step=completed, total=self.total, scheduled=scheduled, completed=completed)
-            self.last_progress = now
+            if progress:
+                self.emitter.emit("progress", step=completed, total=self.total, scheduled=scheduled,
+                                  completed=completed)
+                self.last_progress = now
 
     def final_losses(self) -> list[float]:
         return [float(w.last_loss) for _, w in sorted(self.workers.items()) if w.last_loss is not None]
