@@ -13,10 +13,13 @@ from typing import Any
 
 import pytest
 
+from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.plan import TaskPlan
 from engine.control.supervisor import Supervisor, TaskProcess
+from engine.runtime import async_ps
 from engine.runtime import emitter as emitter_mod
+from engine.runtime.context import TaskContext
 from engine.runtime.emitter import Emitter
 
 
@@ -149,10 +152,6 @@ def test_the_supervisor_relays_one_read_of_a_tasks_pipe_in_one_write(tmp_path: P
 
 
 def test_the_async_chiefs_report_of_every_worker_is_one_write(tmp_path: Path, pipe_writes: list[bytes]) -> None:
-    from engine.contract import config as config_mod
-    from engine.runtime.context import TaskContext
-
-    async_ps = pytest.importorskip("engine.runtime.async_ps")
     r, w = nonblocking_pipe()
     em = Emitter("chief:0", tmp_path / "events.jsonl", fd=w)
     ctx = TaskContext(config=config_mod.default_config(), task="chief:0", role="chief", index=0,
