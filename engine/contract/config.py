@@ -32,6 +32,12 @@ SCHEMA_VERSION = 1
 ROLES = ("chief", "worker", "ps", "evaluator")
 TRAINER_ROLES = ("chief", "worker")
 MODES = ("data", "model", "async")
+#: The DTensor mesh's first axis (the batch is split over it) and last (layers' parameters are split over it).
+MESH_BATCH = "batch"
+MESH_MODEL = "model"
+#: Extra named mesh axes a config may add between them.
+MAX_MESH_AXES = 4
+_AXIS_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop")
 PARTITIONERS = ("none", "min_size", "fixed")
 #: Where examples come from: generated, shipped with ClusterDeck, Keras' local cache, the user's files or script.
@@ -198,12 +204,23 @@ class Parallelism:
     # model parallelism: the DTensor mesh (batch x model)
     mesh_batch: int = 1
     mesh_model: int = 2
+    # more named mesh axes, in order between 'batch' and 'model' (e.g. (("feature", 2),)): YAML
+    # ``mesh: {batch: 2, feature: 2, model: 2}``; a sharded script names them in its layouts
+    mesh_axes: tuple[tuple[str, int], ...] = ()
     # async: how variables are sharded over the ps tasks
     partitioner: str = "none"
     shards: int = 2
     min_shard_bytes: int = 256 * 1024
     # synchronous modes: seconds before a stuck collective fails the run (0: TF's default)
     collective_timeout_s: float = 0.0
+
+    def mesh_dims(self) -> list[tuple[str, int]]:
+        """The DTensor mesh's named axes in order: ``batch``, the extra axes, ``model``."""
+        return [(MESH_BATCH, self.mesh_batch), *self.mesh_axes, (MESH_MODEL, self.mesh_model)]
+
+    def mesh_devices(self) -> int:
+        """Devices the mesh spans: the product of its axes' sizes."""
+        return math.prod(size for _, size in self.mesh_dims())
 
 
 @dataclass(frozen=True)
@@ -263,6 +280,30 @@ class Training:
 
 
 @dataclass(frozen=True)
+class Validation:
+    """Held-out examples evaluated while training: a ``split`` of the data source's examples (kept out of
+    training), or a ``path`` of the same kind as ``data.path``; every ``every`` steps (0: never)."""
+
+    split: float = 0.0  # fraction of the examples held out (0: none), below 1
+    path: str = ""  # a file of the data source's kind holding the held-out examples
+    every: int = 0  # steps between two evaluations (0: no validation in the loop)
+    batches: int = 0  # global batches per evaluation (0: every held-out example once)
+
+    @property
+    def enabled(self) -> bool:
+        return self.every > 0 and (self.split > 0 or bool(self.path.strip()))
+
+
+@dataclass(frozen=True)
+class Program:
+    """The user's own training program, started unchanged in every chief and worker task (the ps tasks
+    run the standard ``tf.distribute.Server``); ClusterDeck writes each task's ``TF_CONFIG``."""
+
+    script: str = ""  # the Python file to run
+    args: tuple[str, ...] = ()  # its command-line arguments
+
+
+@dataclass(frozen=True)
 class RunConfig:
     name: str = "run"
     cluster: Cluster = field(default_factory=Cluster)
@@ -270,6 +311,8 @@ class RunConfig:
     data: Data = field(default_factory=Data)
     model: Model = field(default_factory=Model)
     training: Training = field(default_factory=Training)
+    validation: Validation = field(default_factory=Validation)
+    program: Program | None = None  # set: the tasks run this program instead of ClusterDeck's loop
 
     # -- derived figures (used by the launcher, the CLI and the GUI)
 
@@ -648,7 +691,20 @@ def _parse_parallelism(r: _Reader) -> Parallelism:
     mesh = r.child("mesh")
     mesh_batch = mesh.int("batch", d.mesh_batch, minimum=1, maximum=4096)
     mesh_model = mesh.int("model", d.mesh_model, minimum=1, maximum=4096)
-    mesh.finish(("batch", "model"))
+    axes: list[tuple[str, int]] = []
+    for key in list(mesh.data):
+        if key in ("batch", "model"):
+            continue
+        if not isinstance(key, str) or not _AXIS_NAME.fullmatch(key):
+            mesh.fail(_key_text(key), "expected a mesh axis name (lower-case letters, digits, '_') with its size, "
+                                      "e.g. feature: 2")
+            mesh.seen.add(key) if isinstance(key, str) else None
+            continue
+        if len(axes) >= MAX_MESH_AXES:
+            mesh.fail(key, f"expected at most {MAX_MESH_AXES} axes besides 'batch' and 'model'")
+            continue
+        axes.append((key, mesh.int(key, 1, minimum=1, maximum=4096)))
+    mesh.finish(("batch", "model", *(name for name, _ in axes)))
     part = r.child("partitioner")
     kind = part.str("kind", d.partitioner, choices=PARTITIONERS)
     shards = part.int("shards", d.shards, minimum=1, maximum=1024)
@@ -656,7 +712,8 @@ def _parse_parallelism(r: _Reader) -> Parallelism:
     part.finish(("kind", "shards", "min_shard_bytes"))
     timeout = r.float("collective_timeout_s", d.collective_timeout_s, minimum=0)
     r.finish(("mode", "mesh", "partitioner", "collective_timeout_s"))
-    return Parallelism(mode=mode, mesh_batch=mesh_batch, mesh_model=mesh_model, partitioner=kind,
+    return Parallelism(mode=mode, mesh_batch=mesh_batch, mesh_model=mesh_model, mesh_axes=tuple(axes),
+                       partitioner=kind,
                        shards=shards, min_shard_bytes=min_shard_bytes, collective_timeout_s=timeout)
 
 
@@ -728,6 +785,37 @@ def _parse_training(r: _Reader) -> Training:
     return training
 
 
+def _parse_validation(r: _Reader) -> Validation:
+    d = Validation()
+    validation = Validation(split=r.float("split", d.split, minimum=0), path=r.str("path", d.path),
+                            every=r.int("every", d.every, minimum=0, maximum=MAX_STEPS),
+                            batches=r.int("batches", d.batches, minimum=0, maximum=1_000_000))
+    if validation.split >= 1:
+        r.fail("split", f"expected a fraction of the examples from 0 to below 1, got {validation.split:g}")
+    r.finish(("split", "path", "every", "batches"))
+    return validation
+
+
+def _parse_program(r: _Reader) -> Program:
+    script = r.str("script", "", nonempty=True)
+    if not r.has("script"):
+        r.fail("script", "expected the path of your training program (a Python file), got nothing")
+    args = r.raw("args")
+    words: tuple[str, ...] = ()
+    if isinstance(args, str):
+        try:
+            words = tuple(shlex.split(args))
+        except ValueError as exc:
+            r.fail("args", f"expected arguments a shell can split, got {_show(args)} ({exc})")
+    elif isinstance(args, list) and len(args) <= 1024 and all(isinstance(a, (str, int, float)) and
+                                                              not isinstance(a, bool) for a in args):
+        words = tuple(str(a) for a in args)
+    elif args is not None:
+        r.fail("args", f"expected a list of at most 1024 arguments, e.g. ['--epochs', '3'], got {_show(args)}")
+    r.finish(("script", "args"))
+    return Program(script=script, args=words)
+
+
 def from_dict(raw: Any, *, source: str = "", check: bool = True) -> RunConfig:
     """Parse an untrusted mapping (e.g. from YAML) into a :class:`RunConfig`.
 
@@ -747,8 +835,10 @@ def from_dict(raw: Any, *, source: str = "", check: bool = True) -> RunConfig:
         data=_parse_data(r.child("data")),
         model=_parse_model(r.child("model")),
         training=_parse_training(r.child("training")),
+        validation=_parse_validation(r.child("validation")),
+        program=_parse_program(r.child("program")) if r.has("program") else None,
     )
-    r.finish(("schema", "name", "cluster", "parallelism", "data", "model", "training"))
+    r.finish(("schema", "name", "cluster", "parallelism", "data", "model", "training", "validation", "program"))
     if problems:
         raise ConfigError(problems, source)
     if check:
@@ -798,13 +888,13 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         host["tasks"] = [{"role": x.role, "index": x.index, "port": "auto" if x.port is None else x.port}
                          for x in h.tasks]
         hosts.append(host)
-    return {
+    out: dict[str, Any] = {
         "schema": SCHEMA_VERSION,
         "name": config.name,
         "cluster": {"hosts": hosts},
         "parallelism": {
             "mode": p.mode,
-            "mesh": {"batch": p.mesh_batch, "model": p.mesh_model},
+            "mesh": dict(p.mesh_dims()),
             "partitioner": {"kind": p.partitioner, "shards": p.shards, "min_shard_bytes": p.min_shard_bytes},
             "collective_timeout_s": p.collective_timeout_s,
         },
@@ -812,6 +902,12 @@ def to_dict(config: RunConfig) -> dict[str, Any]:
         "model": _model_dict(config.model),
         "training": training,
     }
+    v = config.validation
+    if v != Validation():
+        out["validation"] = {"split": v.split, "path": v.path, "every": v.every, "batches": v.batches}
+    if config.program is not None:
+        out["program"] = {"script": config.program.script, "args": list(config.program.args)}
+    return out
 
 
 def _slurm_dict(s: Slurm) -> dict[str, Any]:
@@ -1052,9 +1148,12 @@ def relative_to_folder(config: RunConfig, folder: str | os.PathLike[str]) -> Run
 
     data = replace(config.data, path=anchored(config.data.path))
     model = replace(config.model, script=anchored(config.model.script))
-    if data == config.data and model == config.model:
+    validation = replace(config.validation, path=anchored(config.validation.path))
+    program = replace(config.program, script=anchored(config.program.script)) if config.program else None
+    if data == config.data and model == config.model and validation == config.validation and \
+            program == config.program:
         return config
-    return replace(config, data=data, model=model)
+    return replace(config, data=data, model=model, validation=validation, program=program)
 
 
 def save(config: RunConfig, path: str | os.PathLike[str]) -> None:
@@ -1081,6 +1180,7 @@ def validate(config: RunConfig) -> list[Problem]:
     _validate_mode(config, add)
     _validate_training(config, add)
     _validate_data_model(config, add)
+    _validate_validation_program(config, add)
     return problems
 
 
@@ -1276,9 +1376,10 @@ def _validate_mode(config: RunConfig, add: Any) -> None:
                 add("cluster", f"parallelism 'model' does not use {role} tasks (found {count[role]}); remove them")
         p = config.parallelism
         devices = sum(config.devices_of(h, t) for h, t in config.trainer_tasks())
-        if devices and p.mesh_batch * p.mesh_model != devices:
-            add("parallelism.mesh", f"batch x model = {p.mesh_batch} x {p.mesh_model} = "
-                                    f"{p.mesh_batch * p.mesh_model} does not match the {devices} devices "
+        if devices and p.mesh_devices() != devices:
+            names = " x ".join(name for name, _ in p.mesh_dims())
+            sizes = " x ".join(str(size) for _, size in p.mesh_dims())
+            add("parallelism.mesh", f"{names} = {sizes} = {p.mesh_devices()} does not match the {devices} devices "
                                     "of the worker tasks")
     if config.model.name in MODEL_MODES and mode not in MODEL_MODES[config.model.name]:
         add("model.name", f"model {config.model.name!r} supports parallelism "
@@ -1391,6 +1492,23 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
                 add("model.vocab_size", f"{m.vocab_size} is not divisible by the mesh 'model' axis size {axis}")
             if m.name == "transformer" and m.heads % axis:
                 add("model.heads", f"{m.heads} is not divisible by the mesh 'model' axis size {axis}")
+
+
+def _validate_validation_program(config: RunConfig, add: Any) -> None:
+    v = config.validation
+    if not 0 <= v.split < 1:
+        add("validation.split", f"expected a fraction of the examples from 0 to below 1, got {v.split:g}")
+    if v.every and not (v.split > 0 or v.path.strip()):
+        add("validation.every", f"validation every {v.every} steps needs held-out examples; expected "
+                                "validation.split > 0 or validation.path, got neither")
+    if (v.split > 0 or v.path.strip()) and not v.every and not config.cluster.tasks_of("evaluator"):
+        add("validation.every", "held-out examples are set but never evaluated; expected validation.every > 0 "
+                                "(steps between evaluations) or an evaluator task")
+    if v.path.strip() and config.data.source in ("synthetic", "digits", *KERAS_SOURCES, "script"):
+        add("validation.path", f"source {config.data.source!r} has no files; expected validation.split instead, "
+                               f"got path {_show(v.path)}")
+    if config.program is not None and not config.program.script.strip():
+        add("program.script", "expected the path of your training program (a Python file), got ''")
 
 
 def replace(obj: Any, **changes: Any) -> Any:

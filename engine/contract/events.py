@@ -7,7 +7,12 @@ Kinds (field ``kind``), all with ``v`` (schema version), ``task`` and ``t``
 (wall time, seconds since the epoch):
 
 - ``step``: ``replica``, ``step``, ``loss``, ``examples_per_sec``, ``step_time``
-  (seconds) and optionally ``worker`` (async: the worker that ran the step).
+  (seconds) and optionally ``worker`` (async: the worker that ran the step), ``sync_wait`` and
+  ``own_time`` (seconds of the step spent waiting for the all-reduce, and the rest), and ``metrics``:
+  the replica's training metrics by name (the model's compiled metrics, e.g. ``{"accuracy": 0.91}``,
+  or what a program reports), each a number or null, at most :data:`MAX_METRICS` of them.
+- ``eval``: held-out evaluation at ``step``: ``loss`` and ``metrics`` (as in ``step``), ``examples``,
+  optionally ``replica`` (which replica evaluated) and the evaluator's legacy ``accuracy``.
 - ``device``: ``cpu_percent``, ``rss_bytes``, and where known ``tf_bytes``,
   ``tf_peak_bytes``, ``gpu_util``, ``gpu_mem_bytes``, ``pid``.
 - ``status``: ``state`` (one of :data:`STATES`), optional ``reason``, ``log_tail``,
@@ -50,6 +55,9 @@ COMMANDS: dict[str, dict[str, type | tuple[type, ...]]] = {
 }
 _OPTIONAL_COMMAND_FIELDS = ("reason", "grace_s", "state")
 KINDS = ("step", "device", "status", "info", "progress", "run", "eval", "placement")
+#: Metrics one step or eval event may carry, and the longest name of one.
+MAX_METRICS = 64
+MAX_METRIC_NAME = 100
 STATES = ("starting", "running", "finished", "failed", "stopped", "restarting")
 
 
@@ -118,7 +126,21 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
         return None
     if event["kind"] == "step" and not _valid_step(event):
         return None
+    if event["kind"] in ("step", "eval") and "metrics" in event and not valid_metrics(event["metrics"]):
+        return None
     return event
+
+
+def valid_metrics(metrics: Any) -> bool:
+    """A ``metrics`` field: a mapping of at most :data:`MAX_METRICS` names to numbers or nulls."""
+    if not isinstance(metrics, dict) or len(metrics) > MAX_METRICS:
+        return False
+    for name, value in metrics.items():
+        if not name or len(name) > MAX_METRIC_NAME:
+            return False
+        if value is not None and (not isinstance(value, (int, float)) or isinstance(value, bool)):
+            return False
+    return True
 
 
 # Numbers no reader can use read as null, as :func:`encode` writes non-finite floats: ``NaN`` and
