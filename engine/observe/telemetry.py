@@ -42,6 +42,7 @@ class ReplicaState:
     step_time: float | None = None
     worker: int | None = None
     first_loss: float | None = None
+    metrics: dict[str, float | None] = field(default_factory=dict)  # the latest of each training metric
 
 
 def _is_number(value: Any) -> TypeGuard[int | float]:
@@ -289,6 +290,25 @@ class _Owner:
 
 #: Per-replica metrics kept as history, with their units.
 REPLICA_METRICS = {"loss": "", "examples_per_sec": "examples/s", "step_time": "s"}
+#: A training metric's series is ``replica/<id>/<name>``; a name that is one of :data:`REPLICA_METRICS`
+#: (a program reporting its own ``loss`` as a metric) is kept apart as ``metric:<name>``.
+METRIC_PREFIX = "metric:"
+
+
+def metric_key(name: str) -> str:
+    """The series name of training metric ``name`` (see :data:`METRIC_PREFIX`)."""
+    return METRIC_PREFIX + name if name in REPLICA_METRICS or name.startswith(METRIC_PREFIX) else name
+
+
+def training_metrics(keys: Iterable[str]) -> list[str]:
+    """The training metrics among a history's series names (``replica/<id>/<metric>`` or bare metrics),
+    in first-seen order, without the built-in figures."""
+    seen: dict[str, None] = {}
+    for key in keys:
+        metric = key.rsplit("/", 1)[-1]
+        if metric not in REPLICA_METRICS and metric not in seen:
+            seen[metric] = None
+    return list(seen)
 #: Per-task metrics kept as history.
 TASK_METRICS = {"cpu_percent": "%", "rss_bytes": "B", "tf_bytes": "B", "gpu_util": "%", "gpu_mem_bytes": "B"}
 
@@ -364,6 +384,9 @@ class History:
         kind = event.get("kind")
         if kind == "step":
             points = [(m, float(v)) for m in REPLICA_METRICS if (v := event.get(m)) is not None and _is_number(v)]
+            extra = event.get("metrics")
+            if isinstance(extra, dict):
+                points += [(metric_key(m), float(v)) for m, v in extra.items() if _is_number(v)]
             if points:
                 rid = event["replica"]
                 owner = self._by_replica.get(rid)
@@ -371,8 +394,11 @@ class History:
                     owner = self._by_replica[rid] = self._owner(f"replica/{rid}/", False)
                 self._fold(owner, float(event["step"]), t, points)
         elif kind == "eval":
-            for metric in ("loss", "accuracy"):
-                value = event.get(metric)
+            values = {m: event.get(m) for m in ("loss", "accuracy")}
+            extra = event.get("metrics")
+            if isinstance(extra, dict):
+                values.update(extra)
+            for metric, value in values.items():
                 if _is_number(value) and _is_number(event.get("step")):
                     self._series(f"eval/{metric}").append(float(event["step"]), float(value), t)
                     self.version += 1
@@ -513,6 +539,9 @@ class RunState:
         rep.examples_per_sec = event.get("examples_per_sec")
         rep.step_time = event.get("step_time")
         rep.worker = event.get("worker")
+        metrics = event.get("metrics")
+        if isinstance(metrics, dict):
+            rep.metrics.update(metrics)
         if self.first_step_at is None:
             self.first_step_at = float(event["t"])
             self.first_step = int(event["step"])
@@ -547,12 +576,14 @@ class RunState:
         replicas = {
             str(r.replica): {"task": r.task, "step": r.step, "loss": r.loss, "first_loss": r.first_loss,
                              "examples_per_sec": r.examples_per_sec, "step_time": r.step_time,
-                             **({"worker": r.worker} if r.worker is not None else {})}
+                             **({"worker": r.worker} if r.worker is not None else {}),
+                             **({"metrics": dict(r.metrics)} if r.metrics else {})}
             for r in sorted(self.replicas.values(), key=lambda r: r.replica)
         }
         duration = None
         if self.started_at is not None and self.ended_at is not None:
             duration = self.ended_at - self.started_at
+        last_eval = next((e for e in reversed(self.evals) if _is_number(e.get("loss"))), None)
         return {
             "state": self.state,
             "reason": self.reason,
@@ -562,6 +593,8 @@ class RunState:
             "examples_per_sec": self.throughput(),
             "duration_s": duration,
             "replicas": replicas,
+            **({"validation": {"step": last_eval.get("step"), "loss": last_eval.get("loss"),
+                               **(last_eval.get("metrics") or {})}} if last_eval is not None else {}),
             "tasks": {n: {"state": t.state, "host": t.host, "pid": t.pid, "reason": t.reason,
                           "restarts": t.restarts} for n, t in self.tasks.items()},
         }

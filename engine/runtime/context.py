@@ -111,10 +111,13 @@ class StepReporter:
         rate = self.per_replica_batch / step_time if step_time > 0 else 0.0
         with self.emitter.batch():  # a report's events (every replica, the devices) in one write
             for rid, result in zip(self.replica_ids, results, strict=False):
-                # a result is the replica's loss, or (loss, seconds it waited for the others to sync)
+                # a result is the replica's loss, or (loss, seconds it waited for the others to sync), or
+                # (loss, wait or None, {metric name: value}): the replica's training metrics
                 wait = None
+                metrics: dict[str, float] | None = None
                 if isinstance(result, (tuple, list)):
-                    loss, wait = result
+                    loss, wait, *rest = result
+                    metrics = rest[0] if rest else None
                 else:
                     loss = result
                 fields = {"replica": rid, "step": step, "loss": float(loss), "examples_per_sec": rate,
@@ -124,9 +127,12 @@ class StepReporter:
                     fields["own_time"] = max(1e-6, step_time - float(wait))
                 if worker is not None:
                     fields["worker"] = worker
+                if metrics:
+                    fields["metrics"] = {name: float(value) for name, value in metrics.items()}
                 self.emitter.emit("step", **fields)
                 if self.summaries is not None:
-                    self.summaries.replica(rid, step, loss=float(loss), examples_per_sec=rate, step_time=step_time)
+                    self.summaries.replica(rid, step, loss=float(loss), examples_per_sec=rate, step_time=step_time,
+                                           **(fields.get("metrics") or {}))
             self.reports += 1
             self.last = now
             self.last_emit = now
