@@ -1,5 +1,6 @@
-"""What the run says: strategy and device notes, layouts, restored checkpoints, and warnings
-(exposed ports, emulated GPUs) — every ``info`` event of the run, newest last."""
+"""What the run says: strategy and device notes, layouts, restored checkpoints, what trained (the
+model as compiled, or the preset's optimizer) and warnings (exposed ports, emulated GPUs) — every
+``info`` event of the run, newest last."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
 from gui import theme
+from gui.metric_series import describe_training
 from gui.run_session import RunSession
 
 
@@ -41,13 +43,18 @@ class RunMessages(QWidget):
         infos = self.session.state.infos
         for event in infos[self._shown:]:
             message = str(event.get("message", "")).strip()
+            trained = describe_training(event.get("training"))
+            if trained:  # what trained, in the same words wherever it is shown; the task's own words in the tooltip
+                message, note = trained, message
+            else:
+                note = ""
             if not message:
                 continue
             stamp = time.strftime("%H:%M:%S", time.localtime(float(event.get("t", 0.0))))
             is_warning = bool(event.get("warning"))
             text = f"{stamp}  {event.get('task', '')}: {message}"
             item = QListWidgetItem(("⚠ " if is_warning else "") + text)
-            item.setToolTip(message)
+            item.setToolTip(f"{message}\n{note}" if note and note != message else message)
             if is_warning:
                 item.setForeground(QBrush(QColor(theme.PROBLEM_COLOR)))
                 self.warning.emit(message)

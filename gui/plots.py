@@ -12,7 +12,8 @@ import functools
 import math
 import re
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -40,6 +41,19 @@ from engine.observe.telemetry import History, RunState
 from gui import theme
 from gui.curves import Curve, CurveSet, finite_range
 from gui.legend import CompactLegend
+from gui.metric_series import (
+    LOSS,
+    NO_METRICS_NOTE,
+    VALIDATION,
+    csv_series,
+    display_name,
+    eval_key,
+    metric_names,
+    plot_title,
+    replica_label,
+    reports_no_metrics,
+    training_text,
+)
 from gui.run_session import RunSession
 
 REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
@@ -80,10 +94,11 @@ class PlotSpec:
     compare: bool = True
     skip_first: bool = False  # the first step includes tracing the step function: not drawn
     robust_y: bool = False  # y range from the 99th percentile, so warm-up spikes do not flatten the curve
+    validation: bool = False  # also the validation series of the metric (``eval/<metric>``), dashed
 
 
 PLOTS = (
-    PlotSpec("loss", "Loss per replica", "replica", ("loss",)),
+    PlotSpec("loss", "Loss per replica", "replica", ("loss",), validation=True),
     PlotSpec("throughput", "Examples/s", "replica", ("examples_per_sec",), "examples/s", total=True,
              skip_first=True),
     PlotSpec("step_time", "Step time", "replica", ("step_time",), "ms", scale=1000.0, skip_first=True,
@@ -96,6 +111,7 @@ PLOTS = (
 
 #: How far along the curve palette an overlaid run's colours start (the shown run's replicas keep theirs).
 COMPARE_SHIFT = 4
+NO_CURVES_HINT = "No curves yet: run the config (F5) or open a run folder."
 COMPARE_PREFIX = "cmp:"  # the curves (and kept state) of an overlaid run: cmp:<label>:<series>
 SECONDARY_LABEL = {"gpu_util": "GPU", "gpu_mem_bytes": "GPU"}
 
@@ -361,7 +377,7 @@ class MetricPlot(QWidget):
         self.csv_button = QToolButton()
         self.csv_button.setText("CSV")
         self.csv_button.setToolTip(f"Export the data of the “{spec.title}” plot as CSV (curve, x, y)")
-        header = QHBoxLayout()
+        header = self.header = QHBoxLayout()
         header.setContentsMargins(4, 0, 4, 0)
         header.addWidget(self.title, 1)
         header.addWidget(self.png_button)
@@ -403,6 +419,8 @@ class MetricPlot(QWidget):
         self._x_label: str | None = None
         self._owners: dict[str, tuple[History, int, list[str]]] = {}
         self.raw = _RawCurves()  # curve -> unsmoothed (x, y) as shown (offset and scale applied on access)
+        #: set: what the CSV export writes instead of the drawn curves, ``(curve, x, y)`` per series
+        self.csv_source: Callable[[], Iterable[tuple[str, np.ndarray, np.ndarray]]] | None = None
         self._summaries: dict[str, _Summary] = {}  # curve -> min/max per block of its drawn points
         self._view_cache: tuple[tuple[float, float] | None, int] | None = None
         self._view_key: tuple[float, ...] = ()
@@ -492,6 +510,21 @@ class MetricPlot(QWidget):
             label.update()
         self.legend.update()
         self._empty_axes()
+
+    def show_spec(self, spec: PlotSpec) -> None:
+        """Show another figure (the metric chooser's choice): its curves start again."""
+        if spec == self.spec:
+            return
+        self.spec = spec
+        self.title.setText(f"<b>{spec.title}</b>")
+        self.title.setToolTip(f"{spec.title}; click a legend entry to hide or show its curve")
+        self.clear()
+        self.viewChanged.emit()
+
+    def set_empty_text(self, text: str) -> None:
+        """What a plot without curves says (``no data yet``, or why there is none)."""
+        if self.empty_note.toPlainText() != text:
+            self.empty_note.setText(text)
 
     def _empty_axes(self) -> None:
         """A plot without curves shows no numbers (no made-up 0-1 range), only a note."""
@@ -851,10 +884,14 @@ class MetricPlot(QWidget):
         return Path(path)
 
     def export_csv(self, path: str | Path) -> Path:
-        """Every curve's unsmoothed points: ``curve,x,y`` rows."""
+        """Every curve's unsmoothed points: ``curve,x,y`` rows (with :attr:`csv_source`, its series)."""
         with open(path, "w", newline="", encoding="utf-8") as fh:
             w = csv.writer(fh)
             w.writerow(["curve", "x", "y"])
+            if self.csv_source is not None:
+                for label, xs, ys in self.csv_source():
+                    w.writerows([label, repr(xi), repr(yi)] for xi, yi in zip(xs.tolist(), ys.tolist(), strict=True))
+                return Path(path)
             for key in sorted(self.raw, key=_natural):
                 x, y = self.raw[key]
                 label = self.labels.get(key, key)
@@ -906,7 +943,7 @@ class PlotsPanel(QWidget):
         self.compare_button.setToolTip("Overlay another run's replica curves, dashed")
         self.clear_compare = QPushButton("Clear comparison")
         self.clear_compare.setToolTip("Remove the overlaid runs")
-        self.hint = QLabel("No curves yet: run the config (F5) or open a run folder.")
+        self.hint = QLabel(NO_CURVES_HINT)
         self.hint.setObjectName("plotsHint")
         self.hint.setToolTip("Curves appear as soon as the replicas report their first steps")
         bar = QHBoxLayout()
@@ -922,6 +959,18 @@ class PlotsPanel(QWidget):
         bar.addWidget(self.compare_button)
         bar.addWidget(self.clear_compare)
         self.plots: dict[str, MetricPlot] = {spec.key: MetricPlot(spec) for spec in PLOTS}
+        # the first plot shows one metric at a time: the loss, or any metric the training reports
+        self.metric_chooser = QComboBox()
+        self.metric_chooser.setObjectName("metricChooser")
+        self.metric_chooser.setToolTip("Which training metric the first plot shows, per replica; its validation "
+                               "(held-out examples) is the dashed curve. New metrics are added as the run "
+                               "reports them")
+        self.metric_chooser.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToContents)
+        self.metric_chooser.addItem(display_name(LOSS), LOSS)
+        self._metric_keys = 0  # history series counted when the chooser's metrics were last listed
+        self.loss.header.insertWidget(1, self.metric_chooser)
+        self.loss.csv_source = self.csv_series
+        self.hint.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
         grid = QGridLayout()
         grid.setContentsMargins(2, 2, 2, 2)
         grid.setSpacing(6)
@@ -940,6 +989,7 @@ class PlotsPanel(QWidget):
         layout.addLayout(grid, 1)
 
         self._version = -1
+        self._no_metrics = False
         self._dirty = True
         self._last_redraw = 0.0
         self.timer = QTimer(self)
@@ -947,6 +997,7 @@ class PlotsPanel(QWidget):
         self.timer.setInterval(REDRAW_INTERVAL_MS)
         self.timer.timeout.connect(self.redraw_if_needed)
         self.x_mode.currentIndexChanged.connect(self._settings_changed)
+        self.metric_chooser.currentIndexChanged.connect(self._metric_chosen)
         self.smoothing.valueChanged.connect(self._settings_changed)
         self.clear_compare.clicked.connect(session.clear_comparisons)
         self.compare_button.clicked.connect(self.compareRequested)
@@ -977,12 +1028,57 @@ class PlotsPanel(QWidget):
         self._dirty = True
         self.redraw_if_needed()
 
+    @property
+    def shown_metric(self) -> str:
+        """The metric the first plot shows (a series name: ``loss``, ``accuracy``, ``metric:loss``)."""
+        return str(self.metric_chooser.currentData() or LOSS)
+
+    def _metric_chosen(self, *_args: object) -> None:
+        metric = self.shown_metric
+        self.loss.show_spec(replace(PLOTS[0], title=plot_title(metric), metrics=(metric,)))
+        self._dirty = True
+        self.redraw_if_needed()
+
+    def _list_metrics(self) -> None:
+        """Offer every metric the shown run has reported (checked only when the history gained series)."""
+        series = self.session.state.history.series
+        if len(series) == self._metric_keys:
+            return
+        self._metric_keys = len(series)
+        names = metric_names(series)
+        offered = self._offered()
+        if names[: len(offered)] == offered:  # new metrics arrived: added at the end
+            for name in names[len(offered):]:
+                self.metric_chooser.addItem(display_name(name), name)
+        else:  # another run: the list starts again, on the metric shown if that run has it
+            shown = self.shown_metric
+            self.metric_chooser.blockSignals(True)
+            self.metric_chooser.clear()
+            for name in names:
+                self.metric_chooser.addItem(display_name(name), name)
+            self.metric_chooser.setCurrentIndex(max(0, names.index(shown)) if shown in names else 0)
+            self.metric_chooser.blockSignals(False)
+            self._metric_chosen()
+
+    def _offered(self) -> list[str]:
+        return [str(self.metric_chooser.itemData(i)) for i in range(self.metric_chooser.count())]
+
+    def csv_series(self) -> Iterable[tuple[str, np.ndarray, np.ndarray]]:
+        """What the first plot's CSV export holds: every metric of every replica and every validation
+        series of the shown run, then of each overlaid run (named with `` · <run>``)."""
+        yield from csv_series(self.session.state, self.by_time)
+        for label, other in self.session.comparisons.items():
+            for name, x, y in csv_series(other, self.by_time):
+                yield f"{name} · {label}", x, y
+
     def _view_changed(self) -> None:
         self._dirty = True  # the fallback timer redraws: curves are cut for the new range or width
 
     def _reset(self) -> None:
         for plot in self.plots.values():
             plot.clear()
+        self._metric_keys = -1
+        self._list_metrics()
         self._dirty = True
         self.redraw_if_needed()
 
@@ -1007,6 +1103,8 @@ class PlotsPanel(QWidget):
 
     def redraw_if_needed(self) -> None:
         history = self.session.state.history
+        if not self.session.state.replicas:
+            self._note_missing_metrics()
         if history.version == self._version and not self._dirty:
             return
         self._version = history.version
@@ -1019,6 +1117,7 @@ class PlotsPanel(QWidget):
         state = self.session.state
         weight = self.weight
         x_label = "wall time (s)" if self.by_time else "step"
+        self._list_metrics()
         for plot in self.plots.values():
             spec = plot.spec
             plot.set_x_label(x_label if spec.scope == "replica" else "wall time (s)")
@@ -1031,8 +1130,39 @@ class PlotsPanel(QWidget):
             plot.follow_data()
             plot.lines.flush()
         self.clear_compare.setEnabled(bool(self.session.comparisons))
-        self.hint.setVisible(not state.history.series)
+        self._show_hint()
         self.redrawn.emit()
+
+    def _show_hint(self) -> None:
+        """The bar's note: how to get curves while there are none, then what trained (the run's
+        ``training`` info: optimizer, loss, compiled metrics)."""
+        state = self.session.state
+        trained = training_text(state) if state.history.series else ""
+        if trained:
+            self.hint.setText(trained)
+            self.hint.setToolTip(f"What trained: {trained}")
+        elif not self._no_metrics:
+            self.hint.setText(NO_CURVES_HINT)
+            self.hint.setToolTip("Curves appear as soon as the replicas report their first steps")
+        self.hint.setVisible(bool(trained) or self._no_metrics or not state.history.series)
+
+    def _note_missing_metrics(self) -> None:
+        """A program run that reports no steps says so after a few seconds, instead of ``no data yet``."""
+        session = self.session
+        config = session.config
+        missing = session.shows_run and reports_no_metrics(session.state, config.program is not None)
+        if missing == self._no_metrics:
+            return
+        self._no_metrics = missing
+        for plot in self.plots.values():
+            if plot.spec.scope == "replica":
+                plot.set_empty_text(NO_METRICS_NOTE if missing else "no data yet")
+        if missing:
+            self.hint.setText("This program reports no metrics (CPU, memory and the log are still shown): "
+                              "it sends no step events")
+            self.hint.setToolTip("Report steps and metrics from your program through ClusterDeck's reporting "
+                                 "API to see them plotted")
+        self._show_hint()
 
     def _xy(self, state: RunState, key: str) -> tuple[np.ndarray, np.ndarray, float]:
         """x as step, or as seconds since the run started (since its first figure when that is unknown):
@@ -1062,7 +1192,10 @@ class PlotsPanel(QWidget):
                 if key not in history.series or len(history.series[key]) == 0:
                     continue
                 x, y, offset = self._xy(state, key)
-                name = f"replica {owner}" if spec.scope == "replica" else owner
+                if spec.scope != "replica":
+                    name = owner
+                else:  # the shown run's replicas name their task; an overlaid run's, the run
+                    name = f"replica {owner}" if label else replica_label(state, owner)
                 if m:
                     name += f" {SECONDARY_LABEL.get(metric, metric)}"
                 color = theme.curve_color((int(owner) if owner.isdigit() else order.get(owner, n)) + shift)
@@ -1070,12 +1203,27 @@ class PlotsPanel(QWidget):
                 plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style, x_offset=offset)
                 if spec.total and m == 0:
                     totals.append((key, x, y))
+        if spec.validation:
+            self._draw_validation(plot, state, prefix, suffix, shift)
         if spec.total and len(totals) > 1:
             # drawn where every replica has reported: past that the sum would still change
             base_x, total, stable, final = plot.total(prefix, totals)
             plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
                            base_x[:final], total[:final], weight, style, width=2.2, x_offset=offset,
                            stable=stable)
+
+
+    def _draw_validation(self, plot: MetricPlot, state: RunState, prefix: str, suffix: str, shift: int) -> None:
+        """The metric's validation (held-out examples, every N steps), dashed and unsmoothed: its
+        points are few and each is already a mean over many examples."""
+        key = eval_key(plot.spec.metrics[0])
+        series = state.history.series.get(key)
+        if series is None or not len(series):
+            return
+        x, y, offset = self._xy(state, key)
+        color = theme.VALIDATION_COLOR if not shift else theme.curve_color(shift + 7)
+        plot.set_curve(prefix + key, VALIDATION + suffix, color, x, y, 0.0, Qt.PenStyle.DashLine, width=2.4,
+                       x_offset=offset)
 
 
 def short_label(label: str) -> str:

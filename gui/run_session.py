@@ -52,6 +52,7 @@ class RunSession(QObject):
         super().__init__(parent)
         self._runs_root = Path(runs_root)
         self.state: RunState = run_state_for(config)
+        self.config: RunConfig = config  # the shown run's config (or the edited one while no run is shown)
         self.run_dir: Path | None = None
         self.run: WatchedRun | None = None
         self.user_stopped = False
@@ -128,6 +129,7 @@ class RunSession(QObject):
         self._events = events
         self.state = run_state_for(config)
         self.state.state = state
+        self.config = config
         self.run = run
         self.run_dir = run_dir
         self._stopping = False
@@ -206,6 +208,7 @@ class RunSession(QObject):
         config, state, reader = read_run_folder(path)
         self._stop_follow()
         self.state = state
+        self.config = config
         self.run_dir = path
         self._shows_run = True
         self.user_stopped = False
@@ -240,6 +243,7 @@ class RunSession(QObject):
             return
         self._stop_follow()
         self.state = run_state_for(config)
+        self.config = config
         self.run_dir = None
         self._shows_run = False
         self.user_stopped = False
@@ -250,6 +254,7 @@ class RunSession(QObject):
         """The config changed: while no run is shown, the task list follows it."""
         if not self.shows_run:
             self.state = run_state_for(config)
+            self.config = config
             self.runLoaded.emit()
 
     # ------------------------------------------------------------------ comparison

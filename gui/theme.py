@@ -32,6 +32,8 @@ STATE_COLORS: dict[str, str] = {
 CURVE_COLORS = ("#3b82f6", "#f97316", "#22c55e", "#e11d48", "#a855f7", "#14b8a6", "#eab308", "#64748b")
 
 PROBLEM_COLOR = "#e5484d"
+#: The validation curve of a metric (dashed), apart from every replica's colour.
+VALIDATION_COLOR = "#db2777"
 
 
 def curve_color(i: int) -> str:

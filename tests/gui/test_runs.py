@@ -129,7 +129,7 @@ def test_export_plot_as_png_and_csv(qtbot: Any, window: Any, tmp_path: Path, mon
     assert rows[0] == ["curve", "x", "y"]
     assert len(rows) == 1 + 2 * 120
     first = rows[1]
-    assert first[0] == "replica 0" and float(first[1]) == 1.0 and float(first[2]) == pytest.approx(2.5 * math.exp(-1 / 40))
+    assert first[0] == "replica 0 · worker:0 · loss" and float(first[1]) == 1.0 and float(first[2]) == pytest.approx(2.5 * math.exp(-1 / 40))
 
 
 def test_logs_fold_tensorflow_noise_and_filter(qtbot: Any, window: Any, tmp_path: Path) -> None:
