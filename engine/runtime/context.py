@@ -120,7 +120,8 @@ class StepReporter:
                     metrics = rest[0] if rest else None
                 else:
                     loss = result
-                fields = {"replica": rid, "step": step, "loss": float(loss), "examples_per_sec": rate,
+                fields = {"replica": rid, "step": step, "loss": None if loss is None else float(loss),
+                          "examples_per_sec": rate,
                           "step_time": step_time}
                 if wait is not None:
                     fields["sync_wait"] = float(wait)
@@ -131,7 +132,7 @@ class StepReporter:
                     fields["metrics"] = {name: float(value) for name, value in metrics.items()}
                 self.emitter.emit("step", **fields)
                 if self.summaries is not None:
-                    self.summaries.replica(rid, step, loss=float(loss), examples_per_sec=rate, step_time=step_time,
+                    self.summaries.replica(rid, step, loss=fields["loss"], examples_per_sec=rate, step_time=step_time,
                                            **(fields.get("metrics") or {}))
             self.reports += 1
             self.last = now

@@ -168,6 +168,21 @@ def make_dataset(config: RunConfig, input_context: tf.distribute.InputContext | 
     return ds.repeat().batch(batch, drop_remainder=True).prefetch(tf.data.AUTOTUNE)
 
 
+def sample_batch(config: RunConfig, rows: int) -> tuple[tf.Tensor, ...]:
+    """One batch of the run's data, of ``rows`` examples where the source batches for ClusterDeck: what
+    an unbuilt model and a compiled model's loss and metrics are built with, before the first step."""
+    if config.data.source == "script":
+        context = tf.distribute.InputContext(num_input_pipelines=1, input_pipeline_id=0,
+                                             num_replicas_in_sync=max(1, config.training.global_batch_size // rows))
+        ds = user_script.make_dataset(config, context)
+    else:
+        ds = examples(config).batch(rows)
+    for batch in ds.take(1):
+        return tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)
+    raise ConfigError([Problem("data.path" if config.data.source in ("script", "tfrecord", "image_folder") else
+                               "data.source", "the data gave no examples")])
+
+
 def _examples_dtype(config: RunConfig) -> tf.DType:
     return tf.int32 if config.model.name in TOKEN_MODELS else tf.float32
 

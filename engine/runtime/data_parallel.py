@@ -25,7 +25,7 @@ import tensorflow as tf
 from engine.contract.config import TRAINER_ROLES, RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
-from engine.runtime import models, servers, tf_compat
+from engine.runtime import compiled, models, servers, tf_compat
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
@@ -85,15 +85,15 @@ class MirroredAdapter:
                          devices=list(strategy.extended.worker_devices))
 
         keras.utils.set_random_seed(config.training.seed)
+        dist = strategy.distribute_datasets_from_function(lambda ic: data_mod.make_dataset(config, ic))
         with strategy.scope():
-            model = self.model = models.build_model(config)
-            optimizer = self.optimizer = models.build_optimizer(config)
-            optimizer.build(model.trainable_variables)
-        loss_obj = models.loss_fn(config)
+            recipe = self.recipe = compiled.build(config, data_mod.sample_batch(config, per_replica))
+            model = self.model = recipe.model
+            optimizer = self.optimizer = recipe.optimizer
+        ctx.emitter.info(recipe.message(), training=recipe.describe())
+        loss_obj = models.loss_fn(config) if recipe.step_kind == "loop" else None
         self.checkpoints = Checkpoints(ctx, tf.train.Checkpoint(model=model, optimizer=optimizer),
                                        primary=rank == 0)
-
-        dist = strategy.distribute_datasets_from_function(lambda ic: data_mod.make_dataset(config, ic))
         self.iterator = iter(dist)
         try:
             sync_timer = tf_compat.time_gradient_all_reduce(optimizer)
@@ -101,34 +101,29 @@ class MirroredAdapter:
             sync_timer = tf_compat.SyncTimer()
             ctx.emitter.info(f"the all-reduce wait is not measured: {exc}")
 
-        def step_fn(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor]:
-            with tf.GradientTape() as tape:
-                per_example = loss_obj(y, model(x, training=True))
-                loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))  # all-reduce inside
-            # this replica's own mean loss (not the all-reduced one), and how long it waited for the others
-            return tf.reduce_mean(per_example), sync_timer.wait()
+        def step_fn(data: Any) -> dict[str, tf.Tensor]:
+            # this replica's own figures (its mean loss, not the all-reduced one; its metrics) and how long it
+            # waited for the others in the all-reduce
+            return recipe.step(data, loss_obj, global_batch, after_apply=sync_timer.wait)
 
         @tf.function
         def train_step(it: Any) -> Any:
-            return strategy.run(step_fn, args=next(it))
+            return strategy.run(step_fn, args=(next(it),))
 
-        def on_this_task(results: Any) -> list[tf.Tensor]:
-            """(loss, wait) of each replica of this task as two float64 vectors."""
-            return [tf.stack([tf.cast(v, tf.float64) for v in strategy.experimental_local_results(r)])
-                    for r in results]
+        def on_this_task(results: dict[str, Any]) -> dict[str, tf.Tensor]:
+            """Each figure of each replica of this task as a float64 vector."""
+            return {name: tf.stack([tf.cast(v, tf.float64) for v in strategy.experimental_local_results(r)])
+                    for name, r in results.items()}
 
         @tf.function
-        def train_steps(it: Any, n: tf.Tensor) -> list[tf.Tensor]:
-            """A group of ``n`` steps (n >= 1): each replica's mean loss and all-reduce wait over them."""
-            losses, waits = on_this_task(strategy.run(step_fn, args=next(it)))
+        def train_steps(it: Any, n: tf.Tensor) -> dict[str, tf.Tensor]:
+            """A group of ``n`` steps (n >= 1): each replica's mean of each figure over them."""
+            sums = on_this_task(strategy.run(step_fn, args=(next(it),)))
             for _ in tf.range(n - 1):
-                loss, wait = on_this_task(strategy.run(step_fn, args=next(it)))
-                losses += loss
-                waits += wait
+                figures = on_this_task(strategy.run(step_fn, args=(next(it),)))
+                sums = {name: sums[name] + figures[name] for name in sums}
             count = tf.cast(n, tf.float64)
-            return [losses / count, waits / count]
+            return {name: value / count for name, value in sums.items()}
 
         self.train_step, self.train_steps = train_step, train_steps
         self.per_execution = config.training.steps_per_execution
@@ -171,14 +166,17 @@ class MirroredAdapter:
             self.result = self.train_steps(self.iterator, tf.constant(n, tf.int64))
         self.unreported += n
 
-    def _local_results(self) -> list[tuple[float, float]]:
-        """(loss, sync wait) of each replica on this task, of the last step or group run."""
+    def _local_results(self) -> list[tuple[float | None, float, dict[str, float]]]:
+        """(loss, sync wait, metrics) of each replica on this task, of the last step or group run."""
         if self.per_execution > 1:
-            losses, waits = (r.numpy() for r in self.result)
-            return [(float(loss), float(wait)) for loss, wait in zip(losses, waits, strict=True)]
-        losses = self.strategy.experimental_local_results(self.result[0])
-        waits = self.strategy.experimental_local_results(self.result[1])
-        return [(float(loss.numpy()), float(wait.numpy())) for loss, wait in zip(losses, waits, strict=True)]
+            columns = {name: value.numpy() for name, value in self.result.items()}
+        else:
+            columns = {name: [v.numpy() for v in self.strategy.experimental_local_results(value)]
+                       for name, value in self.result.items()}
+        waits = columns.pop("_wait")
+        losses = columns.pop("loss", None)
+        return [(float(losses[i]) if losses is not None else None, float(waits[i]),
+                 {name: float(values[i]) for name, values in columns.items()}) for i in range(len(waits))]
 
     def report(self, step: int, *, force: bool) -> None:
         self.forced = self.forced or force
@@ -214,7 +212,7 @@ class MirroredAdapter:
         return path
 
     def final_losses(self) -> list[float]:
-        return [loss for loss, _ in self._local_results()] if self.result is not None else []
+        return [loss for loss, _, _ in self._local_results() if loss is not None] if self.result is not None else []
 
     def close(self) -> None:
         if self.summaries is not None:

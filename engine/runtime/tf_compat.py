@@ -317,3 +317,59 @@ def wait_for(remote: Any) -> None:
         remote._wait_and_maybe_error()  # type: ignore[attr-defined]  # (a RemoteValueImpl: checked when made)
     else:
         remote.fetch()
+
+
+# --------------------------------------------------------------------------- a compiled model's parts
+
+
+def compiled_loss(model: keras.Model, x: Any, y: Any, y_pred: Any, sample_weight: Any) -> Any:
+    """The loss Keras' ``train_step`` computes: the compiled loss (its weights, scaled for distribution)
+    plus the model's regularization losses, through a ``compute_loss`` the model may override (Keras 3's
+    private ``Trainer._compute_loss``, which passes ``training`` only to overrides that take it)."""
+    compute = _require("compiled_loss", model, "_compute_loss", ("x", "y", "y_pred", "sample_weight", "training"))
+    return compute(x=x, y=y, y_pred=y_pred, sample_weight=sample_weight, training=True)
+
+
+def unscale_loss(loss: Any) -> Any:
+    """``loss`` as one replica's mean: Keras scales a compiled loss by 1 / replicas in sync
+    (``keras.src.losses.loss.unscale_loss_for_distribution`` undoes it; private)."""
+    try:
+        from keras.src.losses.loss import unscale_loss_for_distribution
+    except ImportError as exc:
+        raise CompatError(f"unscale_loss: keras.src.losses.loss.unscale_loss_for_distribution is gone in "
+                          f"{_versions_text()}; {_tested_text()}") from exc
+    return unscale_loss_for_distribution(loss)
+
+
+def build_compiled(model: keras.Model, batch: Any) -> None:
+    """Build the compiled loss and metrics (and the model, if it is not) symbolically from one batch, as
+    ``fit`` does before its first step (Keras 3's private ``Trainer._symbolic_build``): their variables must
+    exist, inside the strategy's scope, before a distributed step updates them."""
+    build = _require("build_compiled", model, "_symbolic_build", ("iterator", "data_batch"))
+    build(data_batch=batch)
+
+
+def compiled_metrics(model: keras.Model) -> Any:
+    """The compiled metrics' container (Keras 3's private ``Trainer._compile_metrics``), or None."""
+    if not hasattr(model, "_compile_metrics"):
+        raise CompatError(f"compiled_metrics: keras.Model._compile_metrics is gone in {_versions_text()}; "
+                          f"{_tested_text()}")
+    return model._compile_metrics
+
+
+def metric_names(container: Any) -> list[str]:
+    """The names of the results of a compiled metrics' container (its ``result()``, evaluated once)."""
+    try:
+        return [str(name) for name in dict(container.result())]
+    except (TypeError, ValueError, tf.errors.OpError):
+        return [m.name for m in getattr(container, "metrics", [])]
+
+
+def compile_setting(model: keras.Model, key: str) -> Any:
+    """One argument of ``compile()`` as the user gave it (Keras 3's private ``Trainer._compile_config``;
+    ``get_compile_config()`` serializes every value)."""
+    config = getattr(getattr(model, "_compile_config", None), "config", None)
+    if not isinstance(config, dict):
+        raise CompatError(f"compile_setting: keras.Model._compile_config.config is gone in {_versions_text()}; "
+                          f"{_tested_text()}")
+    return config.get(key)
