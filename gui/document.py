@@ -8,6 +8,7 @@ mode) are tested without any widget.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from engine.contract import config as config_mod
@@ -286,10 +287,13 @@ def cluster_fix(config: RunConfig, mode: str, from_mode: str = "") -> tuple[Clus
 def mesh_fix(config: RunConfig) -> tuple[int, int]:
     """A DTensor mesh (batch, model) matching the worker devices, keeping the model axis if it fits."""
     devices = sum(config.devices_of(h, t) for h, t in config.trainer_tasks()) or 1
+    extra = math.prod(size for _, size in config.parallelism.mesh_axes)  # the named axes stay as they are
+    if devices % extra == 0:
+        devices //= extra
     model = config.parallelism.mesh_model
     if model < 1 or devices % model or any(w % model for w in config.model.hidden):
         model = 1
-    return devices // model, model
+    return max(1, devices // model), model
 
 
 def mode_fix(config: RunConfig, mode: str) -> tuple[RunConfig, list[str]]:

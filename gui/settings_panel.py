@@ -1,4 +1,5 @@
-"""Run settings: parallelism and its options, data, model and training, as one form.
+"""Run settings: what trains (ClusterDeck's model and data, or your own program), parallelism and its
+options, data, model, training and validation, as one form.
 
 Each widget writes one config field through :meth:`DocumentModel.set_value` (an
 undoable edit; repeated edits of one field merge) and is re-read from the
@@ -34,6 +35,7 @@ from engine.contract.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PART
 from gui import document as doc_ops
 from gui import theme
 from gui.document_model import DocumentModel
+from gui.settings_sections import MeshAxesEdit, ProgramSection, ValidationSection
 
 MODE_HELP = {
     "data": "data — synchronous data parallelism: every worker holds the whole model, gradients are "
@@ -75,10 +77,13 @@ class SettingsPanel(QScrollArea):
         self._tips: dict[str, str] = {}
         self._readers: list[Callable[[], None]] = []
         self._rows: dict[str, QWidget] = {}
+        #: why a setting is greyed out (added to its tooltip), by field path
+        self.off_notes: dict[str, str] = {}
 
         # -- run
         box, form = self._group("Run", outer)
         self.name = self._line("name", "Name of the run (its folder is named after it)", form, "Name")
+        self.program_section = ProgramSection(self, outer)
 
         # -- parallelism
         box, form = self._group("Parallelism", outer)
@@ -100,9 +105,11 @@ class SettingsPanel(QScrollArea):
         mesh_layout.addWidget(self.mesh_batch)
         mesh_layout.addWidget(self.mesh_model)
         self.widgets["parallelism.mesh"] = mesh_row
-        self._tips["parallelism.mesh"] = "DTensor mesh: batch × model must equal the worker devices"
+        self._tips["parallelism.mesh"] = ("DTensor mesh: batch × model (× the extra axes) must equal the worker "
+                                          "devices")
         form.addRow("Mesh b × m", mesh_row)
         self.mesh_form_row = mesh_row
+        self.mesh_axes = MeshAxesEdit(self, form)
         self.partitioner = self._combo("parallelism.partitioner", PARTITIONERS,
                                        "How variables are sharded over the ps tasks: none, by minimum shard "
                                        "size, or a fixed number of shards", form, "Partitioner")
@@ -121,7 +128,7 @@ class SettingsPanel(QScrollArea):
         self.parallelism_form = form
 
         # -- data
-        box, form = self._group("Data", outer)
+        data_box, form = self._group("Data", outer)
         self.source = self._combo("data.source", DATA_SOURCES, "Where examples come from", form, "Source")
         self.shape = self._ints("data.shape", "Shape of one example, e.g. 784 or 28, 28", form, "Shape")
         self.classes = self._spin("data.classes", "Number of classes", 2, 1_000_000)
@@ -139,7 +146,7 @@ class SettingsPanel(QScrollArea):
         self.data_form = form
 
         # -- model
-        box, form = self._group("Model", outer)
+        model_box, form = self._group("Model", outer)
         self.model_name = self._combo("model.name", MODELS, "The model to train", form, "Model")
         self.hidden = self._ints("model.hidden", "Hidden layer widths, e.g. 256, 128", form, "Hidden sizes",
                                  allow_empty=True)
@@ -185,6 +192,9 @@ class SettingsPanel(QScrollArea):
             config_mod.MAX_STEPS_PER_EXECUTION)
         form.addRow("Steps per execution", self.steps_per_execution)
         self.training_form = form
+        self.validation_section = ValidationSection(self, outer)
+        #: the groups only ClusterDeck's own loop uses (greyed out for your own program)
+        self.loop_boxes = (data_box, model_box, self.validation_section.box)
         outer.addStretch(1)
 
         document.settingsChanged.connect(self.refresh)
@@ -208,6 +218,8 @@ class SettingsPanel(QScrollArea):
     def _value_of(self, path: str) -> Any:
         section, _, name = path.partition(".")
         obj = getattr(self.document.config, section)
+        if obj is None and name:  # an optional section that is not set (program)
+            return ""
         return getattr(obj, name) if name else obj
 
     def _line(self, path: str, tip: str, form: QFormLayout, label: str) -> QLineEdit:
@@ -345,6 +357,7 @@ class SettingsPanel(QScrollArea):
         part = self.document.config.parallelism.partitioner
         form = self.parallelism_form
         form.setRowVisible(self.mesh_form_row, mode == "model")
+        form.setRowVisible(self.mesh_axes, mode == "model" or bool(self.document.config.parallelism.mesh_axes))
         form.setRowVisible(self.partitioner, mode == "async")
         form.setRowVisible(self.shards, mode == "async" and part == "fixed")
         form.setRowVisible(self.min_shard_bytes, mode == "async" and part == "min_size")
@@ -362,6 +375,8 @@ class SettingsPanel(QScrollArea):
         self.model_form.setRowVisible(self._rows["model.script"], c.model.name == "script")
         self.training_form.setRowVisible(self.steps_per_execution, mode in config_mod.STEPS_PER_EXECUTION_MODES
                                          or c.training.steps_per_execution != 1)
+        self.validation_section.refresh(c)
+        self.program_section.refresh(c)
         self._offer_choices()
         self.mark_problems(self.document.problems)
 
@@ -402,12 +417,13 @@ class SettingsPanel(QScrollArea):
                 marked.setdefault(path, []).append(p.message)
         for path, widget in self.widgets.items():
             messages = marked.get(path)
+            tip = self._tips[path] + (f"\n{self.off_notes[path]}" if self.off_notes.get(path) else "")
             if messages:
                 widget.setStyleSheet(f"border: 2px solid {theme.PROBLEM_COLOR}; border-radius: 3px;")
-                widget.setToolTip(self._tips[path] + "\n" + "\n".join(f"⚠ {m}" for m in messages))
+                widget.setToolTip(tip + "\n" + "\n".join(f"⚠ {m}" for m in messages))
             else:
                 widget.setStyleSheet("")
-                widget.setToolTip(self._tips[path])
+                widget.setToolTip(tip)
 
     def needed_width(self) -> int:
         """The width the form needs without cutting a row off (every mode's rows counted)."""

@@ -1,0 +1,178 @@
+"""Parts of the run settings form that follow the rest of the config: what trains (ClusterDeck's model
+and data, or the user's own program), validation on held-out examples, and the mesh's extra axes.
+
+Each part builds its rows with the :class:`~gui.settings_panel.SettingsPanel`'s own builders (so every
+field is edited, re-read and marked for problems as the others are) and says in ``refresh`` which rows
+apply to the config as it is now.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import TYPE_CHECKING
+
+from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLineEdit, QVBoxLayout
+
+from engine.contract import config as config_mod
+from engine.contract.config import MAX_MESH_AXES, MAX_STEPS, Program, RunConfig
+from gui import theme
+
+if TYPE_CHECKING:
+    from gui.settings_panel import SettingsPanel
+
+#: The choices of "What trains", in the combo's order.
+TRAINS = ("ClusterDeck's model and data", "Your own program")
+PROGRAM_NOTE = ("Not used when you run your own program: it builds its model, reads its data and trains "
+                "itself (see “What trains”)")
+#: Training settings a program still takes (the launcher's, not the loop's).
+PROGRAM_TRAINING = ("training.restarts",)
+_AXIS = re.compile(r"^\s*([a-z][a-z0-9_]{0,31})\s*[:=]\s*(\d+)\s*$")
+
+
+def parse_axes(text: str) -> tuple[tuple[str, int], ...] | None:
+    """``"feature: 2, seq: 4"`` -> ``(("feature", 2), ("seq", 4))``; None when it is not a list of
+    ``name: size`` pairs (lower-case names other than batch and model, sizes >= 1, at most 4)."""
+    axes: list[tuple[str, int]] = []
+    for part in (p for p in re.split(r"[,;]", text) if p.strip()):
+        m = _AXIS.match(part)
+        if m is None or m.group(1) in (config_mod.MESH_BATCH, config_mod.MESH_MODEL) or int(m.group(2)) < 1:
+            return None
+        axes.append((m.group(1), int(m.group(2))))
+    names = [name for name, _ in axes]
+    return tuple(axes) if len(set(names)) == len(names) <= MAX_MESH_AXES else None
+
+
+def format_axes(axes: tuple[tuple[str, int], ...]) -> str:
+    return ", ".join(f"{name}: {size}" for name, size in axes)
+
+
+class ProgramSection:
+    """"What trains": ClusterDeck's model and data, or your own Python program with its arguments."""
+
+    def __init__(self, panel: SettingsPanel, outer: QVBoxLayout) -> None:
+        self.panel = panel
+        self.box, form = panel._group("What trains", outer)
+        self.form = form
+        self.kind = QComboBox()
+        self.kind.addItems(list(TRAINS))
+        panel._register("program", self.kind,
+                        "ClusterDeck's model and data: the model, data and training settings below.\n"
+                        "Your own program: a Python file run unchanged in every chief and worker task, with "
+                        "TF_CONFIG written for it; it builds its own model and data")
+        self.kind.activated.connect(self._chosen)
+        panel._readers.append(lambda: self.kind.setCurrentIndex(int(panel.document.config.program is not None)))
+        form.addRow("Trains", self.kind)
+        self.script = panel._path("program.script", "Your training program (a Python file); it runs in every chief "
+                                  "and worker task with the run folder as its working folder", form, "Program",
+                                  "Python (*.py);;All files (*)")
+        self.args = QLineEdit()
+        self.args.setPlaceholderText("none")
+        tip = "Command-line arguments of your program, as a shell splits them, e.g. --epochs 3 --name 'my run'"
+        panel._register("program.args", self.args, tip)
+        self.args.editingFinished.connect(self._args_edited)
+        panel._readers.append(self._read_args)
+        form.addRow("Arguments", self.args)
+        self._last = Program()  # the program chosen before switching back, offered again
+
+    def _chosen(self, index: int) -> None:
+        doc = self.panel.document
+        current = doc.config.program
+        if index == 1 and current is None:
+            doc.set_value("program", self._last)
+        elif index == 0 and current is not None:
+            self._last = current
+            doc.set_value("program", None)
+
+    def _read_args(self) -> None:
+        program = self.panel.document.config.program
+        self.args.setText(shlex.join(program.args) if program is not None else "")
+
+    def _args_edited(self) -> None:
+        program = self.panel.document.config.program
+        if program is None:
+            return
+        try:
+            args = tuple(shlex.split(self.args.text()))
+        except ValueError as exc:
+            self.args.setStyleSheet(f"border: 2px solid {theme.PROBLEM_COLOR};")
+            self.args.setToolTip(f"program.args: expected arguments a shell can split, got {self.args.text()!r} ({exc})")
+            return
+        if args != program.args:
+            self.panel.document.set_value("program", config_mod.replace(program, args=args))
+
+    def refresh(self, config: RunConfig) -> None:
+        """Show the program's rows for a program; grey out what a program does not use, saying why."""
+        own = config.program is not None
+        self.form.setRowVisible(self.panel._rows["program.script"], own)
+        self.form.setRowVisible(self.args, own)
+        panel = self.panel
+        for box in panel.loop_boxes:
+            box.setEnabled(not own)
+            title = box.title().removesuffix(" (not used by your program)")
+            box.setTitle(f"{title} (not used by your program)" if own else title)
+            box.setToolTip(PROGRAM_NOTE if own else "")
+        for path, widget in panel.widgets.items():
+            if path.startswith("training.") and path not in PROGRAM_TRAINING:
+                widget.setEnabled(not own)
+                panel.off_notes[path] = PROGRAM_NOTE if own else ""
+
+
+class ValidationSection:
+    """Held-out examples evaluated while training: a split of the data, or a file of the data's kind."""
+
+    def __init__(self, panel: SettingsPanel, outer: QVBoxLayout) -> None:
+        self.panel = panel
+        self.box, form = panel._group("Validation", outer)
+        self.form = form
+        self.split = QDoubleSpinBox()
+        self.split.setRange(0.0, 0.95)
+        self.split.setDecimals(2)
+        self.split.setSingleStep(0.05)
+        self.split.setSpecialValueText("none")
+        panel._bind_number("validation.split", self.split, "Fraction of the data's examples held out of training "
+                           "and evaluated instead (0: none), e.g. 0.1")
+        form.addRow("Held-out split", self.split)
+        self.path = panel._path("validation.path", "A file of held-out examples, of the same kind as the data "
+                                "file (instead of a split)", form, "Held-out file",
+                                "Data (*.npz *.csv *.tfrecord *.tfrecords *.tfrec);;All files (*)")
+        self.every = panel._spin("validation.every", "Evaluate the held-out examples every N training steps "
+                                 "(0: never in the training loop; an evaluator task still can)", 0, MAX_STEPS)
+        self.every.setSpecialValueText("never")
+        form.addRow("Every (steps)", self.every)
+        self.batches = panel._spin("validation.batches", "Global batches per evaluation (0: every held-out "
+                                   "example once)", 0, 1_000_000)
+        self.batches.setSpecialValueText("all examples")
+        form.addRow("Batches", self.batches)
+
+    def refresh(self, config: RunConfig) -> None:
+        files = config.data.source in config_mod.FILE_SOURCES and config.data.source != "script"
+        self.form.setRowVisible(self.panel._rows["validation.path"], files or bool(config.validation.path.strip()))
+        evaluated = config.validation.every > 0 or bool(config.cluster.tasks_of("evaluator"))
+        self.form.setRowVisible(self.batches, evaluated or config.validation.batches != 0)
+
+
+class MeshAxesEdit(QLineEdit):
+    """The mesh's named axes between ``batch`` and ``model`` (``feature: 2``), as one line."""
+
+    def __init__(self, panel: SettingsPanel, form: QFormLayout) -> None:
+        super().__init__()
+        self.panel = panel
+        self.setPlaceholderText("none, e.g. feature: 2")
+        self.tip = ("Extra named mesh axes between batch and model, e.g. feature: 2; your sharded script names "
+                    f"them in its layouts (at most {MAX_MESH_AXES}). batch × axes × model must equal the devices")
+        panel._register("parallelism.mesh_axes", self, self.tip)
+        self.editingFinished.connect(self._edited)
+        panel._readers.append(lambda: self.setText(format_axes(panel.document.config.parallelism.mesh_axes)))
+        form.addRow("Extra mesh axes", self)
+
+    def _edited(self) -> None:
+        axes = parse_axes(self.text())
+        if axes is None:
+            self.setStyleSheet(f"border: 2px solid {theme.PROBLEM_COLOR};")
+            self.setToolTip(f"{self.tip}\n⚠ parallelism.mesh_axes: expected name: size pairs such as "
+                            f"feature: 2, got {self.text()!r}")
+            return
+        if axes != self.panel.document.config.parallelism.mesh_axes:
+            self.panel.document.set_value("parallelism.mesh_axes", axes)
+
