@@ -74,7 +74,7 @@ from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
-from engine.runtime import models, servers, tf_compat
+from engine.runtime import compiled, models, servers, tf_compat
 from engine.runtime.context import TaskContext
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
@@ -186,10 +186,12 @@ def placement(variables: list[tuple[str, Any]]) -> list[dict[str, Any]]:
 class Trainable:
     """What the loop trains: the model, how one step computes and applies gradients, what it checkpoints."""
 
-    step_fn: Any
+    step_fn: Any  # (x, y) -> float64 vector: the step's loss, then each metric of metric_names
     variables: list[tuple[str, Any]]
     checkpoint_items: dict[str, Any]
     notes: list[str] = field(default_factory=list)
+    metric_names: list[str] = field(default_factory=list)
+    training: dict[str, Any] = field(default_factory=dict)  # the run's 'training' info (what trains)
 
 
 def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Trainable:
@@ -198,10 +200,10 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
     Any model of the run (built-in or the user's script) with any optimizer: the optimizer's slots
     are created here, under the strategy's scope, so they live on the ps tasks with the variables.
     """
-    loss_obj = models.loss_fn(config)
-    optimizer = models.build_optimizer(config)
     notes: list[str] = []
     if config.model.name == embedding_mod.MODEL_NAME:
+        loss_obj = models.loss_fn(config)
+        optimizer = models.build_optimizer(config)
         model = embedding_mod.EmbeddingClassifier(config, partitioner.sharding())
         optimizer.build(model.trainable_variables)
 
@@ -213,30 +215,36 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
             grads = tape.gradient(loss, shards + head)
             optimizer.apply_gradients(zip(grads[len(shards):], head, strict=True))
             model.apply_table_gradients(grads[: len(shards)], tf.shape(y)[0])
-            return loss
+            return tf.reshape(tf.cast(loss, tf.float64), [1])
 
         if config.training.optimizer != "sgd":
             notes.append(f"the embedding table trains with sparse SGD; training.optimizer "
                          f"{config.training.optimizer!r} applies to the dense head")
         variables = [("embedding_table", model.table)] + [(v.path, v) for v in model.head.weights]
         items = {**model.checkpoint_items(), "optimizer": optimizer}
-        return Trainable(embedding_step, variables, items, notes)
+        name, rate = compiled.describe_optimizer(optimizer)
+        notes.insert(0, f"the run's optimizer and loss: {name} (learning rate {rate}), {models.loss_name(config)}")
+        return Trainable(embedding_step, variables, items, notes,
+                         training={"source": "config", "optimizer": name, "learning_rate": rate,
+                                   "loss": models.loss_name(config), "metrics": [], "train_step": "clusterdeck"})
 
-    net = models.build_model(config)
-    optimizer.build(net.trainable_variables)
+    workers = len(config.cluster.tasks_of("worker"))
+    recipe = compiled.build(config, data_mod.sample_batch(config, config.training.global_batch_size // workers))
+    net, optimizer = recipe.model, recipe.optimizer
+    names: list[str] = []  # the metrics a step returns after its loss, in order (known once it is traced)
+    step_loss = models.loss_fn(config) if recipe.step_kind == "loop" else None
 
     def dense_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(loss_obj(y, net(x, training=True)))
-        grads = tape.gradient(loss, net.trainable_variables)
-        optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
-        return loss
+        figures = recipe.step((x, y), step_loss, config.training.global_batch_size // workers)
+        loss = figures.pop("loss", tf.constant(float("nan"), tf.float64))
+        names[:] = sorted(figures)
+        return tf.stack([loss, *(figures[n] for n in names)])
 
-    if config.parallelism.partitioner != "none":
-        notes.append(f"partitioner {config.parallelism.partitioner!r}: Keras 3 cannot train sharded variables, "
-                     f"so the {config.model.name!r} model's variables stay whole (round-robin over the ps tasks)")
     variables = [(v.path, v) for v in net.weights] + [(v.path, v) for v in optimizer.variables]
-    return Trainable(dense_step, variables, {"model": net, "optimizer": optimizer}, notes)
+    trainable = Trainable(dense_step, variables, {"model": net, "optimizer": optimizer}, notes,
+                          metric_names=names, training=recipe.describe())
+    notes.insert(0, recipe.message())
+    return trainable
 
 
 # --------------------------------------------------------------------------- input
@@ -283,6 +291,7 @@ class _WorkerFigures:
     busy: float = 0.0  # seconds between the worker's samples since the last report
     timed: int = 0  # the worker's steps within those seconds
     loss_sum: float = 0.0
+    metric_sums: dict[str, float] = field(default_factory=dict)
     last_step: int = 0
     last_loss: float | None = None
     last_emit: float = -float("inf")
@@ -307,7 +316,8 @@ class WorkerReporter:
         self.last_progress = -float("inf")
         self.reports = 0
 
-    def step_done(self, step: int, loss: float, worker: int, ts: float, count: int) -> None:
+    def step_done(self, step: int, loss: float, worker: int, ts: float, count: int,
+                  metrics: dict[str, float] | None = None) -> None:
         w = self.workers.setdefault(worker, _WorkerFigures())
         if count > w.last_count:
             w.ran += count - w.last_count
@@ -319,6 +329,8 @@ class WorkerReporter:
         w.last_ts, w.last_count = ts, count
         w.steps += 1
         w.loss_sum += loss
+        for name, value in (metrics or {}).items():
+            w.metric_sums[name] = w.metric_sums.get(name, 0.0) + value
         w.last_step = max(w.last_step, step)
         w.last_loss = loss
 
@@ -333,11 +345,13 @@ class WorkerReporter:
             for index, w in due:
                 step_time = w.busy / w.timed if w.timed else None
                 rate = self.batch / step_time if step_time else None
+                extra = {"metrics": {k: v / w.steps for k, v in w.metric_sums.items()}} if w.metric_sums else {}
                 self.emitter.emit("step", replica=index, worker=index, step=w.last_step,
                                   loss=w.loss_sum / w.steps, examples_per_sec=rate, step_time=step_time,
-                                  steps=w.ran, sampled=w.steps)
+                                  steps=w.ran, sampled=w.steps, **extra)
                 self.reports += 1
                 w.ran, w.steps, w.busy, w.timed, w.loss_sum, w.last_emit = 0, 0, 0.0, 0, 0.0, now
+                w.metric_sums = {}
             if progress:
                 self.emitter.emit("progress", step=completed, total=self.total, scheduled=scheduled,
                                   completed=completed)
@@ -384,8 +398,9 @@ class CoordinatorAdapter:
         keras.utils.set_random_seed(config.training.seed)
         with strategy.scope():
             trainable = build_trainable(config, partitioner)
-        for note in trainable.notes:
-            ctx.emitter.info(note)
+        self.metric_names = trainable.metric_names
+        for i, note in enumerate(trainable.notes):
+            ctx.emitter.info(note, **({"training": trainable.training} if i == 0 and trainable.training else {}))
         ctx.emitter.emit("placement", partitioner=config.parallelism.partitioner, ps=num_ps,
                          variables=placement(trainable.variables))
 
@@ -401,10 +416,11 @@ class CoordinatorAdapter:
         self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
         ctx.keep(self.iterator)
 
-        def figures(loss: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
-            # one tensor, so that reading a step's figures is one copy from its worker, not four
-            return tf.stack([tf.cast(loss, tf.float64), tf.cast(tf_compat.current_worker_index(), tf.float64),
-                             tf.timestamp(), tf.cast(count, tf.float64)])
+        def figures(values: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+            # one tensor, so that reading a step's figures is one copy from its worker, not four: the loss, the
+            # worker, its clock, its batch count, then the step's metrics
+            return tf.concat([values[:1], tf.stack([tf.cast(tf_compat.current_worker_index(), tf.float64),
+                                                    tf.timestamp(), tf.cast(count, tf.float64)]), values[1:]], 0)
 
         # one function for every step (one for every group), so that a worker registers and instantiates it
         # once, at its first step; what it returns stays on the worker unless the step is a sample
@@ -415,11 +431,11 @@ class CoordinatorAdapter:
 
         @tf.function
         def train_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
-            total = tf.constant(0.0, tf.float64)
-            count = tf.constant(0, tf.int64)
-            for _ in tf.range(n):
+            count, batch = next(it)
+            total = strategy.run(trainable.step_fn, args=batch)
+            for _ in tf.range(n - 1):
                 count, batch = next(it)
-                total += tf.cast(strategy.run(trainable.step_fn, args=batch), tf.float64)
+                total += strategy.run(trainable.step_fn, args=batch)
             return figures(total / tf.cast(n, tf.float64), count)
 
         # a run of single steps (steps_per_execution 1) runs the single-step function, a grouped run the group one
@@ -458,7 +474,7 @@ class CoordinatorAdapter:
                 tf_compat.wait_for(remote)
                 self.completed += ran
                 return
-            loss, worker, ts, count = remote.fetch()  # a sample: its vector is copied from its worker here
+            loss, worker, ts, count, *metrics = remote.fetch()  # a sample: its vector is copied from its worker here
         except tf_compat.ResultLost:
             # the step ran (its update reached the ps) but the worker holding its figures died or restarted
             # before the chief copied them: only that step's figures are lost
@@ -472,7 +488,8 @@ class CoordinatorAdapter:
             self._lost(step, ran)
             return
         self.completed += ran
-        self.reporter.step_done(step, float(loss), int(worker), float(ts), int(count))
+        self.reporter.step_done(step, float(loss), int(worker), float(ts), int(count),
+                                dict(zip(self.metric_names, (float(m) for m in metrics), strict=False)))
 
     def _lost(self, step: int, ran: int) -> None:
         """Count a group whose figures could not be read (it ran); say so for the first few."""
