@@ -119,9 +119,7 @@ class Recipe:
         """One training step on this replica's batch; returns this replica's figures: ``loss`` (its own
         mean loss, regularization included) and each metric, as float64 scalars."""
         if self.step_kind == "custom":
-            logs = self.model.train_step(data)
-            out = {k: tf.cast(tf.reduce_mean(v), tf.float64) for k, v in dict(logs).items()
-                   if isinstance(v, (tf.Tensor, tf.Variable)) or hasattr(v, "dtype")}
+            out = {k: tf.cast(tf.reduce_mean(v), tf.float64) for k, v in _flat_logs(self.model.train_step(data))}
         elif self.step_kind == "keras":
             out = self._keras_step(data)
         else:
@@ -174,6 +172,18 @@ class Recipe:
         return {name: tf.cast(tf.reduce_mean(value), tf.float64) for name, value in dict(results).items()}
 
 
+def _flat_logs(logs: Any, prefix: str = "") -> list[tuple[str, Any]]:
+    """A ``train_step``'s logs as (name, tensor) pairs: nested mappings (a metrics container's results)
+    flattened, values that are not tensors left out."""
+    out: list[tuple[str, Any]] = []
+    for key, value in dict(logs or {}).items():
+        if isinstance(value, dict):
+            out += _flat_logs(value)
+        elif hasattr(value, "dtype"):
+            out.append((f"{prefix}{key}", value))
+    return out
+
+
 def build(config: RunConfig, sample: Any) -> Recipe:
     """Build the run's model (inside the strategy's scope) and decide how it trains.
 
@@ -213,5 +223,7 @@ def build(config: RunConfig, sample: Any) -> Recipe:
             recipe.metric_names = list(tf_compat.metric_names(container))
     elif recipe.step_kind == "custom":
         tf_compat.build_compiled(model, sample)
-        recipe.metric_names = [m.name for m in model.metrics if m.name != "loss"]
+        container = tf_compat.compiled_metrics(model)
+        recipe.metric_names = [name for m in model.metrics if m.name != "loss"
+                               for name in (tf_compat.metric_names(m) if m is container else [m.name])]
     return recipe
