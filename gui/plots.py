@@ -20,7 +20,7 @@ import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QPalette
+from PySide6.QtGui import QAction, QPalette, QResizeEvent
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -918,6 +918,30 @@ class MetricPlot(QWidget):
             QMessageBox.warning(self, "Export failed", f"{path}: cannot be written: {exc.strerror or exc}")
 
 
+class ElidedLabel(QLabel):
+    """One line of text that ends in "…" where the space cuts it (:meth:`text` is the whole text)."""
+
+    def __init__(self, text: str = "") -> None:
+        super().__init__()
+        self._full = ""
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 - QLabel's name
+        self._full = text
+        self._elide()
+
+    def text(self) -> str:
+        return self._full
+
+    def _elide(self) -> None:
+        width = self.width() if self.isVisible() else 10_000
+        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(0, width)))
+
+    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
+        super().resizeEvent(event)
+        self._elide()
+
+
 class PlotsPanel(QWidget):
     """All live plots with shared view settings: x axis (step or wall time) and EMA smoothing."""
 
@@ -943,7 +967,7 @@ class PlotsPanel(QWidget):
         self.compare_button.setToolTip("Overlay another run's replica curves, dashed")
         self.clear_compare = QPushButton("Clear comparison")
         self.clear_compare.setToolTip("Remove the overlaid runs")
-        self.hint = QLabel(NO_CURVES_HINT)
+        self.hint = ElidedLabel(NO_CURVES_HINT)
         self.hint.setObjectName("plotsHint")
         self.hint.setToolTip("Curves appear as soon as the replicas report their first steps")
         bar = QHBoxLayout()
