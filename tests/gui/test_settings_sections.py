@@ -144,3 +144,11 @@ def test_a_mesh_with_a_feature_axis_is_shown_edited_and_kept(qtbot: Any, window:
     type_into(qtbot, panel.mesh_axes, "")
     assert doc.config.parallelism.mesh_axes == ()
     assert any(p.field == "parallelism.mesh" for p in doc.problems)  # 1 x 2 = 2 of 4 devices: said
+
+
+def test_the_mesh_fix_leaves_room_for_the_extra_axes() -> None:
+    from gui.document import mesh_fix
+
+    config = config_mod.load(PRESETS / "model-2x2.yaml")  # one worker with 4 devices
+    with_axis = config_mod.replace(config, parallelism=config_mod.replace(config.parallelism, mesh_axes=(("feature", 2),)))
+    assert mesh_fix(config) == (2, 2) and mesh_fix(with_axis) == (1, 2)
