@@ -30,6 +30,8 @@ def copy_tree(dest: Path) -> Path:
     for name in ("engine", "gui"):
         shutil.copytree(ROOT / name, dest / name, ignore=shutil.ignore_patterns("__pycache__", "*.npz"))
     shutil.copy(ROOT / "pyproject.toml", dest / "pyproject.toml")
+    shutil.copytree(ROOT / "clusterdeck", dest / "clusterdeck",  # a root package of the contracts too
+                    ignore=shutil.ignore_patterns("__pycache__"))
     return dest
 
 
@@ -47,6 +49,8 @@ def test_every_import_contract_holds() -> None:
     ("engine/contract/_probe.py", "from engine.control import launcher\n", "Rooms:"),
     ("engine/runtime/_probe.py", "from engine.control import supervisor\n", "Control and runtime are independent"),
     ("engine/runtime/_probe.py", "from engine.runtime import task\n", "No import cycles"),
+    ("gui/_probe.py", "def f():\n    import clusterdeck\n", "The public API (clusterdeck)"),
+    ("engine/runtime/_probe.py", "from clusterdeck import report\n", "The public API (clusterdeck)"),
 ])
 def test_a_broken_fence_is_reported(tmp_path: Path, module: str, code: str, contract: str) -> None:
     tree = copy_tree(tmp_path)

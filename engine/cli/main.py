@@ -3,7 +3,7 @@
     clusterdeck                          open the desktop app
     clusterdeck gui [PRESET] [--run]     the same, with a preset (and start it)
     clusterdeck gui RUN_FOLDER           the app, showing a run folder (one holding config.yaml)
-    clusterdeck run PRESET [--steps N] [--out DIR] [--json]
+    clusterdeck run PRESET [--steps N] [--out DIR] [--json] [--program SCRIPT [-- ARGS...]]
     clusterdeck validate PRESET...
     clusterdeck tf-config PRESET         each task's TF_CONFIG, as JSON
     clusterdeck export PRESET [--out DIR] [--image IMG]   launch scripts, TF_CONFIG files, Kubeflow TFJob
@@ -29,6 +29,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from engine.cli import metrics_view
 from engine.cli.folders import unusable_folder
 from engine.contract import config as config_mod
 from engine.contract import presets
@@ -71,7 +72,7 @@ def _fmt_loss(value: float | None) -> str:
 def cmd_run(args: argparse.Namespace) -> int:
     report = _json_errors if args.json else _text_errors
     try:
-        cfg = load_preset(args.preset)
+        cfg = _with_program(load_preset(args.preset), args.program, getattr(args, "program_args", None))
         if args.steps is not None:
             if args.steps < 1:
                 raise ConfigError([Problem("--steps", f"expected an integer >= 1, got {args.steps}")])
@@ -104,6 +105,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                f"{exc.strerror or exc}")]))
             return 2
     return code
+
+
+def _with_program(cfg: config_mod.RunConfig, script: str | None, args: list[str] | None) -> config_mod.RunConfig:
+    """The preset with ``--program SCRIPT`` (a path from this folder) and the words after ``--`` as its
+    arguments; without ``--program``, words after ``--`` replace the preset's program's arguments."""
+    if script is None and args is None:
+        return cfg
+    if script is None and cfg.program is None:
+        raise ConfigError([Problem("--", f"arguments {args!r} are for a program, but the preset names none; "
+                                         "expected --program SCRIPT before them")])
+    if script is not None and not script.strip():
+        raise ConfigError([Problem("--program", "expected the path of your training program, got ''")])
+    base = cfg.program or config_mod.Program()
+    program = config_mod.replace(
+        base, script=os.path.abspath(os.path.expanduser(script)) if script is not None else base.script,
+        args=tuple(args) if args is not None else base.args)
+    return config_mod.replace(cfg, program=program)
 
 
 def _warn(problems: list[Problem], as_json: bool) -> None:
@@ -242,6 +260,9 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
             else:
                 notes.append(f"[dim]replica {c.replica} ({c.task}) no longer straggling ({c.reason})[/]")
         kind = event.get("kind")
+        total = metrics_view.program_total(event)
+        if total is not None and run.config.program is not None:  # the program says how far it goes
+            run.state.total_steps = total
         if kind == "info" and event.get("message"):
             notes.info(str(event["task"]), str(event["message"]))
         elif kind == "status" and event.get("state") == "failed":
@@ -255,20 +276,26 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
 
     def replica_table() -> Table:
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold dim")
-        for col in ("replica", "task", "step", "loss", "examples/s", "step ms", "slow"):
-            table.add_column(col, justify="right" if col != "task" else "left")
+        replicas = sorted(run.state.replicas.values(), key=lambda r: r.replica)
+        names = metrics_view.metric_names(replicas)  # accuracy etc., as the replicas report them
+        for col in ("replica", "task", "step", "loss", *names, "examples/s", "step ms", "slow"):
+            table.add_column(escape(col), justify="right" if col != "task" else "left")
         slow = detector.flagged()
-        for r in sorted(run.state.replicas.values(), key=lambda r: r.replica):
+        for r in replicas:
             flag = f"[yellow]{slow[r.replica].ratio:.2f}x[/]" if r.replica in slow else ""
-            table.add_row(str(r.replica), r.task, str(r.step), _fmt_loss(r.loss), _fmt_rate(r.examples_per_sec),
-                          "-" if r.step_time is None else f"{r.step_time * 1000:.1f}", flag)
+            table.add_row(str(r.replica), r.task, str(r.step), _fmt_loss(r.loss),
+                          *(metrics_view.fmt_metric(r.metrics.get(n)) for n in names),
+                          _fmt_rate(r.examples_per_sec), "-" if r.step_time is None else f"{r.step_time * 1000:.1f}",
+                          flag)
         return table
 
     def view() -> Group:
         state = run.state
-        progress.update(bar, completed=state.step)
+        progress.update(bar, completed=state.step, total=state.total_steps or None)
         tasks = "  ".join(f"{t.name}:{t.state}" for t in state.tasks.values())
-        return Group(progress, replica_table(), f"[dim]{tasks}[/]", *notes.last(4))
+        lines = [escape(line) for line in _figure_lines(state)]
+        return Group(progress, replica_table(), *(f"[dim]{line}[/]" for line in lines), f"[dim]{tasks}[/]",
+                     *notes.last(4))
 
     run_dir = stopper.start(run)
     console.print(f"run folder: {escape(str(run_dir))}")
@@ -333,14 +360,31 @@ def _print_summary(console: Any, run: Any) -> None:
     for rid, r in s["replicas"].items():
         # async: the chief reports for every worker; name the worker that trained
         where = f"worker:{r['worker']}, reported by {r['task']}" if r.get("worker") is not None else r["task"]
-        console.print(f"  replica {rid} ({where}): final loss {_fmt_loss(r['loss'])} "
-                      f"(from {_fmt_loss(r['first_loss'])}), {_fmt_rate(r['examples_per_sec'])} examples/s")
+        metrics = f", {metrics_view.metrics_text(r['metrics'])}" if r.get("metrics") else ""
+        console.print(f"  replica {rid} ({escape(where)}): final loss {_fmt_loss(r['loss'])} "
+                      f"(from {_fmt_loss(r['first_loss'])}){escape(metrics)}, "
+                      f"{_fmt_rate(r['examples_per_sec'])} examples/s")
     console.print(f"  total: {_fmt_rate(s['examples_per_sec'])} examples/s")
+    for line in _figure_lines(run.state):
+        console.print(f"  {escape(line)}")
     console.print(f"run folder: {escape(str(run.run_dir))}")
 
 
+def _figure_lines(state: Any) -> list[str]:
+    """The last validation figures and what the run trains with (when its tasks said so)."""
+    lines = []
+    validation = metrics_view.validation_line(state.summary())
+    if validation:
+        lines.append(validation)
+    training = metrics_view.training_info(state.infos)
+    if training:
+        lines.append(metrics_view.training_line(training))
+    return lines
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
-    """Each preset's config rules and its data files (not the user's script: that needs TensorFlow)."""
+    """Each preset's config rules, its data files, the user's script (the same check as ``run``: in a
+    subprocess, as it imports TensorFlow) and the user's program (its file, and that it compiles)."""
     from engine.control.preflight import preflight
     from engine.control.preflight import warnings as preflight_warnings
 
@@ -348,7 +392,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     for preset in args.presets:
         try:
             cfg = load_preset(preset)
-            problems = preflight(cfg, scripts=False) + _missing_scripts(cfg)
+            problems = _missing_scripts(cfg) or preflight(cfg, scripts=True)
             if problems:
                 raise ConfigError(problems, preset)
         except ConfigError as exc:
@@ -356,8 +400,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
             code = 2
             continue
         _warn(preflight_warnings(cfg), False)
+        steps = f"program {Path(cfg.program.script).name}" if cfg.program else _count(cfg.total_steps(), 'step')
         print(f"{preset}: ok ({cfg.parallelism.mode}, {_count(len(cfg.cluster.tasks()), 'task')}, "
-              f"{_count(cfg.num_replicas(), 'replica')}, {_count(cfg.total_steps(), 'step')})")
+              f"{_count(cfg.num_replicas(), 'replica')}, {steps})")
     return code
 
 
@@ -522,6 +567,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"folder for run folders (default: ${RUNS_ENV}, else {default_runs_root()})")
     p.add_argument("--json", action="store_true",
                    help="print every event and a summary as JSON lines (config problems too, as kind 'error')")
+    p.add_argument("--program", default=None, metavar="SCRIPT",
+                   help="run your own training program (a .py file) on the preset's cluster; its arguments "
+                        "follow '--' (docs/programs.md)")
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="check presets and their data files without running them")
     p.add_argument("presets", nargs="+")
@@ -606,7 +654,13 @@ def _main(argv: list[str]) -> int:
         if not _opens_in_app(argv[0]):
             return _unknown_command(argv[0], commands)
         argv = ["gui", *argv]  # `clusterdeck PRESET` and `clusterdeck RUN_FOLDER` open the app
+    program_args: list[str] | None = None
+    if argv[0] == "run" and "--" in argv:  # `clusterdeck run PRESET --program train.py -- ARGS...`
+        cut = argv.index("--")
+        argv, program_args = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if program_args is not None:
+        args.program_args = program_args
     if not getattr(args, "func", None):
         parser.print_help()
         return 0

@@ -186,6 +186,10 @@ class Run:
         the supervisors start once it is done.
         """
         self.config = datasets.absolute_paths(self.config)  # tasks run in the run folder
+        program = self.config.program
+        if program is not None and program.script.strip():  # the user's program too (engine.runtime.program)
+            self.config = config_mod.replace(self.config, program=config_mod.replace(
+                program, script=os.path.abspath(os.path.expanduser(program.script))))
         self._base_config = self.config
         problems = launch_problems(self.config, deep=not self.checked)
         if problems:
@@ -213,7 +217,9 @@ class Run:
         self._lifecycle = lc.Lifecycle(
             [lc.TaskInfo(t.name, t.role, h.name) for h, t in self.config.cluster.tasks()],
             mode=self.config.parallelism.mode, restarts_allowed=training.restarts,
-            progress_timeout_s=float(getattr(training, "progress_timeout_s", 0.0) or 0.0),
+            # a user's program reports when it likes (or never): no hang is inferred from its silence
+            progress_timeout_s=0.0 if self.config.program is not None else
+            float(getattr(training, "progress_timeout_s", 0.0) or 0.0),
             steps_per_execution=training.steps_per_execution, now=time.monotonic())
         self._dispatcher = background.thread(self._dispatch, name="run-dispatch")
         self._dispatcher.start()

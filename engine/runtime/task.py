@@ -6,7 +6,8 @@ already imported, from its host's warm-start template (the same module with ``--
 :mod:`engine.runtime.template`).
 When the supervisor dies the kernel kills the task (``PR_SET_PDEATHSIG``, armed by the
 supervisor); where it cannot, the task kills itself when the lifeline closes. So no
-task outlives its run. ``SIGTERM`` asks it to stop: a training task reports its
+task outlives its run. With a ``program`` in the config the task runs the user's program instead of
+ClusterDeck's loop (:mod:`engine.runtime.program`). ``SIGTERM`` asks it to stop: a training task reports its
 last steps, writes a final checkpoint and exits within
 :data:`engine.runtime.stop.STOP_BUDGET_S` seconds (:mod:`engine.runtime.stop`).
 """
@@ -28,6 +29,7 @@ from engine.contract import config as config_mod
 from engine.contract import parent_death, warm_start
 from engine.contract.run_folder import RunFolder
 from engine.runtime.emitter import Emitter
+from engine.runtime.program import ProgramFailed
 from engine.runtime.stop import EXIT_CODE as STOPPED_EXIT_CODE
 from engine.runtime.stop import Stopped, StopSignal
 
@@ -113,7 +115,11 @@ def main(argv: list[str] | None = None) -> int:
 
         ctx = TaskContext.from_env(config, run_dir, emitter, stop)
         mode = config.parallelism.mode
-        if mode == "data":
+        if config.program is not None:  # the user's own program, unchanged (engine.runtime.program)
+            from engine.runtime import program
+
+            summary = program.run(ctx)
+        elif mode == "data":
             from engine.runtime import data_parallel
 
             summary = data_parallel.main(ctx, telemetry=not args.bare)
@@ -137,6 +143,14 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         emitter.status("stopped", reason="interrupted")
         code = 130
+    except ProgramFailed as exc:
+        if stop.requested:  # ended by the stop (e.g. a collective cut off by a peer that left): not a failure
+            emitter.status("stopped", reason="SIGTERM")
+            _exit(emitter, STOPPED_EXIT_CODE)
+        reason = (summarize_error(exc.error) if exc.error is not None else "") + exc.where
+        emitter.status("failed", reason=reason.strip(), traceback=exc.trace[-4000:])
+        sys.stderr.write(exc.trace)
+        code = 1
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the user as an event
         if stop.requested:  # a stop cut through whatever the task was doing: not a failure
             emitter.status("stopped", reason="SIGTERM")
