@@ -14,7 +14,10 @@ over 'batch' and the layers over 'model':
 - fc2 is row-parallel: its kernel [256, 10] is split into row blocks [128, 10], matching the hidden
   units each device already holds; the partial logits are summed over 'model' (one all-reduce).
 
-The loss (softmax cross-entropy on the logits), gradients, optimizer and checkpoints are ClusterDeck's.
+``forward`` receives the batch as the data gives it, ``[batch, *data.shape]`` (split over 'batch'); the
+Flatten block makes rows of features of it, so the same file reads data.shape [784] or [28, 28].
+The loss (softmax cross-entropy on the logits, unless the file defines ``loss``), gradients, optimizer
+and checkpoints are ClusterDeck's; docs/model-parallel.md has every block.
 The same file trains in parallelism 'data' too: there ClusterDeck calls ``build_model(config)``,
 the same MLP in Keras.
 """
@@ -33,11 +36,12 @@ def build_sharded_model(config, mesh):
     features = math.prod(config.data.shape)
     hidden = config.model.hidden[0] if config.model.hidden else 256
     b = sharded.Builder(mesh, seed=config.training.seed)
+    flatten = sharded.Flatten(b)
     fc1 = sharded.Dense(b, "fc1", features, hidden, shard="columns", activation="relu")
     fc2 = sharded.Dense(b, "fc2", hidden, config.data.classes, shard="rows")
 
-    def forward(x):
-        return fc2(fc1(x))
+    def forward(x, training=False):  # training: True in the train step, False in evaluation
+        return fc2(fc1(flatten(x)))
 
     return b.model("sharded_mlp", forward)
 

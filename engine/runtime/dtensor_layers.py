@@ -24,6 +24,7 @@ any mesh (``call_with_layout`` with stateless random ops fails on this TF).
 
 from __future__ import annotations
 
+import inspect
 import math
 import zlib
 from collections.abc import Callable, Sequence
@@ -58,22 +59,44 @@ class Param:
 class ShardedModel:
     """A model the model-parallel runtime trains.
 
-    ``forward`` maps a global batch of inputs, laid out ``(batch, unsharded)`` (rows split over the
-    mesh's ``batch`` axis), to logits ``[batch, data.classes]`` laid out ``(batch, unsharded)``.
-    ``params`` are every trainable parameter (the runtime differentiates, optimises and
-    checkpoints exactly these); ``input_dtype`` is what ``forward`` reads (float32 features,
-    int32 token ids).
+    ``forward`` maps a global batch of inputs ``[batch, *data.shape]``, laid out ``(batch, unsharded,
+    ...)`` (rows split over the mesh's ``batch`` axis), to the model's output ``[batch, ...]`` (logits
+    ``[batch, data.classes]`` for the default loss) laid out ``(batch, unsharded, ...)``. It is
+    ``forward(x)`` or ``forward(x, training)``: see :meth:`call`. ``params`` are every trainable
+    parameter (the runtime differentiates, optimises and checkpoints exactly these); ``state`` the
+    non-trainable variables (dropout counters; checkpointed, not optimised); ``input_dtype`` is what
+    ``forward`` reads (float32 features, int32 token ids: the runtime casts a batch of the same kind
+    to it).
     """
 
     name: str
     params: list[Param]
-    forward: Callable[[tf.Tensor], tf.Tensor]  # batch-sharded inputs -> logits laid out (batch, unsharded)
+    forward: Callable[..., tf.Tensor]  # batch-sharded inputs [, training] -> output laid out (batch, ...)
     input_dtype: tf.DType
     notes: list[str] = field(default_factory=list)
+    state: list[Param] = field(default_factory=list)
 
     @property
     def variables(self) -> list[Any]:
         return [p.var for p in self.params]
+
+    @property
+    def takes_training(self) -> bool:
+        """Whether ``forward`` accepts ``training`` (a parameter of that name, or ``**kwargs``)."""
+        return takes_training(self.forward)
+
+    def call(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        """``forward(x, training=training)``, or ``forward(x)`` for a forward written before the flag."""
+        return self.forward(x, training=training) if self.takes_training else self.forward(x)
+
+
+def takes_training(fn: Callable[..., Any]) -> bool:
+    """Whether ``fn`` can be called with ``training=`` (old scripts' ``forward(x)`` cannot)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):  # a builtin or C callable: call it the old way
+        return False
+    return any(p.name == "training" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 class Builder:
@@ -89,6 +112,7 @@ class Builder:
         self.mesh = mesh
         self.seed = seed
         self.params: list[Param] = []
+        self.state: list[Param] = []
 
     def layout(self, spec: Sequence[str]) -> dtensor.Layout:
         return dtensor.Layout(list(spec), self.mesh)
@@ -112,10 +136,18 @@ class Builder:
         if len([a for a in spec if a != U]) != len({a for a in spec if a != U}):
             raise ValueError(f"{name}: layout {list(spec)} uses a mesh axis twice; expected each axis at most once")
 
-    def model(self, name: str, forward: Callable[[tf.Tensor], tf.Tensor],
+    def model(self, name: str, forward: Callable[..., tf.Tensor],
               input_dtype: tf.DType = tf.float32) -> ShardedModel:
         """The parameters built so far and ``forward`` as a :class:`ShardedModel` called ``name``."""
-        return ShardedModel(name, list(self.params), forward, tf.as_dtype(input_dtype))
+        return ShardedModel(name, list(self.params), forward, tf.as_dtype(input_dtype), state=list(self.state))
+
+    def counter(self, name: str) -> Any:
+        """A replicated int64 scalar, 0 at first, checkpointed with the model but not trained (dropout steps)."""
+        if any(p.name == name for p in (*self.params, *self.state)):
+            raise ValueError(f"{name}: a variable of that name exists already; expected a unique name")
+        var = self.variable(np.zeros((), np.int64), (), name)
+        self.state.append(Param(name, var, ()))
+        return var
 
     def place(self, value: np.ndarray | tf.Tensor, spec: Sequence[str]) -> tf.Tensor:
         """A host value as a DTensor with ``spec``: replicated onto the mesh, then sliced locally."""
@@ -160,6 +192,11 @@ def activation_spec(rank: int, last: str) -> tuple[str, ...]:
     return (BATCH, *([U] * (rank - 2)), last)
 
 
+def batch_spec(rank: int) -> tuple[str, ...]:
+    """``(batch, unsharded, ...)``: rows split over ``batch``, every other dimension whole."""
+    return (BATCH, *([U] * (rank - 1)))
+
+
 # --------------------------------------------------------------------------- building blocks
 
 
@@ -187,41 +224,60 @@ def _activation(name: str, activation: str | Callable[[tf.Tensor], tf.Tensor] | 
 
 
 class Dense:
-    """``y = activation(x @ kernel + bias)`` with its kernel laid out over the ``model`` axis as ``shard`` says.
+    """``y = activation(x @ kernel + bias)`` with its kernel laid out over a mesh axis as ``shard`` says.
 
-    - ``shard="columns"`` (column-parallel): kernel ``(unsharded, model)``, bias ``(model,)``; each
+    - ``shard="columns"`` (column-parallel): kernel ``(unsharded, axis)``, bias ``(axis,)``; each
       device computes its slice of the ``width`` outputs from the whole input, and the output stays
-      sharded on ``model`` (no communication). ``width`` must divide by the ``model`` axis size.
-    - ``shard="rows"`` (row-parallel): kernel ``(model, unsharded)``, bias whole; each device
-      contracts its slice of the ``fan_in`` inputs, the partial sums are all-reduced over ``model``
+      sharded on ``axis`` (no communication). ``width`` must divide by the ``axis`` size.
+    - ``shard="rows"`` (row-parallel): kernel ``(axis, unsharded)``, bias whole; each device
+      contracts its slice of the ``fan_in`` inputs, the partial sums are all-reduced over ``axis``
       and the output is whole. Made to follow a ``"columns"`` layer (its input is already split
-      that way); ``fan_in`` must divide by the ``model`` axis size.
+      that way); ``fan_in`` must divide by the ``axis`` size.
     - ``shard="none"``: kernel and bias replicated on every device; the output is whole.
 
+    ``axis`` is ``model`` unless given (any axis of the mesh but ``batch``). ``spec``, a pair of mesh
+    axis names or :data:`U`, lays the kernel out directly instead (``("feature", "model")``: inputs
+    split over ``feature``, outputs over ``model``); the bias and the output follow its second entry.
     The batch dimension of input and output is always split over ``batch``. ``activation`` is a
     function, a name in :data:`ACTIVATIONS` or None.
     """
 
     def __init__(self, b: Builder, name: str, fan_in: int, width: int, shard: str = "none",
-                 activation: str | Callable[[tf.Tensor], tf.Tensor] | None = None) -> None:
+                 activation: str | Callable[[tf.Tensor], tf.Tensor] | None = None, *, axis: str = MODEL,
+                 spec: Sequence[str] | None = None) -> None:
         if shard not in SHARDS:
             raise ValueError(f"{name}: shard={shard!r}; expected one of {', '.join(map(repr, SHARDS))}")
+        check_axis(b, name, axis)
         self.mesh = b.mesh
         self.name = name
         self.shard = shard
         self.activation = _activation(name, activation)
-        kernel_spec, bias_spec = {"columns": ((U, MODEL), (MODEL,)), "rows": ((MODEL, U), (U,)),
-                                  "none": ((U, U), (U,))}[shard]
-        self.output_sharded = shard == "columns"
+        if spec is not None:
+            if len(spec) != 2:
+                raise ValueError(f"{name}: spec={tuple(spec)!r}; expected a pair (input axis, output axis) of mesh "
+                                 f"axis names or {U!r}")
+            kernel_spec: tuple[str, ...] = tuple(spec)
+        else:
+            kernel_spec = {"columns": (U, axis), "rows": (axis, U), "none": (U, U)}[shard]
+        self.out_axis = kernel_spec[1]
+        self.output_sharded = self.out_axis != U
         self.kernel = b.glorot(f"{name}/kernel", (fan_in, width), fan_in, width, kernel_spec)
-        self.bias = b.constant(f"{name}/bias", (width,), bias_spec)
+        self.bias = b.constant(f"{name}/bias", (width,), (self.out_axis,))
 
     def __call__(self, x: tf.Tensor) -> tf.Tensor:
         rank = len(x.shape)
         y = tf.tensordot(x, self.kernel, axes=[[rank - 1], [0]]) if rank > 2 else tf.matmul(x, self.kernel)
-        y = constrain(y, self.mesh, *activation_spec(rank, MODEL if self.output_sharded else U))
+        y = constrain(y, self.mesh, *activation_spec(rank, self.out_axis))
         y = y + self.bias
         return self.activation(y) if self.activation is not None else y
+
+
+def check_axis(b: Builder, name: str, axis: str) -> None:
+    """Raise a ValueError naming ``name`` unless ``axis`` is a mesh axis a layer may be split over."""
+    axes = [a for a in b.mesh.dim_names if a != BATCH]
+    if axis not in axes:
+        raise ValueError(f"{name}: axis={axis!r}; expected one of the mesh's axes {', '.join(map(repr, axes))} "
+                         f"('batch' splits the examples, not the layers)")
 
 
 def dense_stack(b: Builder, prefix: str, fan_in: int, widths: Sequence[int],
@@ -246,20 +302,27 @@ def dense_stack(b: Builder, prefix: str, fan_in: int, widths: Sequence[int],
 class VocabEmbedding:
     """A table ``[vocab, dim]`` sharded on the vocabulary (rows split over ``model``).
 
-    Reads int token ids ``[batch, length]`` and returns ``[batch, length, dim]``, whole on ``model``:
-    each device looks up only the ids in its slice of the vocabulary and the slices are summed
-    over ``model``. ``vocab`` must divide by the ``model`` axis size.
+    Reads integer token ids ``[batch, length]`` of any integer dtype (int64 as StringLookup emits,
+    int32, int16, uint8, ...) and returns ``[batch, length, dim]``, whole on ``model``: each device
+    looks up only the ids in its slice of the vocabulary and the slices are summed over ``model``.
+    ``vocab`` must divide by the ``model`` axis size.
     """
 
-    def __init__(self, b: Builder, name: str, vocab: int, dim: int) -> None:
+    def __init__(self, b: Builder, name: str, vocab: int, dim: int, *, axis: str = MODEL) -> None:
+        check_axis(b, name, axis)
         self.mesh = b.mesh
         self.vocab = vocab
-        self.table = b.uniform(f"{name}/embeddings", (vocab, dim), (MODEL, U))
+        self.axis = axis
+        self.table = b.uniform(f"{name}/embeddings", (vocab, dim), (axis, U))
 
     def __call__(self, ids: tf.Tensor) -> tf.Tensor:
+        # one_hot of int64 (or uint8) ids on a vocabulary-sharded mesh gives shards of the wrong shape in
+        # DTensor's SPMD expansion ("op output inconsistent with the provided layout"); of int32 it is right
+        if ids.dtype != tf.int32:
+            ids = tf.cast(ids, tf.int32)
         # each device sees the one-hot columns of its own vocabulary slice and the matching table rows;
         # the contraction over the sharded vocabulary becomes a sum over the 'model' axis
-        hot = constrain(tf.one_hot(ids, self.vocab, dtype=tf.float32), self.mesh, BATCH, U, MODEL)
+        hot = constrain(tf.one_hot(ids, self.vocab, dtype=tf.float32), self.mesh, BATCH, U, self.axis)
         out = tf.einsum("blv,ve->ble", hot, self.table)
         return constrain(out, self.mesh, BATCH, U, U)
 
@@ -313,6 +376,186 @@ class Attention:
         mixed = constrain(tf.einsum("bhlm,bmhd->blhd", weights, v), m, *heads)
         out = tf.einsum("blhd,hde->ble", mixed, self.o)  # sum over the sharded heads
         return constrain(out, m, BATCH, U, U) + self.ob
+
+
+# --------------------------------------------------------------------------- convolution, pooling, dropout
+
+
+#: How :class:`Conv2D` may lay out its kernel: output channels split over a mesh axis, or replicated.
+CONV_SHARDS = ("filters", "none")
+PADDINGS = ("same", "valid")
+
+
+def _pair(name: str, what: str, value: int | Sequence[int]) -> tuple[int, int]:
+    pair = (value, value) if isinstance(value, int) else tuple(value)
+    if len(pair) != 2 or not all(isinstance(v, int) and v >= 1 for v in pair):
+        raise ValueError(f"{name}: {what}={value!r}; expected an integer >= 1 or a pair of them")
+    return int(pair[0]), int(pair[1])
+
+
+def _image(name: str, x: tf.Tensor, channels: int | None = None) -> tf.Tensor:
+    """``x`` as ``[batch, height, width, channels]``: a ``[batch, height, width]`` batch gets one channel."""
+    if len(x.shape) == 3 and channels in (None, 1):
+        x = tf.expand_dims(x, -1)
+    if len(x.shape) != 4 or (channels is not None and int(x.shape[-1]) != channels):
+        want = f"[batch, height, width, {channels}]" if channels is not None else "[batch, height, width, channels]"
+        raise ValueError(f"{name}: an input of shape {list(x.shape)}; expected {want}")
+    return x
+
+
+def windows(x: tf.Tensor, size: tuple[int, int], strides: tuple[int, int], padding: str) -> list[tf.Tensor]:
+    """Every window offset's strided slice of ``x`` ``[b, h, w, c]``, each ``[b, out_h, out_w, c]``, row-major.
+
+    Built from pads and strided slices, which DTensor expands on any layout: its own convolution and
+    pooling ops accept only a replicated filter and batch-parallel layouts.
+    """
+    (kh, kw), (sh, sw) = size, strides
+    height, width = int(x.shape[1]), int(x.shape[2])
+    if padding == "same":
+        out_h, out_w = -(-height // sh), -(-width // sw)
+        pad_h, pad_w = max((out_h - 1) * sh + kh - height, 0), max((out_w - 1) * sw + kw - width, 0)
+        if pad_h or pad_w:  # as tf.nn.conv2d pads: the odd one at the bottom and right
+            x = tf.pad(x, [[0, 0], [pad_h // 2, pad_h - pad_h // 2], [pad_w // 2, pad_w - pad_w // 2], [0, 0]])
+    else:
+        out_h, out_w = (height - kh) // sh + 1, (width - kw) // sw + 1
+    if out_h < 1 or out_w < 1:
+        raise ValueError(f"a window of {kh} x {kw} does not fit an image of {height} x {width}; expected an image "
+                         f"at least as large as the window, or padding 'same'")
+    return [x[:, i:i + (out_h - 1) * sh + 1:sh, j:j + (out_w - 1) * sw + 1:sw, :] for i in range(kh) for j in range(kw)]
+
+
+class Conv2D:
+    """A 2-D convolution ``[b, h, w, in_channels] -> [b, h', w', filters]`` with its filters split over a mesh axis.
+
+    - ``shard="filters"``: kernel ``(unsharded, unsharded, unsharded, axis)``, bias ``(axis,)``; each
+      device computes its slice of the output channels from the whole input, and the output stays
+      sharded on ``axis``. ``filters`` must divide by the ``axis`` size. The input is gathered whole
+      first (one all-gather where it comes sharded from another ``"filters"`` layer).
+    - ``shard="none"``: kernel and bias replicated; the output is whole.
+
+    ``kernel`` and ``strides`` are an integer or a pair, ``padding`` ``"same"`` or ``"valid"`` (as
+    ``keras.layers.Conv2D``); ``axis`` is ``model`` unless given. A ``[b, h, w]`` input of one
+    channel is read as ``[b, h, w, 1]``. DTensor's own convolution accepts only a replicated kernel,
+    so the sharded one is computed from the input's windows (one einsum over them).
+    """
+
+    def __init__(self, b: Builder, name: str, in_channels: int, filters: int, kernel: int | Sequence[int] = 3,
+                 shard: str = "filters", activation: str | Callable[[tf.Tensor], tf.Tensor] | None = None,
+                 padding: str = "same", strides: int | Sequence[int] = 1, *, axis: str = MODEL) -> None:
+        if shard not in CONV_SHARDS:
+            raise ValueError(f"{name}: shard={shard!r}; expected one of {', '.join(map(repr, CONV_SHARDS))}")
+        if padding not in PADDINGS:
+            raise ValueError(f"{name}: padding={padding!r}; expected one of {', '.join(map(repr, PADDINGS))}")
+        check_axis(b, name, axis)
+        self.mesh, self.name, self.in_channels = b.mesh, name, in_channels
+        self.size, self.strides, self.padding = _pair(name, "kernel", kernel), _pair(name, "strides", strides), padding
+        self.activation = _activation(name, activation)
+        self.out_axis = axis if shard == "filters" else U
+        self.output_sharded = shard == "filters"
+        kh, kw = self.size
+        self.kernel = b.glorot(f"{name}/kernel", (kh, kw, in_channels, filters), kh * kw * in_channels,
+                               kh * kw * filters, (U, U, U, self.out_axis))
+        self.bias = b.constant(f"{name}/bias", (filters,), (self.out_axis,))
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        x = constrain(_image(self.name, x, self.in_channels), self.mesh, BATCH, U, U, U)
+        if self.output_sharded:
+            patches = tf.stack(windows(x, self.size, self.strides, self.padding), axis=3)  # [b, h', w', kh*kw, c]
+            kernel = tf.reshape(self.kernel, [-1, *self.kernel.shape[2:]])  # [kh*kw, c, filters]
+            y = tf.einsum("bhwpc,pcf->bhwf", patches, constrain(kernel, self.mesh, U, U, self.out_axis))
+        else:
+            y = tf.nn.conv2d(x, self.kernel, [1, *self.strides, 1], self.padding.upper())
+        y = constrain(y, self.mesh, BATCH, U, U, self.out_axis) + self.bias
+        return self.activation(y) if self.activation is not None else y
+
+
+class _Pool:
+    """Pooling over ``pool_size`` windows every ``strides`` (default: the window), padding ``"valid"``.
+
+    Channels keep their layout (a ``"filters"``-sharded activation stays sharded): each window is a
+    strided slice, reduced element-wise.
+    """
+
+    how = "max"
+
+    def __init__(self, b: Builder, pool_size: int | Sequence[int] = 2, strides: int | Sequence[int] | None = None,
+                 padding: str = "valid") -> None:
+        name = type(self).__name__
+        if padding != "valid":
+            raise ValueError(f"{name}: padding={padding!r}; expected 'valid' (every window inside the image)")
+        self.mesh = b.mesh
+        self.size = _pair(name, "pool_size", pool_size)
+        self.strides = _pair(name, "strides", strides if strides is not None else self.size)
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        parts = windows(_image(type(self).__name__, x), self.size, self.strides, "valid")
+        out = parts[0]
+        for part in parts[1:]:
+            out = tf.maximum(out, part) if self.how == "max" else out + part
+        return out if self.how == "max" else out * (1.0 / len(parts))
+
+
+class MaxPool2D(_Pool):
+    """The largest value of each window, per channel (``keras.layers.MaxPooling2D``, padding ``"valid"``)."""
+
+    how = "max"
+
+
+class AvgPool2D(_Pool):
+    """The mean of each window, per channel (``keras.layers.AveragePooling2D``, padding ``"valid"``)."""
+
+    how = "mean"
+
+
+class GlobalAvgPool2D:
+    """``[b, h, w, c] -> [b, c]``: the mean over height and width; the channels keep their layout."""
+
+    def __init__(self, b: Builder) -> None:
+        self.mesh = b.mesh
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        return tf.reduce_mean(_image("GlobalAvgPool2D", x), axis=[1, 2])
+
+
+class Flatten:
+    """``[b, d1, d2, ...] -> [b, d1 * d2 * ...]``, whole on every axis but ``batch`` (gathered where sharded:
+    a sharded last dimension cannot stay sharded once merged with the others)."""
+
+    def __init__(self, b: Builder) -> None:
+        self.mesh = b.mesh
+
+    def __call__(self, x: tf.Tensor) -> tf.Tensor:
+        rank = len(x.shape)
+        if rank <= 2:
+            return constrain(x, self.mesh, *batch_spec(rank)) if rank == 2 else x
+        x = constrain(x, self.mesh, *batch_spec(rank))
+        return constrain(tf.reshape(x, [-1, int(np.prod(x.shape[1:]))]), self.mesh, BATCH, U)
+
+
+class Dropout:
+    """Zeroes each value with probability ``rate`` in training and scales the rest by ``1 / (1 - rate)``;
+    the identity when ``training`` is false (evaluation).
+
+    DTensor has no stateful random ops: the mask is stateless random from a seed made of the builder's
+    seed, the layer's name and a counter (a checkpointed variable ``{name}/step``) that each training
+    call advances, so every step draws a new mask and a restored run draws the masks it would have.
+    Sharded dimensions draw their shards independently, so a mask depends on the mesh's shape.
+    """
+
+    def __init__(self, b: Builder, name: str, rate: float) -> None:
+        if not 0.0 <= float(rate) < 1.0:
+            raise ValueError(f"{name}: rate={rate!r}; expected a fraction from 0 to below 1")
+        self.name, self.rate = name, float(rate)
+        self.key = int(b.rng(f"{name}/dropout").integers(0, 2**62))
+        self.steps = b.counter(f"{name}/step")
+
+    def __call__(self, x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        if not training or self.rate == 0.0:
+            return x
+        self.steps.assign_add(1)
+        seed = tf.stack([tf.constant(self.key, tf.int64), self.steps.read_value()])
+        keep = tf.random.stateless_uniform(tf.shape(x), seed, dtype=x.dtype) >= self.rate
+        return tf.where(keep, x * (1.0 / (1.0 - self.rate)), tf.zeros_like(x))
 
 
 # --------------------------------------------------------------------------- the built-in models
@@ -376,8 +619,29 @@ def _transformer(config: RunConfig, b: Builder) -> ShardedModel:
 
 
 def per_example_loss(logits: tf.Tensor, labels: tf.Tensor, classes: int) -> tf.Tensor:
-    """Sparse softmax cross-entropy, one value per example, laid out like the batch."""
+    """Sparse softmax cross-entropy, one value per example, laid out like the batch (labels of any number type)."""
+    labels = _class_ids(labels)
     return -tf.reduce_sum(tf.one_hot(labels, classes, dtype=logits.dtype) * tf.nn.log_softmax(logits), axis=-1)
+
+
+def match_labels(y: tf.Tensor, out: tf.Tensor) -> tf.Tensor:
+    """Labels ``[b]`` for an output ``[b, 1]`` become ``[b, 1]``, as Keras's ``Loss`` lines them up (its
+    loss functions, e.g. ``"binary_crossentropy"``, do not)."""
+    return tf.expand_dims(y, -1) if len(y.shape) == len(out.shape) - 1 and out.shape[-1] == 1 else y
+
+
+def per_example_correct(logits: tf.Tensor, labels: tf.Tensor) -> tf.Tensor:
+    """1.0 where the largest logit is the label's class, else 0.0; one value per example."""
+    hit = tf.equal(tf.argmax(logits, axis=-1, output_type=tf.int32), _class_ids(labels))
+    return tf.cast(hit, logits.dtype)
+
+
+def _class_ids(labels: tf.Tensor) -> tf.Tensor:
+    # int32: one_hot of int64 ids expands wrongly under DTensor (see VocabEmbedding); float labels of a
+    # script's data are class numbers too
+    if len(labels.shape) == 2 and labels.shape[-1] == 1:
+        labels = tf.squeeze(labels, -1)
+    return labels if labels.dtype == tf.int32 else tf.cast(labels, tf.int32)
 
 
 # --------------------------------------------------------------------------- optimizers

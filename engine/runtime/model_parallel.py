@@ -1,4 +1,6 @@
-"""Model parallelism: a DTensor mesh ``batch`` x ``model`` over the devices of the worker tasks.
+"""Model parallelism: a DTensor mesh ``batch`` x ... x ``model`` over the devices of the worker tasks.
+
+The mesh's axes are ``parallelism.mesh_dims()``: ``batch``, any extra named axes (``feature``), ``model``.
 
 One worker task is a single DTensor client owning the whole mesh; several
 worker tasks are one client each (``DTENSOR_*`` set by the launcher), and the
@@ -10,17 +12,22 @@ data is the run's stream of global batches (:func:`engine.runtime.data.make_data
 input context: any source, the user's ``make_dataset(None, config)`` included), of which each
 client packs the rows of its own devices.
 
+The loss is the script's ``loss`` where it defines one (model ``script``), else softmax
+cross-entropy on logits; :class:`MeshSteps` holds the train and evaluation steps (``forward`` gets
+``training=True`` in the one, ``False`` in the other).
+
 Telemetry: a ``step`` event per data-parallel replica (an index on the
-``batch`` axis) with the mean loss over its batch shard, reported by the
-client holding that replica's ``model``-index-0 device; ``device`` events per
-local device; a ``placement`` event with every parameter's live layout.
+``batch`` axis) with the mean loss over its batch shard (and its accuracy with the
+default loss), reported by the client holding that replica's device at index 0 of every
+other axis; ``device`` events per local device; a ``placement`` event with every
+parameter's live layout.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,7 +40,7 @@ from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import dtensor_layers as layers
-from engine.runtime import sharded
+from engine.runtime import sharded, user_script
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
@@ -46,52 +53,140 @@ class MeshInfo:
     client: int
     clients: int
     local_batch_index: tuple[int, ...]  # the batch coordinate of each local device, in local order
-    owned: tuple[int, ...]  # replicas (batch indices) this client reports: it holds their model-0 device
+    owned: tuple[int, ...]  # replicas (batch indices) this client reports: it holds their device at 0 elsewhere
 
     def component_of(self, replica: int) -> int:
         """Position among the local components of the device reporting ``replica``."""
         locations = self.mesh.local_device_locations()
-        return next(i for i, loc in enumerate(locations) if loc["batch"] == replica and loc["model"] == 0)
+        return next(i for i, loc in enumerate(locations) if loc[layers.BATCH] == replica and _reporter(loc))
+
+
+def _reporter(location: dict[str, int]) -> bool:
+    """The device at index 0 of every axis but ``batch`` reports its replica (the others hold the same rows)."""
+    return all(index == 0 for axis, index in location.items() if axis != layers.BATCH)
+
+
+def mesh_text(config: RunConfig) -> str:
+    """``batch x feature x model = 1 x 2 x 2 = 4`` for messages."""
+    dims = config.parallelism.mesh_dims()
+    return (f"{' x '.join(name for name, _ in dims)} = {' x '.join(str(size) for _, size in dims)} = "
+            f"{config.parallelism.mesh_devices()}")
 
 
 def make_mesh(config: RunConfig, setup: DeviceSetup) -> MeshInfo:
-    """The ``batch`` x ``model`` mesh; multi-client when the launcher set ``DTENSOR_NUM_CLIENTS`` > 1."""
+    """The mesh of ``parallelism.mesh_dims()``; multi-client when the launcher set ``DTENSOR_NUM_CLIENTS`` > 1."""
     p = config.parallelism
-    dims = [(layers.BATCH, p.mesh_batch), (layers.MODEL, p.mesh_model)]
-    wanted = p.mesh_batch * p.mesh_model
+    dims = p.mesh_dims()
+    wanted = p.mesh_devices()
     clients = int(os.environ.get("DTENSOR_NUM_CLIENTS", "1") or 1)
     if clients > 1:
         dtensor.initialize_accelerator_system(setup.kind)
         found = dtensor.num_global_devices(setup.kind)
         if found != wanted:
-            raise ValueError(f"parallelism.mesh: batch x model = {p.mesh_batch} x {p.mesh_model} = {wanted} does "
-                             f"not match the {found} {setup.kind} devices of the {clients} DTensor clients")
+            raise ValueError(f"parallelism.mesh: {mesh_text(config)} does not match the {found} {setup.kind} "
+                             f"devices of the {clients} DTensor clients")
         mesh = dtensor.create_distributed_mesh(dims, device_type=setup.kind)
         client = dtensor.client_id()
     else:
         if setup.count != wanted:
-            raise ValueError(f"parallelism.mesh: batch x model = {p.mesh_batch} x {p.mesh_model} = {wanted} does "
-                             f"not match the {setup.count} {setup.kind} devices of this worker")
+            raise ValueError(f"parallelism.mesh: {mesh_text(config)} does not match the {setup.count} "
+                             f"{setup.kind} devices of this worker")
         mesh = dtensor.create_mesh(dims, devices=[n.replace("/device:", "") for n in setup.names],
                                    device_type=setup.kind)
         client = 0
     locations = mesh.local_device_locations()
-    owned = tuple(sorted(loc["batch"] for loc in locations if loc["model"] == 0))
-    return MeshInfo(mesh, client, clients, tuple(loc["batch"] for loc in locations), owned)
+    owned = tuple(sorted(loc[layers.BATCH] for loc in locations if _reporter(loc)))
+    return MeshInfo(mesh, client, clients, tuple(loc[layers.BATCH] for loc in locations), owned)
 
 
 def _batches(config: RunConfig) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    """Global batches, the same stream (data, shuffle, seed) as a single data-parallel replica reads."""
+    """Global batches, the same stream (data, shuffle, seed) as a single data-parallel replica reads.
+
+    A script's model gets ``[batch, *data.shape]`` as the data gives it; the built-in MLP rows of features.
+    """
     for x, y in data_mod.make_dataset(config).as_numpy_iterator():
-        if config.model.name in ("mlp", "script") and x.ndim > 2:  # the mesh feeds rows of features
+        if config.model.name == "mlp" and x.ndim > 2:
             x = x.reshape(x.shape[0], -1)
         yield x, y
 
 
-def shard_batch(info: MeshInfo, array: np.ndarray, layout: dtensor.Layout) -> tf.Tensor:
-    """A host batch as a DTensor sharded on ``batch``: each local device gets its replica's rows."""
+def shard_batch(info: MeshInfo, array: np.ndarray, layout: dtensor.Layout | None = None) -> tf.Tensor:
+    """A host batch as a DTensor sharded on ``batch`` (whole on every other axis): each local device gets its
+    replica's rows."""
+    layout = layout if layout is not None else dtensor.Layout(list(layers.batch_spec(array.ndim)), info.mesh)
     per = array.shape[0] // info.mesh.dim_size(layers.BATCH)
     return dtensor.pack([array[b * per:(b + 1) * per] for b in info.local_batch_index], layout)
+
+
+def as_input(x: np.ndarray, dtype: tf.DType) -> np.ndarray:
+    """``x`` in the model's ``input_dtype`` where both are integers or both floats (int64 ids for an int32
+    model: what StringLookup emits); of another kind, as it is (the model's ops say what they accept)."""
+    want = np.dtype(dtype.as_numpy_dtype)
+    same_kind = (np.issubdtype(x.dtype, np.integer) and np.issubdtype(want, np.integer)) or \
+                (np.issubdtype(x.dtype, np.floating) and np.issubdtype(want, np.floating))
+    return x.astype(want, copy=False) if same_kind and x.dtype != want else x
+
+
+#: A per-example loss ``(labels, output) -> [batch]``.
+LossFn = Callable[[tf.Tensor, tf.Tensor], tf.Tensor]
+
+
+def model_loss(config: RunConfig) -> LossFn | None:
+    """The script's ``loss`` as a per-example function (model ``script``), or None: softmax cross-entropy."""
+    return user_script.loss(config) if config.model.name == "script" else None
+
+
+class MeshSteps:
+    """The train and evaluation steps of a sharded model over its mesh.
+
+    Each returns ``(per-example losses, per-example hits or None)`` laid out ``(batch,)``: hits (1.0 where
+    the largest logit is the label) with the default softmax cross-entropy only, the loss that has
+    classes to count. ``forward`` gets ``training=True`` in :attr:`train`, ``False`` in :attr:`evaluate`.
+    """
+
+    def __init__(self, model: layers.ShardedModel, optimizer: layers.Optimizer, classes: int,
+                 loss: LossFn | None = None) -> None:
+        self.model, self.optimizer, self.classes, self.loss = model, optimizer, classes, loss
+        self.mesh = model.params[0].var.layout.mesh
+
+        @tf.function
+        def train(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:
+            with tf.GradientTape() as tape:
+                per_example, hits = self.losses(model.call(x, training=True), y)
+                mean = tf.reduce_mean(per_example)
+            optimizer.apply(tape.gradient(mean, model.variables))
+            return per_example, hits
+
+        @tf.function
+        def evaluate(x: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:
+            return self.losses(model.call(x, training=False), y)
+
+        self.train = train
+        self.evaluate = evaluate
+
+    def losses(self, out: tf.Tensor, y: tf.Tensor) -> tuple[tf.Tensor, tf.Tensor | None]:
+        """Per-example losses and hits of the model's output ``out`` for labels ``y``."""
+        if self.loss is None:
+            per_example = layers.per_example_loss(out, y, self.classes)
+            hits = layers.constrain(layers.per_example_correct(out, y), self.mesh, layers.BATCH)
+        else:
+            per_example, hits = tf.cast(self.loss(layers.match_labels(y, out), out), tf.float32), None
+        return layers.constrain(per_example, self.mesh, layers.BATCH), hits
+
+
+def replica_means(info: MeshInfo, values: tf.Tensor) -> list[float]:
+    """The mean of a ``(batch,)``-laid-out value over each replica this client reports."""
+    components = dtensor.unpack(values)
+    return [float(np.mean(components[info.component_of(r)].numpy())) for r in info.owned]
+
+
+def per_replica(info: MeshInfo, per_example: tf.Tensor, hits: tf.Tensor | None) -> list[Any]:
+    """Per replica this client reports: its mean loss, or ``(loss, None, {"accuracy": ...})`` where the loss
+    counts hits (what :meth:`StepReporter.step_done` reads)."""
+    losses = replica_means(info, per_example)
+    if hits is None:
+        return losses
+    return [(loss, None, {"accuracy": acc}) for loss, acc in zip(losses, replica_means(info, hits), strict=True)]
 
 
 def _ckpt_key(name: str) -> str:
@@ -121,23 +216,25 @@ class MeshAdapter:
         if global_batch % self.replicas:
             raise ValueError(f"training.global_batch_size: {global_batch} is not divisible by the mesh 'batch' "
                              f"axis size {self.replicas}")
-        per_replica = global_batch // self.replicas
+        per_replica_batch = global_batch // self.replicas
         local_names = [n.lstrip("/").replace("device:", "") for n in setup.names]
         client_text = f", client {info.client} of {info.clients}" if info.clients > 1 else ""
-        ctx.emitter.info(f"DTensor mesh batch {p.mesh_batch} × model {p.mesh_model} over {mesh.size} {setup.kind} "
-                         f"devices, {mesh.num_local_devices()} on this task{client_text}",
-                         strategy="DTensor", mesh={"batch": p.mesh_batch, "model": p.mesh_model},
-                         client=info.client, clients=info.clients, replica_ids=list(info.owned),
-                         devices=[str(d) for d in mesh.local_devices()],
+        mesh_sizes = dict(p.mesh_dims())
+        axes = " × ".join(f"{name} {size}" for name, size in p.mesh_dims())
+        ctx.emitter.info(f"DTensor mesh {axes} over {mesh.size} {setup.kind} devices, {mesh.num_local_devices()} "
+                         f"on this task{client_text}",
+                         strategy="DTensor", mesh=mesh_sizes, client=info.client, clients=info.clients,
+                         replica_ids=list(info.owned), devices=[str(d) for d in mesh.local_devices()],
                          device_ids=[int(i) for i in mesh.local_device_ids()],
                          coordinates=[dict(loc) for loc in mesh.local_device_locations()])
 
-        model = sharded.build_for_config(config, mesh)
+        model = self.model = sharded.build_for_config(config, mesh)
         builder = layers.Builder(mesh, config.training.seed)
         optimizer = self.optimizer = layers.Optimizer(config.training.optimizer, config.training.learning_rate,
                                                       model.params, builder)
-        # the sharded variables and their optimizer slots; every client saves its own shards
-        ckpt = tf.train.Checkpoint(**{_ckpt_key(p.name): p.var for p in model.params},
+        # the sharded variables, their optimizer slots and the model's state (dropout counters); every
+        # client saves its own shards
+        ckpt = tf.train.Checkpoint(**{_ckpt_key(p.name): p.var for p in (*model.params, *model.state)},
                                    **{_ckpt_key(f"{p.name}/{k}"): v
                                       for p, slot in zip(model.params, optimizer.slots, strict=True)
                                       for k, v in slot.items()},
@@ -145,36 +242,35 @@ class MeshAdapter:
         self.checkpoints = Checkpoints(ctx, ckpt, primary=True)
         placement = layers.describe(model.params, mesh)
         if info.client == 0:
-            ctx.emitter.emit("placement", mesh={"batch": p.mesh_batch, "model": p.mesh_model}, devices=mesh.size,
-                             model=model.name, variables=placement)
+            ctx.emitter.emit("placement", mesh=mesh_sizes, devices=mesh.size, model=model.name, variables=placement)
             lines = [layers.describe_line(r) for r in placement]
             ctx.emitter.info(f"{model.name}: {len(placement)} parameters on the mesh\n" + "\n".join(lines),
                              lines=lines)
 
-        self.x_layout = dtensor.Layout([layers.BATCH, layers.U], mesh)  # features (flattened) or token ids
-        self.y_layout = dtensor.Layout([layers.BATCH], mesh)
-        classes = config.data.classes
-
-        @tf.function
-        def train_step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
-            with tf.GradientTape() as tape:
-                per_example = layers.per_example_loss(model.forward(x), y, classes)
-                loss = tf.reduce_mean(per_example)
-            grads = tape.gradient(loss, model.variables)
-            optimizer.apply(grads)
-            return per_example
-
-        self.train_step = train_step
+        self.steps = MeshSteps(model, optimizer, config.data.classes, model_loss(config))
         self.summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task))
-        self.reporter = StepReporter(ctx.emitter, info.owned, per_replica, config.training.metrics_hz, local_names,
+        self.reporter = StepReporter(ctx.emitter, info.owned, per_replica_batch, config.training.metrics_hz, local_names,
                                      memory_info, self.summaries)
         self.batches = _batches(config)
-        self.result: tf.Tensor | None = None
+        self.result: tuple[tf.Tensor, tf.Tensor | None] | None = None
+
+    def pack(self, x: np.ndarray, y: np.ndarray) -> tuple[tf.Tensor, tf.Tensor]:
+        """A host batch on the mesh: inputs in the model's ``input_dtype`` where of its kind, rows split on
+        ``batch``."""
+        return shard_batch(self.info, as_input(x, self.model.input_dtype)), shard_batch(self.info, y)
+
+    def _replica_results(self) -> list[Any]:
+        assert self.result is not None
+        return per_replica(self.info, *self.result)
 
     def _replica_losses(self) -> list[float]:
         assert self.result is not None
-        components = dtensor.unpack(self.result)
-        return [float(np.mean(components[self.info.component_of(r)].numpy())) for r in self.info.owned]
+        return replica_means(self.info, self.result[0])
+
+    def evaluate(self, x: np.ndarray, y: np.ndarray) -> list[Any]:
+        """One held-out global batch through ``forward(x, training=False)``: per replica as :meth:`report`
+        gives it (the loss, with the accuracy where the loss counts hits)."""
+        return per_replica(self.info, *self.steps.evaluate(*self.pack(x, y)))
 
     # -- the adapter
 
@@ -189,11 +285,10 @@ class MeshAdapter:
 
     def run_step(self, step: int, *, last: bool) -> None:
         x, y = next(self.batches)  # every step is its own group (steps_per_execution is 1 in this mode)
-        self.result = self.train_step(shard_batch(self.info, x, self.x_layout),
-                                      shard_batch(self.info, y, self.y_layout))
+        self.result = self.steps.train(*self.pack(x, y))
 
     def report(self, step: int, *, force: bool) -> None:
-        self.reporter.step_done(step, self._replica_losses, force=force)
+        self.reporter.step_done(step, self._replica_results, force=force)
 
     def settle(self) -> None:
         if self.result is not None:
@@ -208,7 +303,7 @@ class MeshAdapter:
 
     def flush(self, step: int) -> None:
         if self.result is not None:
-            self.reporter.flush(step, self._replica_losses)
+            self.reporter.flush(step, self._replica_results)
 
     def save(self, step: int) -> str | None:
         path = self.checkpoints.save(step)
@@ -264,6 +359,6 @@ def main(ctx: TaskContext) -> dict[str, Any]:
     summary = TrainingLoop(ctx, adapter).run()
     p = ctx.config.parallelism
     summary.update(replicas=adapter.replicas, replica_ids=list(adapter.info.owned),
-                   reports=adapter.reporter.reports, mesh={"batch": p.mesh_batch, "model": p.mesh_model},
+                   reports=adapter.reporter.reports, mesh=dict(p.mesh_dims()),
                    client=adapter.info.client)
     return summary

@@ -1,10 +1,11 @@
 """Sharded models for model parallelism (DTensor): the built-in ones and the user's own.
 
-In parallelism ``model`` the devices of the run form a 2-D mesh ``batch`` x ``model``
-(``parallelism.mesh``). The global batch is split over ``batch`` (each ``batch`` index is one
-data-parallel replica); the parameters are split over ``model`` the way each layer says, and
-every parameter is copied along ``batch``. On a 2 x 2 mesh a column-parallel kernel ``[784, 256]``
-is held as two shards ``[784, 128]``, each on the 2 devices of its ``model`` index.
+In parallelism ``model`` the devices of the run form a mesh ``batch`` x ... x ``model``
+(``parallelism.mesh``; extra named axes such as ``feature`` sit between the two). The global batch
+is split over ``batch`` (each ``batch`` index is one data-parallel replica); the parameters are
+split over the other axes the way each layer says, and every parameter is copied along the axes
+it is not split over. On a 2 x 2 mesh a column-parallel kernel ``[784, 256]`` is held as two
+shards ``[784, 128]``, each on the 2 devices of its ``model`` index.
 
 A *layout* names, per dimension of a tensor, the mesh axis it is split over, or
 :data:`UNSHARDED`: ``(UNSHARDED, MODEL)`` splits the columns of a matrix over ``model``.
@@ -18,34 +19,41 @@ A script named by ``model: {name: script, script: PATH}`` defines::
     def build_sharded_model(config, mesh):
         b = sharded.Builder(mesh, seed=config.training.seed)
         fc1 = sharded.Dense(b, "fc1", 784, 256, shard="columns", activation="relu")
+        drop = sharded.Dropout(b, "drop", 0.1)
         fc2 = sharded.Dense(b, "fc2", 256, 10, shard="rows")
-        return b.model("my_mlp", lambda x: fc2(fc1(x)))
+        return b.model("my_mlp", lambda x, training=False: fc2(drop(fc1(x), training)))
 
 ``config`` is the run's :class:`~engine.contract.config.RunConfig`, ``mesh`` the run's
 ``dtensor.Mesh``. ``forward`` receives the global batch ``[global_batch, *data.shape]`` split over
-``batch`` and returns logits ``[global_batch, data.classes]``; ClusterDeck adds the softmax
-cross-entropy, the gradients, the optimizer (``training.optimizer``) and checkpoints of every
-parameter made through the builder. Each parameter's first value depends only on the seed and
-its name, so the same script trains the same way on a 1 x 1 mesh and on a 2 x 2 one.
+``batch``, and ``training`` (True in the train step, False in evaluation) where it takes it, and
+returns logits ``[global_batch, data.classes]``, or any ``[global_batch, ...]`` output the
+script's ``loss(y_true, y_pred)`` reads. ClusterDeck adds the loss (the script's, else softmax
+cross-entropy, with per-replica accuracy), the gradients, the optimizer
+(``training.optimizer``) and checkpoints of every parameter made through the builder. Each
+parameter's first value depends only on the seed and its name, so the same script trains the
+same way on a 1 x 1 mesh and on a 2 x 2 one (dropout masks aside).
 
 The same file may also define ``build_model(config)`` (a Keras model, for parallelism ``data``
-and ``async``) and ``make_dataset(input_context, config)``; a script-defined ``loss`` is not used
-in parallelism ``model``.
+and ``async``) and ``make_dataset(input_context, config)``.
 
-Building blocks (all take the builder first, and a name that must be unique in the model):
+Building blocks (all take the builder first; docs/model-parallel.md has the table):
 
-- :class:`Dense` ``(b, name, fan_in, width, shard="columns" | "rows" | "none", activation=None)``
-- :func:`dense_stack` ``(b, prefix, fan_in, widths, activation, out_name, out_width)``: alternating
-  columns/rows layers and an output layer
-- :class:`VocabEmbedding` ``(b, name, vocab, dim)``: a table split on the vocabulary
+- :class:`Dense` ``(b, name, fan_in, width, shard="columns" | "rows" | "none", activation=None,
+  axis="model", spec=None)``; :func:`dense_stack`
+- :class:`Conv2D` ``(b, name, in_channels, filters, kernel, shard="filters" | "none", activation,
+  padding, strides, axis)``; :class:`MaxPool2D`, :class:`AvgPool2D`, :class:`GlobalAvgPool2D`,
+  :class:`Flatten`: shape only
+- :class:`Dropout` ``(b, name, rate)``: called ``(x, training)``
+- :class:`VocabEmbedding` ``(b, name, vocab, dim)``: a table split on the vocabulary, ids of any
+  integer dtype
 - :class:`LayerNorm` ``(b, name, dim)``, :class:`Attention` ``(b, name, dim, heads)``: heads split
   over ``model``
 - :meth:`Builder.glorot`, :meth:`Builder.uniform`, :meth:`Builder.constant`, :meth:`Builder.param`:
-  raw parameters with a layout you choose, for your own ops
+  raw parameters with a layout naming any mesh axis, for your own ops
 - :func:`constrain` ``(t, mesh, *layout)``: pin an activation to a layout
 
 :func:`build_for_config` is what the model-parallel runtime calls to get the model of a run;
-:func:`check_script` is the pre-launch check of a script's sharded builder.
+:func:`check_script` is the pre-launch check of a script's sharded builder (and its loss).
 """
 
 from __future__ import annotations
@@ -63,12 +71,19 @@ from engine.runtime import user_script
 from engine.runtime.dtensor_layers import (
     ACTIVATIONS,
     BATCH,
+    CONV_SHARDS,
     MODEL,
     SHARDS,
     Attention,
+    AvgPool2D,
     Builder,
+    Conv2D,
     Dense,
+    Dropout,
+    Flatten,
+    GlobalAvgPool2D,
     LayerNorm,
+    MaxPool2D,
     Param,
     ShardedModel,
     VocabEmbedding,
@@ -85,8 +100,9 @@ SIGNATURE = "config, mesh"
 FIELD = "model.script"
 
 __all__ = [
-    "ACTIVATIONS", "BATCH", "FUNCTION", "MODEL", "SHARDS", "UNSHARDED", "Attention", "Builder", "Dense", "LayerNorm",
-    "Param", "ShardedModel", "VocabEmbedding", "build_for_config", "build_from_script", "check_script", "constrain",
+    "ACTIVATIONS", "BATCH", "CONV_SHARDS", "FUNCTION", "MODEL", "SHARDS", "UNSHARDED", "Attention", "AvgPool2D",
+    "Builder", "Conv2D", "Dense", "Dropout", "Flatten", "GlobalAvgPool2D", "LayerNorm", "MaxPool2D", "Param",
+    "ShardedModel", "VocabEmbedding", "build_for_config", "build_from_script", "check_script", "constrain",
     "dense_stack",
 ]
 
@@ -108,14 +124,17 @@ def build_from_script(config: RunConfig, mesh: dtensor.Mesh, *, check: bool = Tr
     Raises :class:`~engine.runtime.user_script.ScriptError` (field ``model.script``) when the script
     defines no such function, when it raises, or returns anything but a :class:`ShardedModel` of
     parameters on ``mesh``; with ``check``, also when ``forward`` does not turn a batch of
-    ``data.shape`` into logits of ``data.classes``. The returned model's output is pinned to
-    ``(batch, unsharded)``, the layout the runtime reads per-replica losses from.
+    ``data.shape`` into logits of ``data.classes`` (or, with the script's ``loss``, into an output its
+    loss turns into one value per example). The returned model's ``forward(x, training=False)``
+    calls the script's ``forward(x, training=...)``, or ``forward(x)`` where it takes no flag, and pins
+    the output to ``(batch, unsharded, ...)``, the layout the runtime reads per-replica losses from.
     """
     path = user_script.script_path(config, FIELD)
     module = user_script.load(path, FIELD)
     fn = getattr(module, FUNCTION, None)
     if not callable(fn):
-        also = (" (its build_model(config) builds a Keras model, which parallelism 'model' cannot shard)"
+        also = (" (its build_model(config) builds a Keras model, which parallelism 'model' cannot shard: see "
+                "docs/model-parallel.md, 'From a Keras model')"
                 if callable(getattr(module, "build_model", None)) else "")
         raise _fail(path, f"defines no {FUNCTION}({SIGNATURE}){also}; expected a function returning a "
                           f"sharded.ShardedModel built from engine.runtime.sharded blocks (see examples/sharded_model.py)")
@@ -125,18 +144,25 @@ def build_from_script(config: RunConfig, mesh: dtensor.Mesh, *, check: bool = Tr
         raise _fail(path, f"{FUNCTION}({SIGNATURE}) raised {type(exc).__name__}: {exc}\n"
                           f"{user_script.user_traceback(exc, path)}") from exc
     _check_model(model, mesh, path)
-    user_forward = model.forward
-    rank = 1 + len(config.data.shape)
+    user = model
 
-    def forward(x: tf.Tensor) -> tf.Tensor:
-        return constrain(user_forward(x), mesh, BATCH, UNSHARDED)
+    def forward(x: tf.Tensor, training: bool = False) -> tf.Tensor:
+        out = user.call(x, training=training)
+        return constrain(out, mesh, *layers.batch_spec(len(out.shape)))
 
-    out = ShardedModel(model.name, list(model.params), forward, model.input_dtype, list(model.notes))
+    out = ShardedModel(model.name, list(model.params), forward, model.input_dtype, list(model.notes),
+                       list(model.state))
     if check:
         x = np.zeros((mesh.dim_size(BATCH), *config.data.shape), dtype=model.input_dtype.as_numpy_dtype)
-        check_forward(out, config, mesh, dtensor.pack([x[i:i + 1] for i in _local_batch_rows(mesh)],
-                                                      dtensor.Layout.batch_sharded(mesh, BATCH, rank)), path)
+        check_forward(out, config, mesh, _pack_rows(mesh, x), path)
     return out
+
+
+def _pack_rows(mesh: dtensor.Mesh, data: np.ndarray) -> tf.Tensor:
+    """A host batch split on ``batch`` (whole elsewhere), as the runtime feeds it."""
+    per = len(data) // mesh.dim_size(BATCH)
+    return dtensor.pack([data[i * per:(i + 1) * per] for i in _local_batch_rows(mesh)],
+                        dtensor.Layout(list(layers.batch_spec(data.ndim)), mesh))
 
 
 def _local_batch_rows(mesh: dtensor.Mesh) -> list[int]:
@@ -178,20 +204,62 @@ def _check_model(model: Any, mesh: dtensor.Mesh, path: Path) -> None:
 
 def check_forward(model: ShardedModel, config: RunConfig, mesh: dtensor.Mesh, x: tf.Tensor,
                   path: Path | None = None) -> None:
-    """Run ``model.forward`` on ``x`` once; a ScriptError unless it gives logits ``[rows, data.classes]``."""
+    """Run ``model.forward`` on ``x`` once (``training=False``); a ScriptError unless it gives logits
+    ``[rows, data.classes]``, or, where the script defines ``loss``, an output ``[rows, ...]`` that its
+    loss turns into one value per example."""
     path = path if path is not None else user_script.script_path(config, FIELD)
     rows = int(x.shape[0])
+    batch = f"a batch of shape {[rows, *config.data.shape]}"
     try:
-        logits = model.forward(x)
+        out = model.call(x, training=False)
     except Exception as exc:
-        raise _fail(path, f"the model's forward on a batch of shape {[rows, *config.data.shape]} "
-                          f"({model.input_dtype.name}) raised {type(exc).__name__}: {str(exc).strip()[:600]}\n"
+        raise _fail(path, f"the model's forward on {batch} ({model.input_dtype.name}) raised "
+                          f"{type(exc).__name__}: {str(exc).strip()[:600]}\n"
                           f"{user_script.user_traceback(exc, path)}") from exc
-    shape = [int(d) for d in getattr(logits, "shape", [])]
-    if shape != [rows, config.data.classes]:
-        raise _fail(path, f"the model's forward turned a batch of shape {[rows, *config.data.shape]} into "
-                          f"{shape}; expected logits [{rows}, {config.data.classes}] (data.classes "
-                          f"{config.data.classes})")
+    shape = [int(d) for d in getattr(out, "shape", [])]
+    try:
+        loss = user_script.loss(config) if config.model.name == "script" else None
+    except ScriptError:
+        raise
+    except Exception as exc:  # e.g. keras.losses.get of a name Keras does not know
+        raise _fail(path, f"its loss cannot be used: {type(exc).__name__}: {str(exc).strip()[:400]}; expected a "
+                          f"function loss(y_true, y_pred), a keras.losses.Loss or a Keras loss name such as "
+                          f"'mse'") from exc
+    if loss is None:
+        if shape != [rows, config.data.classes]:
+            raise _fail(path, f"the model's forward turned {batch} into {shape}; expected logits [{rows}, "
+                              f"{config.data.classes}] (data.classes {config.data.classes}), or define "
+                              f"loss(y_true, y_pred)")
+        return
+    if not shape or shape[0] != rows:
+        raise _fail(path, f"the model's forward turned {batch} into {shape}; expected an output of {rows} rows "
+                          f"[{rows}, ...], one per example")
+    y = _check_labels(config, rows, shape)
+    try:
+        values = tf.function(lambda y_true, y_pred: loss(layers.match_labels(y_true, y_pred), y_pred))(
+            _pack_rows(mesh, y), out)
+    except Exception as exc:
+        raise _fail(path, f"loss(y_true, y_pred) on labels {list(y.shape)} ({y.dtype.name}) and the model's output "
+                          f"{shape} raised {type(exc).__name__}: {str(exc).strip()[:600]}\n"
+                          f"{user_script.user_traceback(exc, path)}") from exc
+    got = [int(d) for d in values.shape]
+    if got != [rows]:
+        raise _fail(path, f"loss(y_true, y_pred) on labels {list(y.shape)} and the model's output {shape} gave "
+                          f"values of shape {got}; expected one value per example [{rows}] (or a scalar, or "
+                          f"[{rows}, ...] averaged per example)")
+
+
+def _check_labels(config: RunConfig, rows: int, out_shape: list[int]) -> np.ndarray:
+    """Zero labels for ``rows`` examples as the run's data gives them: a script's ``make_dataset`` says its
+    shape and dtype (float labels for a regression); the built-in sources give int32 class numbers."""
+    if config.data.source == "script":
+        try:
+            spec = user_script.make_dataset(config, None).element_spec[1]
+            return np.zeros((rows, *[d if d is not None else 1 for d in spec.shape[1:]]),
+                            dtype=spec.dtype.as_numpy_dtype)
+        except Exception:  # noqa: BLE001 - the data's own check (data.path) reports a broken make_dataset
+            return np.zeros((rows, *out_shape[1:]), dtype=np.float32)
+    return np.zeros((rows,), dtype=np.int32)
 
 
 def check_script(config: RunConfig, x: np.ndarray | None = None) -> list[dict[str, str]]:
@@ -208,10 +276,7 @@ def check_script(config: RunConfig, x: np.ndarray | None = None) -> list[dict[st
             batch_axis = mesh.dim_size(BATCH)
             rows = (len(x) // batch_axis) * batch_axis or batch_axis
             data = np.resize(np.asarray(x), (rows, *np.asarray(x).shape[1:])).astype(model.input_dtype.as_numpy_dtype)
-            per = rows // batch_axis
-            packed = dtensor.pack([data[i * per:(i + 1) * per] for i in _local_batch_rows(mesh)],
-                                  dtensor.Layout.batch_sharded(mesh, BATCH, data.ndim))
-            check_forward(model, config, mesh, packed)
+            check_forward(model, config, mesh, _pack_rows(mesh, data))
     except ScriptError as exc:
         return [{"field": exc.field, "message": str(exc).removeprefix(f"{exc.field}: ")}]
     except ValueError as exc:  # the mesh of the config
@@ -221,7 +286,7 @@ def check_script(config: RunConfig, x: np.ndarray | None = None) -> list[dict[st
 
 def _check_mesh(config: RunConfig) -> dtensor.Mesh:
     p = config.parallelism
-    wanted = p.mesh_batch * p.mesh_model
+    wanted = p.mesh_devices()
     cpu = tf.config.list_physical_devices("CPU")[0]
     try:
         if wanted > 1:
@@ -229,7 +294,7 @@ def _check_mesh(config: RunConfig) -> dtensor.Mesh:
     except RuntimeError:  # TensorFlow has set up its devices already
         pass
     found = len(tf.config.list_logical_devices("CPU"))
-    batch, model = (p.mesh_batch, p.mesh_model) if found >= wanted else (1, 1)
-    return dtensor.create_mesh([(BATCH, batch), (MODEL, model)], devices=[f"CPU:{i}" for i in range(batch * model)],
-                               device_type="CPU")
+    dims = p.mesh_dims() if found >= wanted else [(name, 1) for name, _ in p.mesh_dims()]
+    size = int(np.prod([n for _, n in dims]))
+    return dtensor.create_mesh(dims, devices=[f"CPU:{i}" for i in range(size)], device_type="CPU")
 
