@@ -183,7 +183,12 @@ def compute(tmp: Path) -> dict[str, Any]:
     d = sharded.Dense(b, "d", 4, 2)
     seen: list[Any] = []
     old = b.model("old", lambda t: d(t))
-    new = b.model("new", lambda t, training=False: seen.append(training) or d(t))
+
+    def with_flag(t: Any, training: bool = False) -> Any:
+        seen.append(training)
+        return d(t)
+
+    new = b.model("new", with_flag)
     t4 = pack(mesh, np.ones((2, 4), np.float32))
     out["signatures"] = {"old": [old.takes_training, list(old.call(t4, training=True).shape)],
                          "new": [new.takes_training, list(new.call(t4, training=True).shape), seen]}
