@@ -20,7 +20,7 @@ from engine.contract.run_folder import RUNS_ENV, default_runs_root
 
 ROOT = Path(__file__).resolve().parent.parent
 #: What the wheel is built from (the rest of the checkout is not needed).
-SOURCES = ("pyproject.toml", "README.md", "LICENSE", "engine", "gui", "resources", "presets", "examples")
+SOURCES = ("pyproject.toml", "README.md", "LICENSE", "engine", "gui", "resources", "presets", "examples", "clusterdeck")
 
 
 def _copy_sources(dest: Path) -> None:
@@ -58,6 +58,9 @@ def test_the_wheel_holds_every_package_the_license_and_the_desktop_files(wheel: 
     for preset in presets.bundled_presets():
         assert f"clusterdeck_data/presets/{preset.name}" in names
     assert "clusterdeck_data/examples/user_script.py" in names
+    assert "clusterdeck/__init__.py" in names and "clusterdeck/__main__.py" in names  # the public API
+    for program in sorted(ROOT.glob("examples/programs/*.py")):
+        assert f"clusterdeck_data/examples/programs/{program.name}" in names
     assert "engine/resources_data/digits.npz" in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") or n.endswith(".dist-info/LICENSE") for n in names)
     data = [n.split(".data/data/", 1)[1] for n in names if ".data/data/" in n]
@@ -73,10 +76,11 @@ PROBE = r"""
 import json, sys
 from importlib import resources as ir
 from engine.contract import presets, resources
-import engine, clusterdeck_data
+import engine, clusterdeck_data, clusterdeck
+clusterdeck.report(1, loss=0.5)  # outside a run: nothing, and no TensorFlow
 cfg = presets.load_preset("data-user-script")
 print(json.dumps({
-    "engine": engine.__file__, "data": clusterdeck_data.__file__,
+    "engine": engine.__file__, "data": clusterdeck_data.__file__, "api": clusterdeck.__file__,
     "presets": [p.name for p in presets.bundled_presets()], "presets_dir": str(presets.presets_dir()),
     "icon": str(resources.icon_path()), "icons": [str(p) for p in resources.icon_paths()],
     "desktop": str(resources.desktop_file()),
@@ -95,7 +99,7 @@ def _use_installed(prefix: Path, env: dict[str, str], tmp_path: Path) -> None:
     probe = subprocess.run([sys.executable, "-c", PROBE], cwd=cwd, env=env, capture_output=True, text=True, timeout=60)
     assert probe.returncode == 0, probe.stderr[-3000:]
     found = json.loads(probe.stdout)
-    for key in ("engine", "data", "presets_dir", "icon", "desktop", "example", "script", "data_path", "digits"):
+    for key in ("engine", "data", "api", "presets_dir", "icon", "desktop", "example", "script", "data_path", "digits"):
         assert Path(found[key]).is_relative_to(prefix), (key, found[key])
     for key in ("icon", "desktop", "example", "script", "digits"):
         assert Path(found[key]).is_file(), (key, found[key])

@@ -101,8 +101,13 @@ def build_model(config: RunConfig) -> Any:
 
     model = _function(config, "model.script", "build_model", "config")(config)
     if not isinstance(model, keras.Model):
-        raise ScriptError("model.script", f"{str(script_path(config, 'model.script'))!r}: build_model(config) "
-                                          f"returned {type(model).__name__}; expected a keras.Model")
+        where = f"{str(script_path(config, 'model.script'))!r}: build_model(config) returned {type(model).__name__}"
+        if type(model).__module__.split(".")[0] == "tf_keras":
+            raise ScriptError("model.script", f"{where}, a legacy tf-keras (Keras 2) model (TF_USE_LEGACY_KERAS=1 "
+                                              "makes tf.keras tf-keras); tf-keras models are not supported: "
+                                              "ClusterDeck trains, checkpoints and measures Keras 3 models; expected "
+                                              "a keras.Model built with `import keras` (TF_USE_LEGACY_KERAS unset)")
+        raise ScriptError("model.script", f"{where}; expected a keras.Model")
     return model
 
 
@@ -114,6 +119,24 @@ def make_dataset(config: RunConfig, input_context: Any) -> Any:
     if not isinstance(ds, tf.data.Dataset):
         raise ScriptError("data.path", f"{str(script_path(config, 'data.path'))!r}: make_dataset(input_context, "
                                        f"config) returned {type(ds).__name__}; expected a tf.data.Dataset")
+    return ds
+
+
+def make_validation_dataset(config: RunConfig) -> Any:
+    """The script's ``make_validation_dataset(config)``: held-out ``(x, y)`` examples, batched by the script
+    (validation with ``data: {source: script}``), checked to return a ``tf.data.Dataset``."""
+    import tensorflow as tf
+
+    path = script_path(config, "data.path")
+    fn = getattr(load(path, "data.path"), "make_validation_dataset", None)
+    if not callable(fn):
+        raise ScriptError("validation", f"{str(path)!r} defines no make_validation_dataset(config); expected it "
+                                        "for validation with data source 'script' (a tf.data.Dataset of held-out "
+                                        "(x, y) batches)")
+    ds = fn(config)
+    if not isinstance(ds, tf.data.Dataset):
+        raise ScriptError("validation", f"{str(path)!r}: make_validation_dataset(config) returned "
+                                        f"{type(ds).__name__}; expected a tf.data.Dataset")
     return ds
 
 

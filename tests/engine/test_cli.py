@@ -386,3 +386,18 @@ def test_validate_says_when_local_tasks_outnumber_the_cpus_but_accepts_the_prese
     out = cli(tmp_path, "validate", str(preset))
     assert out.returncode == 0, out.stderr
     assert "warning" in out.stderr and f"{workers} tasks share this machine" in out.stderr
+
+
+def test_run_program_runs_a_users_script_on_a_presets_cluster(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text("import sys\nimport clusterdeck\n"
+                      "for step in range(1, 4):\n"
+                      "    clusterdeck.report(step, loss=1.0 / step, metrics={'accuracy': step / 4}, total=3)\n"
+                      "print('args', sys.argv[1:])\n", encoding="utf-8")
+    out = cli(tmp_path, "run", "program-custom-training", "--out", str(tmp_path / "runs"), "--program", str(script),
+              "--", "--lr", "0.1")
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "finished after 3 of 3 steps" in out.stdout
+    assert "accuracy 0.75" in out.stdout
+    log = next((tmp_path / "runs").glob("*/tasks/worker-0/log.txt")).read_text(encoding="utf-8")
+    assert "args ['--lr', '0.1']" in log

@@ -101,3 +101,20 @@ def test_callback_arguments_are_checked(kwargs: dict, message: str) -> None:
 
     with pytest.raises(ValueError, match=message.replace("(", r"\(")):
         ClusterDeckCallback(**kwargs)
+
+
+def test_callback_in_a_custom_loop_records_the_loops_loss_or_refuses(tmp_path: Path) -> None:
+    import keras
+
+    from engine.runtime.keras_callback import ClusterDeckCallback
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
+    model.compile(optimizer="sgd", loss="mse")
+    callback = ClusterDeckCallback(run_dir=tmp_path / "run", metrics_hz=1e6)
+    callback.set_model(model)
+    callback.on_train_begin()
+    callback.on_train_batch_end(0, logs={"loss": 0.75, "size": 16})  # no fit ran: the loop's own loss
+    with pytest.raises(ValueError, match="no loss to record at batch 2: outside model.fit"):
+        callback.on_train_batch_end(1, logs={})
+    steps = [e for e in events.read_file(tmp_path / "run" / "events.jsonl") if e["kind"] == "step"]
+    assert [(e["replica"], e["loss"]) for e in steps] == [(0, 0.75)] and steps[0]["examples_per_sec"] > 0
