@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import TYPE_CHECKING
+from typing import Any
 
 from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLineEdit, QVBoxLayout
 
@@ -18,8 +18,8 @@ from engine.contract import config as config_mod
 from engine.contract.config import MAX_MESH_AXES, MAX_STEPS, Program, RunConfig
 from gui import theme
 
-if TYPE_CHECKING:
-    from gui.settings_panel import SettingsPanel
+#: The SettingsPanel whose builders a section uses (not imported: the panel imports this module).
+SettingsPanel = Any
 
 #: The choices of "What trains", in the combo's order.
 TRAINS = ("ClusterDeck's model and data", "Your own program")

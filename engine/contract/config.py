@@ -1366,6 +1366,12 @@ def _validate_mode(config: RunConfig, add: Any) -> None:
         if count["ps"] == 0:
             add("cluster", "parallelism 'async' needs at least one ps task")
         p = config.parallelism
+        if p.partitioner != "none" and config.model.name != "embedding":
+            add("parallelism.partitioner.kind", f"partitioner {p.partitioner!r} shards only the 'embedding' model's table "
+                                                "over the ps tasks: Keras 3 cannot differentiate through the sharded "
+                                                f"variables of other models; expected 'none' for model "
+                                                f"{config.model.name!r} (its variables are placed whole, round-robin "
+                                                "over the ps tasks)")
         if p.partitioner == "fixed" and count["ps"] and p.shards > count["ps"] * 64:
             add("parallelism.partitioner.shards", f"expected at most {count['ps'] * 64} shards, got {p.shards}")
     elif mode == "model":

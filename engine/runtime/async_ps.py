@@ -72,9 +72,9 @@ import tensorflow as tf
 
 from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
+from engine.runtime import compiled, models, servers, tf_compat
 from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
-from engine.runtime import compiled, models, servers, tf_compat
 from engine.runtime.context import TaskContext
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
@@ -192,6 +192,7 @@ class Trainable:
     notes: list[str] = field(default_factory=list)
     metric_names: list[str] = field(default_factory=list)
     training: dict[str, Any] = field(default_factory=dict)  # the run's 'training' info (what trains)
+    recipe: Any = None  # the engine.runtime.compiled.Recipe of a Keras model (None: the sharded embedding)
 
 
 def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Trainable:
@@ -242,7 +243,7 @@ def build_trainable(config: RunConfig, partitioner: SelectivePartitioner) -> Tra
 
     variables = [(v.path, v) for v in net.weights] + [(v.path, v) for v in optimizer.variables]
     trainable = Trainable(dense_step, variables, {"model": net, "optimizer": optimizer}, notes,
-                          metric_names=names, training=recipe.describe())
+                          metric_names=names, training=recipe.describe(), recipe=recipe)
     notes.insert(0, recipe.message())
     return trainable
 
@@ -399,6 +400,11 @@ class CoordinatorAdapter:
         with strategy.scope():
             trainable = build_trainable(config, partitioner)
         self.metric_names = trainable.metric_names
+        self.validator = None  # on the chief, between scheduled steps (all finished first)
+        if config.validation.enabled and trainable.recipe is not None:
+            from engine.runtime.validation import Validator
+
+            self.validator = Validator(config, trainable.recipe)
         for i, note in enumerate(trainable.notes):
             ctx.emitter.info(note, **({"training": trainable.training} if i == 0 and trainable.training else {}))
         ctx.emitter.emit("placement", partitioner=config.parallelism.partitioner, ps=num_ps,

@@ -138,7 +138,7 @@ class Recipe:
             scaled = self.optimizer.scale_loss(loss) if hasattr(self.optimizer, "scale_loss") else loss
         weights = model.trainable_weights
         grads = tape.gradient(scaled, weights)
-        self.optimizer.apply_gradients(zip(grads, weights))
+        self.optimizer.apply_gradients(zip(grads, weights, strict=True))
         out = {"loss": tf.cast(mean, tf.float64)}
         out.update(self._metrics(y, y_pred, sample_weight))
         return out

@@ -120,7 +120,7 @@ class StepReporter:
                     metrics = rest[0] if rest else None
                 else:
                     loss = result
-                fields = {"replica": rid, "step": step, "loss": None if loss is None else float(loss),
+                fields: dict[str, Any] = {"replica": rid, "step": step, "loss": None if loss is None else float(loss),
                           "examples_per_sec": rate,
                           "step_time": step_time}
                 if wait is not None:

@@ -10,6 +10,7 @@ image folders are read by TensorFlow here; ``script`` calls the user's
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from pathlib import Path
@@ -66,15 +67,16 @@ def arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndar
     examples, at most :data:`engine.contract.datasets.EVAL_EXAMPLES` for ``eval``.
     """
     source = config.data.source
-    if source == "synthetic":
-        if config.model.name in TOKEN_MODELS:
-            return synthetic_tokens(config, split)
-        return synthetic_arrays(config, split)
-    if source in NUMPY_SOURCES:
-        try:
-            return datasets.prepare(config, datasets.load_arrays(config, split), split)
-        except datasets.DataFileError as exc:
-            raise ConfigError([exc.problem]) from None
+    if split in ("train", "held_out") and source in ("synthetic", *NUMPY_SOURCES):
+        x, y = _all_arrays(config, "train")
+        every = holdout_every(config)
+        if not every:
+            return (x, y) if split == "train" else (x[:0], y[:0])
+        held = np.arange(len(y)) % every == every - 1
+        keep = held if split == "held_out" else ~held
+        return x[keep], y[keep]
+    if source == "synthetic" or source in NUMPY_SOURCES:
+        return _all_arrays(config, split)
     limit = config.data.size if split == "train" else datasets.EVAL_EXAMPLES
     if source == "script":
         # the script batches (global batches without an input context): undo it to count examples
@@ -90,6 +92,56 @@ def arrays(config: RunConfig, split: str = "train") -> tuple[np.ndarray, np.ndar
     return np.concatenate(xs), np.concatenate(ys).reshape(-1).astype(np.int32)
 
 
+def _all_arrays(config: RunConfig, split: str) -> tuple[np.ndarray, np.ndarray]:
+    source = config.data.source
+    if source == "synthetic":
+        if config.model.name in TOKEN_MODELS:
+            return synthetic_tokens(config, split)
+        return synthetic_arrays(config, split)
+    try:
+        return datasets.prepare(config, datasets.load_arrays(config, split), split)
+    except datasets.DataFileError as exc:
+        raise ConfigError([exc.problem]) from None
+
+
+def holdout_every(config: RunConfig) -> int:
+    """``validation.split`` as a rule on example positions: every k-th example (k = round(1 / split), at least
+    2) is held out of training for validation; 0 where nothing is held out. A rule on positions, not a
+    count, so that streams of unknown length (TFRecord files, image folders) split the same way."""
+    split = config.validation.split
+    return max(2, round(1 / split)) if split > 0 else 0
+
+
+def _split(ds: tf.data.Dataset, config: RunConfig, held_out: bool) -> tf.data.Dataset:
+    every = holdout_every(config)
+    if not every:
+        return ds.take(0) if held_out else ds
+    k = tf.constant(every, tf.int64)
+    picked = ds.enumerate().filter(lambda i, _: tf.equal(i % k, k - 1) if held_out else tf.not_equal(i % k, k - 1))
+    return picked.map(lambda _, example: example)
+
+
+def validation_dataset(config: RunConfig) -> tf.data.Dataset:
+    """The held-out examples in global batches (the last one may be smaller), at most
+    ``validation.batches`` of them: ``validation.path`` (a file of the data source's kind), the examples
+    ``validation.split`` keeps out of training, or a script's ``make_validation_dataset(config)``."""
+    v = config.validation
+    batch = config.training.global_batch_size
+    if config.data.source == "script":
+        ds = user_script.make_validation_dataset(config)
+    else:
+        if v.path.strip():
+            held = dataclasses.replace(config, data=dataclasses.replace(config.data, path=v.path),
+                                       validation=dataclasses.replace(v, split=0.0, path=""))
+            ds = examples(held)
+        elif config.data.source in ("synthetic", *NUMPY_SOURCES):
+            ds = tf.data.Dataset.from_tensor_slices(arrays(config, "held_out"))
+        else:
+            ds = _split(_examples_all(config), config, held_out=True)
+        ds = ds.batch(batch)
+    return ds.take(v.batches) if v.batches else ds
+
+
 def examples(config: RunConfig) -> tf.data.Dataset:
     """The training examples, one ``(x, y)`` pair at a time, at most ``data.size`` of them.
 
@@ -100,6 +152,12 @@ def examples(config: RunConfig) -> tf.data.Dataset:
     if source == "synthetic" or source in NUMPY_SOURCES:
         x, y = arrays(config)
         return tf.data.Dataset.from_tensor_slices((x, y))
+    return _split(_examples_all(config), config, held_out=False)
+
+
+def _examples_all(config: RunConfig) -> tf.data.Dataset:
+    """The examples of a source TensorFlow reads (TFRecord, image folder), held-out ones included."""
+    source = config.data.source
     if source == "tfrecord":
         datasets.require(config)
         return _tfrecord_examples(config).take(config.data.size)

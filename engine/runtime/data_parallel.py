@@ -24,8 +24,8 @@ import tensorflow as tf
 
 from engine.contract.config import TRAINER_ROLES, RunConfig
 from engine.contract.run_folder import RunFolder
-from engine.runtime import data as data_mod
 from engine.runtime import compiled, models, servers, tf_compat
+from engine.runtime import data as data_mod
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
@@ -141,6 +141,14 @@ class MirroredAdapter:
                                      [n.lstrip("/").replace("device:", "") for n in setup.names],
                                      memory_info, self.summaries)
         self.result: Any = None
+        # validation on every trainer in step (what it runs may include collectives, which every worker must
+        # run alike); the first trainer reports it
+        self.validator = None
+        self.validation_reported = rank == 0
+        if config.validation.enabled:
+            from engine.runtime.validation import Validator
+
+            self.validator = Validator(config, recipe)
 
     # -- the adapter
 

@@ -80,6 +80,9 @@ class Adapter(Protocol):
     def close(self) -> None:
         """Release what the adapter holds (summaries, scratch folders, barriers)."""
 
+    # optional: ``validator`` (an engine.runtime.validation.Validator on the one task that validates, else
+    # None) and ``summaries`` (where its figures also go)
+
 
 class TrainingLoop:
     """Train ``config.total_steps()`` steps with an :class:`Adapter`; returns the run's summary."""
@@ -112,7 +115,10 @@ class TrainingLoop:
             ctx.emitter.status("running", step=start, total=total)
         delay = _test_step_delay(ctx.task)
         agreement = StopAgreement(RunFolder(ctx.run_dir).scratch("stop") / "step" if adapter.lockstep else None)
-        groups = Groups(adapter.per_execution, total, cuts=(warm_until,), every=every)
+        validator = getattr(adapter, "validator", None)
+        validate_every = ctx.config.validation.every if ctx.config.validation.enabled else 0
+        # every task cuts its groups where validation runs, so tasks in lock-step run the same groups
+        groups = Groups(adapter.per_execution, total, cuts=(warm_until,), every=every, also_every=validate_every)
         target: int | None = None
         t0 = time.perf_counter()
         try:
@@ -135,6 +141,9 @@ class TrainingLoop:
                 self.done = step
                 if every and step % every == 0 and step < total:
                     adapter.save(step)
+                if validator is not None and validate_every and step % validate_every == 0 and step < total:
+                    adapter.settle()
+                    self._validate(step)
             if not ctx.stop.requested:
                 adapter.settle()
         except (tf.errors.OpError, RuntimeError):
@@ -148,9 +157,20 @@ class TrainingLoop:
             self.window_eps = (total - warm_until) * adapter.global_batch / (time.perf_counter() - window_start)
         adapter.flush(total)
         adapter.save(total)
+        if validator is not None and validate_every and total > start:
+            self._validate(total)
         adapter.close()
         return {"steps": total, "start": start, "final_loss": adapter.final_losses(),
                 "window_examples_per_sec": self.window_eps}
+
+    def _validate(self, step: int) -> None:
+        from engine.runtime import validation
+
+        adapter: Any = self.adapter
+        if getattr(adapter, "validation_reported", True):
+            validation.emit(self.ctx, adapter.validator, step, getattr(adapter, "summaries", None))
+        else:
+            adapter.validator.evaluate()
 
     def _stop(self) -> None:
         """Stopped on request: report the last steps, write a checkpoint, raise :class:`Stopped`."""
@@ -181,11 +201,13 @@ class Groups:
     cut (a step after which the loop needs every step done: the warm-up's end, a checkpoint every
     ``every`` steps, the last step). The same for every task of a run that starts at the same step."""
 
-    def __init__(self, size: int, total: int, *, cuts: tuple[int, ...] = (), every: int = 0) -> None:
+    def __init__(self, size: int, total: int, *, cuts: tuple[int, ...] = (), every: int = 0,
+                 also_every: int = 0) -> None:
         self.size = max(1, size)
         self.total = total
         self.cuts = cuts
         self.every = every
+        self.also_every = also_every
         self.first = 0  # the first step of the current group (0: none yet)
         self.end = 0  # its last step
 
@@ -194,8 +216,9 @@ class Groups:
         if step > self.end:
             self.first = step
             end = min(step + self.size - 1, self.total)
-            if self.every:
-                end = min(end, -(-step // self.every) * self.every)  # the next checkpoint at or after step
+            for every in (self.every, self.also_every):
+                if every:
+                    end = min(end, -(-step // every) * every)  # the next checkpoint (validation) at or after step
             for cut in self.cuts:
                 if step <= cut < end:
                     end = cut

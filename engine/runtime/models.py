@@ -138,13 +138,16 @@ def build_optimizer(config: RunConfig) -> keras.optimizers.Optimizer:
     raise ValueError(f"training.optimizer: unknown optimizer {t.optimizer!r}")
 
 
+DEFAULT_LOSS = "SparseCategoricalCrossentropy(from_logits=True)"
+
+
 def loss_name(config: RunConfig) -> str:
     """What :func:`loss_fn` computes, in words for the run's ``training`` info."""
     if config.model.name == "script":
         custom = getattr(user_script.load(user_script.script_path(config, "model.script")), "loss", None)
         if custom is not None:
             return custom if isinstance(custom, str) else getattr(custom, "__name__", None) or type(custom).__name__
-    return "SparseCategoricalCrossentropy(from_logits=True)"
+    return DEFAULT_LOSS
 
 
 def loss_fn(config: RunConfig) -> Callable[[Any, Any], Any]:

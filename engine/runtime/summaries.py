@@ -59,6 +59,11 @@ class Summaries:
         else:
             self._held[replica] = (replica, step, scalars)
 
+    def validation(self, step: int, **scalars: float | None) -> None:
+        """Queue the held-out figures of ``step`` (tags ``validation/<name>``), never held back."""
+        if self._writer is not None:
+            self._queue.put((-1, step, scalars))
+
     def _write(self) -> None:
         assert self._writer is not None
         while True:
@@ -67,7 +72,8 @@ class Summaries:
                 with self._writer.as_default(step=step):
                     for name, value in scalars.items():
                         if value is not None:
-                            tf.summary.scalar(f"replica_{replica}/{name}", value)
+                            tag = f"validation/{name}" if replica < 0 else f"replica_{replica}/{name}"
+                            tf.summary.scalar(tag, value)
             except Exception:  # noqa: BLE001 - a failed summary must not stop training; events carry the data
                 pass
             finally:

@@ -78,13 +78,16 @@ VARIED: dict[str, RunConfig] = {
         name="async-ps",
         cluster=async_cluster(),
         parallelism=Parallelism(mode="async", partitioner="fixed", shards=4),
-        model=Model(hidden=(128, 64)),
+        data=Data(shape=(16,)),
+        model=Model(name="embedding", hidden=(128, 64)),
         training=Training(global_batch_size=64, steps=50, optimizer="momentum", steps_per_execution=8),
     ),
     "async-min-size": RunConfig(
         name="async-min-size",
         cluster=async_cluster(),
         parallelism=Parallelism(mode="async", partitioner="min_size", min_shard_bytes=4096),
+        data=Data(shape=(16,)),
+        model=Model(name="embedding"),
         training=Training(global_batch_size=64, steps=None, epochs=1),
     ),
     "model": RunConfig(
