@@ -189,6 +189,35 @@ def per_replica(info: MeshInfo, per_example: tf.Tensor, hits: tf.Tensor | None) 
     return [(loss, None, {"accuracy": acc}) for loss, acc in zip(losses, replica_means(info, hits), strict=True)]
 
 
+class MeshValidator:
+    """The held-out examples (``validation``) through ``forward(x, training=False)``, whole global batches
+    only (the mesh splits a batch evenly): the mean loss and accuracy of the replicas this client holds."""
+
+    def __init__(self, adapter: MeshAdapter) -> None:
+        self.adapter = adapter
+
+    def evaluate(self) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        config = self.adapter.config
+        losses: list[float] = []
+        hits: list[float] = []
+        rows = 0
+        for x, y in data_mod.validation_dataset(config).as_numpy_iterator():
+            if x.shape[0] != config.training.global_batch_size:
+                continue
+            if config.model.name == "mlp" and x.ndim > 2:
+                x = x.reshape(x.shape[0], -1)
+            for result in self.adapter.evaluate(x, y):
+                loss, _, metrics = result if isinstance(result, tuple) else (result, None, {})
+                losses.append(float(loss))
+                if "accuracy" in metrics:
+                    hits.append(float(metrics["accuracy"]))
+            rows += x.shape[0]
+        metrics = {"accuracy": float(np.mean(hits))} if hits else {}
+        return {"loss": float(np.mean(losses)) if losses else None, "metrics": metrics, "examples": rows,
+                "seconds": time.perf_counter() - t0}
+
+
 def _ckpt_key(name: str) -> str:
     return name.replace("/", "__")
 
@@ -253,6 +282,9 @@ class MeshAdapter:
                                      memory_info, self.summaries)
         self.batches = _batches(config)
         self.result: tuple[tf.Tensor, tf.Tensor | None] | None = None
+        # validation (engine.runtime.loop): every client runs it (DTensor functions are collective), the first reports
+        self.validator = MeshValidator(self) if config.validation.enabled else None
+        self.validation_reported = info.client == 0
 
     def pack(self, x: np.ndarray, y: np.ndarray) -> tuple[tf.Tensor, tf.Tensor]:
         """A host batch on the mesh: inputs in the model's ``input_dtype`` where of its kind, rows split on
