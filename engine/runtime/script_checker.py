@@ -41,8 +41,9 @@ def _check_batches(config: RunConfig, make: Any, per_replica: int, global_batch:
     if rows != per_replica:
         return [{"field": "data.path", "message": f"{str(path)!r}: make_dataset(None, config) gave a batch of {rows} "
                                                   f"examples; expected whole global batches of {global_batch}"}]
+    custom = getattr(load(script_path(config, "model.script")), "loss", None) is not None
     labels = tf.reshape(tf.cast(batch[1], tf.int64), [-1])
-    if int(tf.size(labels)):
+    if not custom and int(tf.size(labels)):  # a script's own loss says what its labels are (regression)
         low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
         if low < 0 or high >= config.data.classes:
             return [{"field": "data.classes", "message": f"{str(path)!r}: the first batch holds label "
@@ -121,11 +122,6 @@ def check(config: RunConfig) -> list[dict[str, str]]:
     if sharded_model:
         return _check_batches(config, data_mod.make_dataset, per_replica, global_batch)
     try:
-        model = models.build_model(config)
-    except BaseException as exc:  # noqa: BLE001
-        return failed("model.script", "build_model(config)", exc) if model_script else \
-            [{"field": "model.name", "message": f"the built-in model cannot be built: {exc}"}]
-    try:
         ds = data_mod.make_dataset(config, context)
         batch = next(iter(ds))
     except BaseException as exc:  # noqa: BLE001
@@ -143,6 +139,17 @@ def check(config: RunConfig) -> list[dict[str, str]]:
                                                   f"of {rows} examples; expected the per-replica batch "
                                                   f"input_context.get_per_replica_batch_size({global_batch}) = "
                                                   f"{per_replica}"}]
+    # the model as the run builds it: built on a batch where it has no variables yet, its optimizer built
+    # against its variables, what trains decided (compiled or the run's own optimizer and loss)
+    from engine.runtime import compiled
+
+    try:
+        recipe = compiled.build(config, tuple(batch))
+    except BaseException as exc:  # noqa: BLE001
+        if model_script:
+            return failed("model.script", "build_model(config)", exc)
+        return [{"field": "model.name", "message": f"the built-in model cannot be built: {exc}"}]
+    model = recipe.model
     try:
         logits = model(x, training=False)
     except BaseException as exc:  # noqa: BLE001
@@ -151,33 +158,79 @@ def check(config: RunConfig) -> list[dict[str, str]]:
         return [{"field": "data.shape", "message": f"the {config.model.name!r} model cannot read a batch of "
                                                    f"{str(path)!r}: {str(exc).splitlines()[0][:300]}"}]
     custom = model_script and getattr(load(script_path(config, "model.script")), "loss", None) is not None
-    if not custom:
-        shape = list(getattr(logits, "shape", []))
-        if len(shape) != 2 or shape[1] != config.data.classes:
-            field = "model.script" if model_script else "data.classes"
-            return [{"field": field, "message": f"{str(script_path(config, 'model.script'))!r}: " * model_script
-                     + f"the model's output has shape {shape}; expected [{rows}, {config.data.classes}] (logits "
-                       f"of data.classes {config.data.classes})" + ", or define loss(y_true, y_pred)" * model_script}]
-        labels = tf.reshape(tf.cast(y, tf.int64), [-1])
-        if int(tf.size(labels)):
-            low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
-            if low < 0 or high >= config.data.classes:
-                return [{"field": "data.classes", "message": f"{str(path)!r}: the first batch holds label "
-                                                             f"{high if high >= config.data.classes else low}; "
-                                                             f"expected labels from 0 to {config.data.classes - 1} "
-                                                             f"(data.classes {config.data.classes})"}]
+    if recipe.step_kind == "loop" and not custom:
+        problems = _logits_and_labels(config, path, model_script, rows, logits, y)
+        if problems:
+            return problems
+    # one training step as the run takes it (compiled loss, metrics, train_step, optimizer): what would fail
+    # after launch fails here
+    loss_fn = models.loss_fn(config) if recipe.step_kind == "loop" else None
     try:
-        values = models.loss_fn(config)(y, logits)
-        mean = float(tf.reduce_mean(tf.cast(values, tf.float32)))
+        figures = tf.function(lambda data: recipe.step(data, loss_fn, per_replica))(tuple(batch))
+        mean = float(figures["loss"]) if "loss" in figures else 0.0
     except BaseException as exc:  # noqa: BLE001
         if custom:
             return failed("model.script", "loss(y_true, y_pred)", exc)
+        if recipe.step_kind == "custom":
+            return failed("model.script", f"{type(model).__name__}.train_step", exc)
+        hint = _label_hint(config, logits, y, recipe)
+        if hint:
+            return [{"field": "data.path" if data_script else "model.script", "message": f"{str(path)!r}: {hint}"}]
+        if model_script:
+            return failed("model.script", "one training step (the model as compiled)"
+                          if recipe.source == "compile" else "one training step", exc)
         return [{"field": "data.path", "message": f"{str(path)!r}: the loss cannot be computed on the first batch: "
                                                   f"{str(exc).splitlines()[0][:300]}"}]
     if mean != mean or mean in (float("inf"), float("-inf")):
-        return [{"field": "model.script" if custom else "data.path",
+        return [{"field": "model.script" if custom or recipe.source == "compile" else "data.path",
                  "message": f"{str(path)!r}: the loss of the first batch is {mean}; expected a finite number"}]
+    if config.validation.enabled and data_script:
+        try:
+            first = next(iter(data_mod.validation_dataset(config)))
+        except BaseException as exc:  # noqa: BLE001
+            return failed("data.path", "make_validation_dataset(config)", exc)
+        if not isinstance(first, (tuple, list)) or len(first) < 2:
+            return [{"field": "data.path", "message": f"{str(path)!r}: make_validation_dataset(config) yields "
+                                                      f"{type(first).__name__}; expected (x, y) batches"}]
     return []
+
+
+def _logits_and_labels(config: RunConfig, path: Path, model_script: bool, rows: int, logits: Any,
+                       y: Any) -> list[dict[str, str]]:
+    """The run's default loss reads logits of ``data.classes`` and integer labels below it."""
+    import tensorflow as tf
+
+    shape = list(getattr(logits, "shape", []))
+    if len(shape) != 2 or shape[1] != config.data.classes:
+        field = "model.script" if model_script else "data.classes"
+        return [{"field": field, "message": f"{str(script_path(config, 'model.script'))!r}: " * model_script
+                 + f"the model's output has shape {shape}; expected [{rows}, {config.data.classes}] (logits "
+                   f"of data.classes {config.data.classes})" + ", or define loss(y_true, y_pred) or compile the "
+                   "model with its loss" * model_script}]
+    hint = _label_hint(config, logits, y, None)
+    if hint:
+        return [{"field": "data.path", "message": f"{str(path)!r}: {hint}"}]
+    labels = tf.reshape(tf.cast(y, tf.int64), [-1])
+    if int(tf.size(labels)):
+        low, high = int(tf.reduce_min(labels)), int(tf.reduce_max(labels))
+        if low < 0 or high >= config.data.classes:
+            return [{"field": "data.classes", "message": f"{str(path)!r}: the first batch holds label "
+                                                         f"{high if high >= config.data.classes else low}; "
+                                                         f"expected labels from 0 to {config.data.classes - 1} "
+                                                         f"(data.classes {config.data.classes})"}]
+    return []
+
+
+def _label_hint(config: RunConfig, logits: Any, y: Any, recipe: Any) -> str:
+    """What to change where labels are one-hot but the loss takes class ids (sparse cross-entropy)."""
+    y_shape = list(getattr(y, "shape", []))
+    out_shape = list(getattr(logits, "shape", []))
+    sparse = recipe is None or recipe.source != "compile" or "Sparse" in recipe.loss_name
+    if sparse and len(y_shape) == 2 and len(out_shape) == 2 and y_shape[1] == out_shape[1] and y_shape[1] > 1:
+        return (f"the labels have shape {y_shape}: one-hot vectors, but the loss (sparse categorical "
+                "cross-entropy) takes class ids of shape [batch]; yield tf.argmax(y, axis=-1) instead, or compile "
+                "the model with loss=keras.losses.CategoricalCrossentropy(from_logits=True)")
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
