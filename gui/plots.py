@@ -20,7 +20,7 @@ import numpy as np
 import pyqtgraph as pg
 import pyqtgraph.exporters
 from PySide6.QtCore import QEvent, Qt, QTimer, Signal
-from PySide6.QtGui import QAction, QPalette, QResizeEvent
+from PySide6.QtGui import QAction, QFont, QFontMetricsF, QPalette
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -40,6 +40,7 @@ from PySide6.QtWidgets import (
 from engine.observe.telemetry import History, RunState
 from gui import theme
 from gui.curves import Curve, CurveSet, finite_range
+from gui.elided_label import ElidedLabel
 from gui.legend import CompactLegend
 from gui.metric_series import (
     LOSS,
@@ -74,6 +75,8 @@ CHECKPOINT = 1024
 EMA_BLOCK = 64
 #: Legend entries per column: more curves than this make more columns.
 LEGEND_ROWS = 8
+#: Height of one entry of pyqtgraph's legend (8 pt labels, -6 px spacing), in pixels.
+LEGEND_ROW_HEIGHT = 16.0
 #: Above this many curves a plot's legend is a :class:`~gui.legend.CompactLegend` (one item naming
 #: every line) instead of pyqtgraph's, whose two widgets per entry cost ~55 KB each.
 COMPACT_LEGEND_ABOVE = 32
@@ -406,6 +409,9 @@ class MetricPlot(QWidget):
         self.compact_legend.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self._compact = False
         self._compact_fit: tuple[float, float] = (0.0, 0.0)
+        self._legend_font = QFont()
+        self._legend_font.setPointSizeF(8.0)
+        self._legend_size = (0, 0)
         # every line of the plot is one item, drawn incrementally (see gui.curves)
         self.lines = CurveSet()
         self.item.addItem(self.lines)
@@ -591,7 +597,7 @@ class MetricPlot(QWidget):
     def _choose_legend(self) -> bool:
         """pyqtgraph's legend for up to :data:`COMPACT_LEGEND_ABOVE` curves, the compact one above; True
         when it switched (the legend shown was made again from every curve)."""
-        compact = len(self.curves) > COMPACT_LEGEND_ABOVE
+        compact = len(self.curves) > COMPACT_LEGEND_ABOVE or not self._legend_fits()
         if compact == self._compact:
             return False
         self._compact = compact
@@ -608,13 +614,37 @@ class MetricPlot(QWidget):
         self._compact_fit = (0.0, 0.0)
         return True
 
+    def _legend_room(self) -> tuple[float, float]:
+        """Width and height the legend may take beside the plot: half the width, and the height of
+        the plot area above the x axis (never more: a taller legend pushes the axis out of sight)."""
+        axis = self.item.getAxis("bottom")
+        height = self.widget.height() - max(axis.height(), 30.0) - 8
+        return max(60.0, self.width() * 0.5), max(20.0, height)
+
+    def _legend_rows(self) -> int:
+        """How many entries of pyqtgraph's legend fit one above the other."""
+        return max(1, int(self._legend_room()[1] // LEGEND_ROW_HEIGHT))
+
+    def _legend_fits(self) -> bool:
+        """True when pyqtgraph's legend can show every entry in the room it has (in columns); else
+        the compact legend, which scrolls, names them."""
+        n = len(self.curves)
+        if n <= 1 or not self.isVisible():
+            return True
+        labels = [self.labels.get(k, k) for k in self.curves]
+        if n > LEGEND_ROWS:
+            labels = [short_label(x) for x in labels]
+        metrics = QFontMetricsF(self._legend_font)
+        entry = max(metrics.horizontalAdvance(x) for x in labels) + 30
+        columns = math.ceil(n / self._legend_rows())
+        return columns * entry <= self._legend_room()[0]
+
     def _fit_legend(self) -> None:
         """Many curves make more columns (a compact block, not a column taller than the plot); the
         legend is sized to its entries (pyqtgraph sizes it from its entries' last geometry, which
         keeps it stretched once it was)."""
         if self._compact:  # the compact legend takes at most half of the plot's width and its height
-            vb = self.item.getViewBox()
-            size = (max(120.0, self.width() * 0.5), max(60.0, vb.height() or self.height() * 0.8))
+            size = self._legend_room()
             if size != self._compact_fit:
                 self._compact_fit = size
                 self.compact_legend.fit(*size)
@@ -626,7 +656,7 @@ class MetricPlot(QWidget):
             for sample, label in self.legend.items:
                 full = names.get(id(sample.item), label.text)
                 label.setText(short_label(full) if short else full)
-        columns = max(1, math.ceil(len(self.curves) / LEGEND_ROWS))
+        columns = max(1, math.ceil(len(self.curves) / min(LEGEND_ROWS, self._legend_rows())))
         if columns > 1:  # the legend takes at most about half of the plot's width
             entry = max(label.preferredWidth() for _, label in self.legend.items) + 26
             columns = max(1, min(columns, int(max(entry, self.width() * 0.5) // entry)))
@@ -768,13 +798,14 @@ class MetricPlot(QWidget):
     def _view_moved(self, *_args: object) -> None:
         """The user's x range or the plot's width changed: curves are cut again at the next redraw."""
         self._view_cache = None
-        if self._compact:
-            self._fit_legend()  # (only when the plot's size changed)
+        size = (self.width(), self.widget.height())
+        if size != self._legend_size:  # the plot was resized: its legend fits the new room
+            self._legend_size = size
+            self._choose_legend()
+            self._fit_legend()
         x_range, pixels = self._view()
         key = (pixels, *(x_range or ()))
         if key != self._view_key:
-            if self._view_key and key[0] != self._view_key[0] and len(self.curves) > LEGEND_ROWS:
-                self._fit_legend()
             self._view_key = key
             self.viewChanged.emit()
 
@@ -916,30 +947,6 @@ class MetricPlot(QWidget):
             fn(path)  # type: ignore[operator]
         except OSError as exc:
             QMessageBox.warning(self, "Export failed", f"{path}: cannot be written: {exc.strerror or exc}")
-
-
-class ElidedLabel(QLabel):
-    """One line of text that ends in "…" where the space cuts it (:meth:`text` is the whole text)."""
-
-    def __init__(self, text: str = "") -> None:
-        super().__init__()
-        self._full = ""
-        self.setText(text)
-
-    def setText(self, text: str) -> None:  # noqa: N802 - QLabel's name
-        self._full = text
-        self._elide()
-
-    def text(self) -> str:
-        return self._full
-
-    def _elide(self) -> None:
-        width = self.width() if self.isVisible() else 10_000
-        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, max(0, width)))
-
-    def resizeEvent(self, event: QResizeEvent) -> None:  # noqa: N802
-        super().resizeEvent(event)
-        self._elide()
 
 
 class PlotsPanel(QWidget):

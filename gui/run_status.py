@@ -5,11 +5,12 @@ from __future__ import annotations
 import time
 
 from PySide6.QtCore import QTimer
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
 from engine.observe.telemetry import RunState
 from gui import theme
 from gui.document_model import DocumentModel
+from gui.elided_label import ElidedLabel
 from gui.launch_checks import LaunchChecks
 from gui.run_session import RunSession
 
@@ -25,6 +26,8 @@ STATE_TEXT = {
     "stopped": "Stopped",
     "interrupted": "Interrupted",
 }
+
+DETAIL_TIP = "Step, time left at the current pace, and examples/s over all replicas"
 
 
 def format_duration(seconds: float | None) -> str:
@@ -47,7 +50,10 @@ def format_rate(value: float) -> str:
 
 
 class RunStatus(QWidget):
-    """State badge, progress bar and one line of figures; refreshed on events and once a second."""
+    """State badge, progress bar and one line of figures; refreshed on events and once a second.
+
+    It shrinks rather than moves behind a toolbar's "»": the badge and the progress keep their
+    size, the line of figures is cut with "…" (its whole text in the tooltip)."""
 
     def __init__(self, session: RunSession, checks: LaunchChecks, document: DocumentModel,
                  parent: QWidget | None = None) -> None:
@@ -61,17 +67,20 @@ class RunStatus(QWidget):
         self.badge.setToolTip("State of the shown run")
         self.progress = QProgressBar()
         self.progress.setObjectName("runProgress")
-        self.progress.setFixedWidth(180)
+        self.progress.setMinimumWidth(110)
+        self.progress.setMaximumWidth(180)
+        self.progress.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
         self.progress.setTextVisible(True)
         self.progress.setToolTip("Steps done of the run's total")
-        self.detail = QLabel()
+        self.detail = ElidedLabel(min_chars=12)
         self.detail.setObjectName("runDetail")
-        self.detail.setToolTip("Step, time left at the current pace, and examples/s over all replicas")
+        self.detail.setToolTip(DETAIL_TIP)
         layout = QHBoxLayout(self)
         layout.setContentsMargins(8, 0, 8, 0)
         layout.addWidget(self.badge)
         layout.addWidget(self.progress)
         layout.addWidget(self.detail, 1)
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Preferred)
         self.timer = QTimer(self)
         self.timer.setObjectName("runStatusTimer")
         self.timer.setInterval(1000)
@@ -113,8 +122,11 @@ class RunStatus(QWidget):
         self.badge.setText(STATE_TEXT.get(state, state.capitalize()))
         self.badge.setStyleSheet(f"QLabel {{ color: white; background: {color}; border-radius: 4px; "
                                  "padding: 2px 8px; font-weight: bold; }")
-        if state == "checking":
-            self.detail.setText("checking your script in a separate process before the run starts")
+        if state == "checking":  # nothing of the previous run: this one has not started
+            self.progress.setRange(0, 1)
+            self.progress.setValue(0)
+            self.progress.setFormat("checking…")
+            self._set_detail("checking your script in a separate process before the run starts")
             return
         total = max(1, s.total_steps)
         self.progress.setRange(0, total)
@@ -127,7 +139,11 @@ class RunStatus(QWidget):
             parts.append(f"starting tasks: {ready} of {total_tasks} ready")
             if s.started_at is not None:
                 parts.append(f"elapsed {format_duration(time.time() - s.started_at)}")
-        elif state in ("running", "stopping", "starting") and live:
+        elif state == "stopping":  # no ETA: the run is ending, not training
+            parts.append(f"stopping at step {s.step} of {s.total_steps}: every task ends")
+            if s.started_at is not None:
+                parts.append(f"ran {format_duration(time.time() - s.started_at)}")
+        elif state in ("running", "starting") and live:
             parts.append(f"step {s.step} of {s.total_steps}")
             eta = s.eta_seconds()
             parts.append(f"ETA {format_duration(eta)}" if eta is not None else "ETA –")
@@ -156,8 +172,12 @@ class RunStatus(QWidget):
             parts.append(f"{n} problem{'s' if n > 1 else ''} — fix them to run" if n else "press Run (F5) to launch")
         if session.run_dir is not None and state != "ready":
             parts.append(f"[{session.run_dir.name}]")
-        self.detail.setText(" · ".join(parts))
+        self._set_detail(" · ".join(parts))
+
+    def _set_detail(self, text: str) -> None:
+        self.detail.setText(text)
         self.setToolTip(self.text())
+        self.detail.setToolTip(self.text() if self.detail.is_elided() else DETAIL_TIP)
 
 
 def strip_task(reason: str, task: str) -> str:

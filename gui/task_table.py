@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
 from PySide6.QtGui import QBrush, QColor
-from PySide6.QtWidgets import QHeaderView, QLabel, QTableView, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QHeaderView, QLabel, QScrollArea, QSizePolicy, QTableView, QVBoxLayout, QWidget
 
 from engine.observe.stragglers import StragglerChange
 from engine.observe.telemetry import TaskState
 from gui import theme
+from gui.failure_text import headline
 from gui.run_session import RunSession
 from gui.run_status import strip_task
 from gui.stragglers_view import StragglerWatch, describe_change
@@ -33,6 +35,8 @@ TIPS = {
 
 _STATE, _REASON, _STRAGGLER = COLUMNS.index("State"), COLUMNS.index("Reason"), COLUMNS.index("Straggler")
 _Index = QModelIndex | QPersistentModelIndex
+#: The failure report's most height (it scrolls beyond): the table keeps a few rows at 1366x768.
+FAILURE_HEIGHT = 96
 #: Rows of straggling tasks: a translucent amber that reads on light and dark palettes.
 STRAGGLER_BACKGROUND = QColor(234, 179, 8, 70)
 
@@ -188,12 +192,24 @@ class TaskTable(QWidget):
         self.failure = QLabel()
         self.failure.setObjectName("failureReport")
         self.failure.setWordWrap(True)
+        # the report wraps to the dock's width and never asks for more: a log line of TensorFlow's
+        # (hundreds of characters, no space) must not make the window wider than the screen
+        self.failure.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.failure.setMinimumWidth(0)
         self.failure.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.failure.setToolTip("Why the run failed and the failed task's last log lines")
-        self.failure.hide()
+        # in a box of bounded height: the table below keeps its rows on a laptop screen
+        self.failure_box = QScrollArea()
+        self.failure_box.setObjectName("failureBox")
+        self.failure_box.setWidgetResizable(True)
+        self.failure_box.setFrameShape(QFrame.Shape.NoFrame)
+        self.failure_box.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.failure_box.setMaximumHeight(FAILURE_HEIGHT)
+        self.failure_box.setWidget(self.failure)
+        self.failure_box.hide()
         layout = QVBoxLayout(self)
         layout.setContentsMargins(0, 0, 0, 0)
-        layout.addWidget(self.failure)
+        layout.addWidget(self.failure_box)
         layout.addWidget(self.view, 1)
         session.runStateChanged.connect(self._update_failure)
         session.runLoaded.connect(self._update_failure)
@@ -219,16 +235,26 @@ class TaskTable(QWidget):
     def _update_failure(self, *_args: object) -> None:
         state = self.session.state
         if state.state != "failed":
-            self.failure.hide()
+            self.failure_box.hide()
             return
         task = state.tasks.get(state.failed_task)
         lines = task.log_tail[-12:] if task is not None else []
         why = strip_task(state.reason or (task.reason if task is not None else ""), state.failed_task)
-        tail = "<br>".join(_escape(x) for x in lines)
+        tail = "<br>".join(_breakable(_escape(x)) for x in lines)
+        said = headline(why, lines)
         self.failure.setText(
             f"<b style='color:{theme.PROBLEM_COLOR}'>Run failed</b> — task <b>{_escape(state.failed_task or '?')}"
-            f"</b>: {_escape(why)}" + (f"<pre style='margin:4px 0'>{tail}</pre>" if tail else ""))
+            f"</b>: " + (f"<b>{_breakable(_escape(said))}</b><br>" if said and said != why else "")
+            + _breakable(_escape(why))
+            + (f"<div style='font-family:monospace; margin:4px 0'>{tail}</div>" if tail else ""))
         self.failure.show()
+        self.failure_box.show()
+
+
+def _breakable(text: str, every: int = 40) -> str:
+    """``text`` with a zero-width space in each run of ``every`` characters without a space: a long
+    path or a TensorFlow op name wraps instead of widening the report."""
+    return re.sub(rf"(\S{{{every}}})(?=\S)", "\\1\u200b", text)
 
 
 def _escape(text: str) -> str:

@@ -488,6 +488,9 @@ class RunState:
         elif kind == "progress":
             self.scheduled = event.get("scheduled", self.scheduled)
             self.completed = event.get("completed", self.completed)
+            total = event.get("total")
+            if _is_number(total) and total > 0:  # a program says how many steps it will take
+                self.total_steps = int(total)
         elif kind == "run":
             self.state = str(event.get("state", self.state))
             self.reason = str(event.get("reason", self.reason) or "")

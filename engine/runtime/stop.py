@@ -8,6 +8,16 @@ the mask, so no handler of TF's ever sees it) and one thread of ours takes it wi
 The training loop checks :attr:`StopSignal.requested` between steps. The stop is bounded: if the
 process has not exited ``budget_s`` seconds after the signal (a step that never returns, a peer
 gone), the watcher ends it (exit code 143, as a ``SIGTERM`` would).
+
+Whose ``SIGTERM``: the supervisor creates the task's stop marker (``RunFolder.stop_marker``) before it
+signals a task it stops; a ``SIGTERM`` without the marker came from someone else (a scheduler, a
+user's ``kill``): :attr:`StopSignal.external` says who sent it, and the run treats it as that task's
+failure (restart or fail, naming it), never as the run's stop.
+
+The blocked ``SIGTERM`` must not reach what the task starts (a blocked signal stays blocked across
+``exec``: ``timeout 1 sleep 20`` would take 20 s): :func:`unblock_in_children` unblocks it in every
+child, forked (``os.fork``, ``multiprocessing``) or spawned (``subprocess``, ``os.system``,
+``os.posix_spawn``).
 """
 
 from __future__ import annotations
@@ -17,6 +27,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
+from typing import Any
 
 #: Seconds a task may spend on its final checkpoint and events after SIGTERM.
 STOP_BUDGET_S = 2.5
@@ -26,9 +38,13 @@ EXIT_CODE = 128 + signal.SIGTERM
 class StopSignal:
     """Set when the task was asked to stop (``SIGTERM``); see the module docstring."""
 
-    def __init__(self) -> None:
+    def __init__(self, marker: Path | None = None) -> None:
         self._event = threading.Event()
         self.received_at: float | None = None
+        #: the file the supervisor creates before it stops this task (None: every SIGTERM is a stop)
+        self.marker = marker
+        #: why the SIGTERM was not ClusterDeck's (who sent it), or None for a stop of the run
+        self.external: str | None = None
         #: seconds from the signal to the forced exit (a task may shorten it, e.g. a server)
         self.budget_s = STOP_BUDGET_S
         #: what the task says when the budget ends it (None: nothing; its supervisor reports the end)
@@ -38,9 +54,11 @@ class StopSignal:
     def requested(self) -> bool:
         return self._event.is_set()
 
-    def request(self) -> None:
+    def request(self, sender: int | None = None) -> None:
         if self.received_at is None:
             self.received_at = time.monotonic()
+            if self.marker is not None and not self.marker.exists():
+                self.external = f"got a SIGTERM ClusterDeck did not send ({describe_sender(sender)})"
         self._event.set()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -56,10 +74,15 @@ class StopSignal:
         if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
             return False
         signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+        unblock_in_children()
 
         def watcher() -> None:
-            signal.sigwait({signal.SIGTERM})
-            self.request()
+            sender: int | None = None
+            if hasattr(signal, "sigwaitinfo"):
+                sender = signal.sigwaitinfo({signal.SIGTERM}).si_pid
+            else:
+                signal.sigwait({signal.SIGTERM})
+            self.request(sender)
             time.sleep(self.budget_s)
             if on_timeout is not None:
                 try:
@@ -72,11 +95,96 @@ class StopSignal:
         return True
 
 
-class Stopped(Exception):  # noqa: N818 - a request, not an error
-    """Raised by the training loop once it has stopped on request (checkpoint written where it checkpoints)."""
+def describe_sender(pid: int | None) -> str:
+    """``"from pid 123 (kill)"``: who sent a signal, as far as this host can tell."""
+    if not pid:
+        return "sender unknown"
+    try:
+        name = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        name = ""
+    return f"from pid {pid}{f' ({name})' if name else ''}"
 
-    def __init__(self, step: int, checkpoint: str | None) -> None:
+
+_SIGTERM_ONLY = {signal.SIGTERM}
+
+
+def _unblock_sigterm() -> None:
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGTERM_ONLY)
+
+
+_children_unblocked = False
+
+
+def unblock_in_children() -> None:
+    """Every process this one starts from now on starts with ``SIGTERM`` unblocked (idempotent)."""
+    global _children_unblocked
+    if _children_unblocked or not hasattr(signal, "pthread_sigmask"):
+        return
+    _children_unblocked = True
+    import subprocess
+
+    os.register_at_fork(after_in_child=_unblock_sigterm)  # os.fork, multiprocessing, pty.fork
+    original_init = subprocess.Popen.__init__
+
+    def popen_init(self: subprocess.Popen[Any], *args: Any, **kwargs: Any) -> None:
+        # a preexec_fn runs in the child before exec (and makes CPython run the after-fork hooks there)
+        user_preexec = kwargs.get("preexec_fn")
+
+        def preexec() -> None:
+            _unblock_sigterm()
+            if user_preexec is not None:
+                user_preexec()
+
+        if os.name == "posix" and (len(args) < 7 or args[6] is None):  # preexec_fn is the 7th positional
+            kwargs["preexec_fn"] = preexec
+        original_init(self, *args, **kwargs)
+
+    subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign]
+
+    def system(command: str) -> int:  # os.system forks in C: run it through subprocess instead
+        proc = subprocess.Popen(command, shell=True)  # noqa: S602 - os.system's own meaning
+        code = proc.wait()
+        return (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
+
+    os.system = system
+    for name in ("posix_spawn", "posix_spawnp"):
+        spawn = getattr(os, name, None)
+        if spawn is not None:
+            setattr(os, name, _spawn_unblocked(spawn))
+
+
+def _spawn_unblocked(spawn: Callable[..., int]) -> Callable[..., int]:
+    def wrapped(*args: Any, **kwargs: Any) -> int:
+        if "setsigmask" not in kwargs:
+            current = signal.pthread_sigmask(signal.SIG_BLOCK, ())
+            kwargs["setsigmask"] = current - _SIGTERM_ONLY
+        return spawn(*args, **kwargs)
+
+    return wrapped
+
+
+class Stopped(Exception):  # noqa: N818 - a request, not an error
+    """Raised by the training loop once it has stopped on request (checkpoint written where it checkpoints).
+
+    ``external``: this task got a SIGTERM ClusterDeck did not send (why); ``cause_task``: the task whose
+    such SIGTERM stopped this one (its peers stop with it, at an agreed step)."""
+
+    def __init__(self, step: int, checkpoint: str | None, *, external: str | None = None,
+                 cause_task: str | None = None) -> None:
         self.step = step
         self.checkpoint = checkpoint
+        self.external = external
+        self.cause_task = cause_task
         where = f", checkpoint {os.path.basename(checkpoint)}" if checkpoint else ""
         super().__init__(f"stopped at step {step}{where}")
+
+    def reason(self, task: str) -> str:
+        """What the task says: why it stopped, for a stop that was not the run's."""
+        where = f"; checkpoint {os.path.basename(self.checkpoint)} written" if self.checkpoint else ""
+        if self.external:
+            return f"{self.external} at step {self.step}{where}"
+        if self.cause_task:
+            return f"stopped at step {self.step} with {self.cause_task}, which got a SIGTERM ClusterDeck did not send{where}"
+        return "SIGTERM"
