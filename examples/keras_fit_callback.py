@@ -21,7 +21,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from engine.runtime.keras_callback import ClusterDeckCallback  # noqa: E402
+from clusterdeck import ClusterDeckCallback  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
