@@ -39,6 +39,7 @@ class Curve:
         self.key = key
         self.opts: dict[str, object] = {"pen": pen, "name": name, "antialias": False}
         self._visible = True
+        self.on_top = False  # drawn after the lines that are not (see CurveSet.add)
         self.source: Callable[[], Points] | None = None
         self._pending: list[Points] = []  # segments appended since the image was drawn
         self.bounds = [math.inf, -math.inf, math.inf, -math.inf]  # x lo, x hi, y lo, y hi (finite points)
@@ -140,8 +141,10 @@ class CurveSet(pg.GraphicsObject):
         self.on_log_mode: Callable[[], None] | None = None
 
     # -- lines
-    def add(self, key: str, pen: QPen, name: str = "") -> Curve:
+    def add(self, key: str, pen: QPen, name: str = "", on_top: bool = False) -> Curve:
+        """A line; ``on_top`` lines are drawn after the others (an overlaid run's, over the shown one's)."""
         curve = self.curves[key] = Curve(self, key, pen, name)
+        curve.on_top = on_top
         self.invalidate()
         return curve
 
@@ -246,7 +249,7 @@ class CurveSet(pg.GraphicsObject):
         p.restore()
 
     def _draw_all(self, painter: QPainter, keep_pending: bool = False) -> None:
-        for curve in self.curves.values():
+        for curve in sorted(self.curves.values(), key=lambda c: c.on_top):
             if not keep_pending:
                 curve.take_pending()  # drawn in full below
             if not curve.isVisible() or curve.source is None:

@@ -19,7 +19,7 @@ from PySide6.QtCore import QPointF, QRectF, Qt
 from PySide6.QtGui import QColor, QFont, QFontMetricsF, QPainter, QPen
 from PySide6.QtWidgets import QGraphicsSceneWheelEvent, QSizePolicy
 
-__all__ = ["CompactLegend"]
+__all__ = ["CompactLegend", "ToggleLegend"]
 
 
 class Line(Protocol):
@@ -182,3 +182,32 @@ class CompactLegend(pg.GraphicsWidget):
         self.first_row = max(0, min(hidden, self.first_row + step))
         self.update()
         ev.accept()
+
+
+class _EntryLabel(pg.LabelItem):
+    """A legend entry's name: a click on it does what a click on its line sample does."""
+
+    def __init__(self, sample: Any, text: str, **opts: Any) -> None:
+        super().__init__(text, **opts)
+        self.sample = sample
+        self.setToolTip("Click to hide or show this line")
+
+    def mouseClickEvent(self, ev: Any) -> None:  # noqa: N802 - pyqtgraph's scene calls it
+        self.sample.mouseClickEvent(ev)
+        self.setOpacity(1.0 if self.sample.item.isVisible() else 0.45)
+
+
+class ToggleLegend(pg.LegendItem):
+    """pyqtgraph's legend, whose entries' names toggle their lines as their samples do (users of
+    TensorBoard and W&B click the name), a hidden line's name dimmed."""
+
+    def addItem(self, item: Any, name: str) -> None:  # noqa: N802 - pyqtgraph's name
+        sample = item if isinstance(item, self.sampleType) else self.sampleType(item)
+        label = _EntryLabel(sample, name, color=self.opts["labelTextColor"], justify="left",
+                            size=self.opts["labelTextSize"])
+        sample.sigClicked.connect(self.sigSampleClicked)
+        sample.sigClicked.connect(lambda _item, label=label: label.setOpacity(
+            1.0 if label.sample.item.isVisible() else 0.45))
+        self.items.append((sample, label))
+        self._addItemToLayout(sample, label)
+        self.updateSize()

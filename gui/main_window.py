@@ -127,6 +127,7 @@ class MainWindow(QMainWindow):
         self.messages.warning.connect(status.warn)
         files.message.connect(status.show)
         files.documentOpened.connect(lambda: self.window_layout.set_mode("design"))
+        files.documentOpened.connect(session.clear_comparisons)  # another config: the overlay was of the old one
         files.runOpened.connect(lambda: self.window_layout.set_mode("watch"))
         self.window_layout.modeChanged.connect(lambda mode: self.canvas.set_compact(mode == "watch"))
         self.themes.applied.connect(self._theme_applied)

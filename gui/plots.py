@@ -41,7 +41,7 @@ from engine.observe.telemetry import History, RunState
 from gui import theme
 from gui.curves import Curve, CurveSet, finite_range
 from gui.elided_label import ElidedLabel
-from gui.legend import CompactLegend
+from gui.legend import CompactLegend, ToggleLegend
 from gui.metric_series import (
     LOSS,
     NO_METRICS_NOTE,
@@ -55,6 +55,7 @@ from gui.metric_series import (
     reports_no_metrics,
     training_text,
 )
+from gui.plot_hover import PlotHover
 from gui.run_session import RunSession
 
 REDRAW_INTERVAL_MS = 40  # 25 Hz: the fallback timer
@@ -380,9 +381,15 @@ class MetricPlot(QWidget):
         self.csv_button = QToolButton()
         self.csv_button.setText("CSV")
         self.csv_button.setToolTip(f"Export the data of the “{spec.title}” plot as CSV (curve, x, y)")
+        self.log_button = QToolButton()
+        self.log_button.setText("log")
+        self.log_button.setObjectName(f"log-{spec.key}")
+        self.log_button.setCheckable(True)
+        self.log_button.setToolTip(f"Logarithmic y axis for the “{spec.title}” plot")
         header = self.header = QHBoxLayout()
         header.setContentsMargins(4, 0, 4, 0)
         header.addWidget(self.title, 1)
+        header.addWidget(self.log_button)
         header.addWidget(self.png_button)
         header.addWidget(self.csv_button)
         self.widget = pg.PlotWidget()
@@ -397,7 +404,7 @@ class MetricPlot(QWidget):
         self.item.getViewBox().setMouseEnabled(x=True, y=True)
         self.item.setLabel("left", spec.unit or None)
         # the legend sits beside the plot, never on its curves
-        self.legend = pg.LegendItem(labelTextSize="8pt", verSpacing=-6)
+        self.legend = ToggleLegend(labelTextSize="8pt", verSpacing=-6)
         self.legend.setSizePolicy(QSizePolicy.Policy.Fixed, QSizePolicy.Policy.Fixed)
         self.item.layout.addItem(self.legend, 2, 3)
         self.item.layout.setAlignment(self.legend, Qt.AlignmentFlag.AlignTop)
@@ -412,6 +419,8 @@ class MetricPlot(QWidget):
         self._legend_font = QFont()
         self._legend_font.setPointSizeF(8.0)
         self._legend_size = (0, 0)
+        self._legend_keys: list[str] = []  # the legend's entries, in order
+        self._ranks: dict[str, tuple[object, ...]] = {}  # curve -> its place in the legend
         # every line of the plot is one item, drawn incrementally (see gui.curves)
         self.lines = CurveSet()
         self.item.addItem(self.lines)
@@ -446,6 +455,8 @@ class MetricPlot(QWidget):
         layout.addLayout(header)
         layout.addWidget(self.widget, 1)
         self.png_button.clicked.connect(self._ask_png)
+        self.log_button.toggled.connect(lambda on: self.item.setLogMode(x=self.lines.log[0], y=on))
+        self.hover = PlotHover(self)
         # the plot's right-click "Export…" offers these two instead of pyqtgraph's export dialog, whose
         # exporters know only pyqtgraph's own data items
         png_action = QAction("Export as PNG…", self)
@@ -470,6 +481,12 @@ class MetricPlot(QWidget):
         """Log x or y was switched: every curve's points are given again in the new coordinates, at
         once (pyqtgraph fits the range to the curves' bounds right after)."""
         self.robust = self.spec.robust_y and not self.lines.log[1]
+        self.log_button.blockSignals(True)
+        self.log_button.setChecked(self.lines.log[1])  # (also when set from the plot's menu)
+        self.log_button.blockSignals(False)
+        for name in ("left", "bottom"):  # on a log axis the 2..9 ticks too, where a decade is wide
+            self.item.getAxis(name).setStyle(maxTickLevel=1 if self.lines.log[name == "left"] else 0)
+        self.hover.hide()
         for key, src in self._sources.items():
             curve = self.curves.get(key)
             src.shown = None
@@ -487,6 +504,14 @@ class MetricPlot(QWidget):
         else:
             (x_lo, x_hi), (y_lo, y_hi) = finite_range(x), src.summary.bounds()
         return [x_lo - offset, x_hi - offset, y_lo * scale, y_hi * scale]
+
+    def screen_points(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Points (as :attr:`raw` holds them) in the view's coordinates."""
+        return self._screen(x, y)
+
+    @property
+    def x_label(self) -> str | None:
+        return self._x_label
 
     def _screen(self, x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Points in the view's coordinates: log10 on a logarithmic axis (no point where <= 0)."""
@@ -558,6 +583,8 @@ class MetricPlot(QWidget):
         self._owners.clear()
         self.legend.clear()
         self.compact_legend.clear()
+        self._legend_keys = []
+        self._ranks.clear()
         self._choose_legend()
         self._fit_legend()
         self._empty_axes()
@@ -568,12 +595,15 @@ class MetricPlot(QWidget):
         self._summaries.clear()
 
     def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
-               width: float = 1.6) -> Curve:
+               width: float = 1.6, rank: tuple[object, ...] = ()) -> Curve:
         curve = self.curves.get(key)
         if curve is None:
             thin = len(self.curves) >= THIN_ABOVE
-            curve = self.lines.add(key, pg.mkPen(color, width=1.0 if thin else width, style=style), label)
+            on_top = key.startswith(COMPARE_PREFIX)  # an overlaid run is drawn over the shown one's lines
+            curve = self.lines.add(key, pg.mkPen(color, width=1.0 if thin else width, style=style), label,
+                                   on_top=on_top)
             self.labels[key] = label
+            self._ranks[key] = (on_top, *rank) if rank else (on_top, len(self._ranks))
             if not self._choose_legend():  # (a legend made again holds every curve already)
                 self._legend_add(curve, label)
             self._fit_legend()
@@ -586,6 +616,13 @@ class MetricPlot(QWidget):
         return curve
 
     def _legend_add(self, curve: Curve, label: str) -> None:
+        """An entry for ``curve``: at its place in the run's one order (the shown run's entries
+        first, each run's replicas or tasks in order, then its validation and total)."""
+        rank = self._ranks.get(curve.key, ())
+        if self._legend_keys and rank < self._ranks.get(self._legend_keys[-1], ()):
+            self._rebuild_legend()
+            return
+        self._legend_keys.append(curve.key)
         if self._compact:
             self.compact_legend.add(curve, short_label(label), label)
             return
@@ -593,6 +630,13 @@ class MetricPlot(QWidget):
         sample, text = self.legend.items[-1]
         for entry in (sample, text, text.item):  # drawn from a cache, as the legend itself
             entry.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
+
+    def _rebuild_legend(self) -> None:
+        """Every entry again, in rank order."""
+        (self.compact_legend if self._compact else self.legend).clear()
+        self._legend_keys = []
+        for key in sorted(self.curves, key=lambda k: self._ranks.get(k, ())):
+            self._legend_add(self.curves[key], self.labels.get(key, key))
 
     def _choose_legend(self) -> bool:
         """pyqtgraph's legend for up to :data:`COMPACT_LEGEND_ABOVE` curves, the compact one above; True
@@ -609,8 +653,7 @@ class MetricPlot(QWidget):
         layout.addItem(new, 2, 3)
         layout.setAlignment(new, Qt.AlignmentFlag.AlignTop)
         new.show()
-        for key, curve in self.curves.items():
-            self._legend_add(curve, self.labels.get(key, key))
+        self._rebuild_legend()
         self._compact_fit = (0.0, 0.0)
         return True
 
@@ -703,6 +746,9 @@ class MetricPlot(QWidget):
     def remove_curve(self, key: str) -> None:
         curve = self.lines.remove(key)
         self.labels.pop(key, None)
+        self._ranks.pop(key, None)
+        if key in self._legend_keys:
+            self._legend_keys.remove(key)
         if curve is not None:
             if self._compact:
                 self.compact_legend.remove(curve)
@@ -717,13 +763,13 @@ class MetricPlot(QWidget):
 
     def set_curve(self, key: str, label: str, color: str, x: np.ndarray, y: np.ndarray, smoothing: float,
                   style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6, *, x_offset: float = 0.0,
-                  stable: int | None = None) -> None:
+                  stable: int | None = None, rank: tuple[object, ...] = ()) -> None:
         """Show ``(x - x_offset, y * scale)``: ~2 points per horizontal pixel of the view (each block's
         min and max, from summaries kept incrementally), or every point in view when fewer.
 
         ``stable``: how many leading points are unchanged since the last call (default: all that were
         there; the history only grows)."""
-        curve = self._curve(key, label, color, style, width)
+        curve = self._curve(key, label, color, style, width, rank)
         n = len(x)
         x_range, pixels = self._view()
         # a curve whose points and view did not change is not touched
@@ -1213,8 +1259,10 @@ class PlotsPanel(QWidget):
         history = state.history
         prefix = f"{COMPARE_PREFIX}{label}:" if label else ""
         suffix = f" · {short_run_label(label)}" if label else ""
-        owners = plot.owners(history, prefix)
         order = {name: i for i, name in enumerate(state.tasks)}
+        owners = plot.owners(history, prefix)
+        if spec.scope == "task":  # tasks in the run's order (as the task table lists them), every plot alike
+            owners = sorted(owners, key=lambda o: order.get(o, len(order)))
         totals: list[tuple[str, np.ndarray, np.ndarray]] = []
         offset = 0.0
         for n, owner in enumerate(owners):
@@ -1231,7 +1279,8 @@ class PlotsPanel(QWidget):
                     name += f" {SECONDARY_LABEL.get(metric, metric)}"
                 color = theme.curve_color((int(owner) if owner.isdigit() else order.get(owner, n)) + shift)
                 pen_style = Qt.PenStyle.DotLine if m and not label else style
-                plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style, x_offset=offset)
+                plot.set_curve(prefix + key, name + suffix, color, x, y, weight, pen_style, x_offset=offset,
+                               rank=(label, 0, n, m))
                 if spec.total and m == 0:
                     totals.append((key, x, y))
         if spec.validation:
@@ -1241,7 +1290,7 @@ class PlotsPanel(QWidget):
             base_x, total, stable, final = plot.total(prefix, totals)
             plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
                            base_x[:final], total[:final], weight, style, width=2.2, x_offset=offset,
-                           stable=stable)
+                           stable=stable, rank=(label, 2, 0, 0))
 
 
     def _draw_validation(self, plot: MetricPlot, state: RunState, prefix: str, suffix: str, shift: int) -> None:
@@ -1254,7 +1303,7 @@ class PlotsPanel(QWidget):
         x, y, offset = self._xy(state, key)
         color = theme.VALIDATION_COLOR if not shift else theme.curve_color(shift + 7)
         plot.set_curve(prefix + key, VALIDATION + suffix, color, x, y, 0.0, Qt.PenStyle.DashLine, width=2.4,
-                       x_offset=offset)
+                       x_offset=offset, rank=(prefix[len(COMPARE_PREFIX):-1], 1, 0, 0))
 
 
 def short_label(label: str) -> str:
@@ -1263,9 +1312,12 @@ def short_label(label: str) -> str:
 
 
 def short_run_label(name: str, limit: int = 14) -> str:
-    """A run folder's name for a legend: without its date-time prefix, at most ``limit`` characters."""
-    short = re.sub(r"^\d{8}-\d{6}-", "", name)
-    return short if len(short) <= limit else short[:limit - 1] + "…"
+    """A run folder's name for a legend: its config's name (at most ``limit`` characters) and the time it
+    started, so two runs of one preset read apart (``data-2workers 14:03:22``)."""
+    match = re.match(r"^\d{8}-(\d{2})(\d{2})(\d{2})-(.*)$", name)
+    short = match.group(4) if match else name
+    short = short if len(short) <= limit else short[:limit - 1] + "…"
+    return f"{short} {match.group(1)}:{match.group(2)}:{match.group(3)}" if match else short
 
 
 def _total(cache: dict[str, tuple[str, int, float, np.ndarray, tuple[str, ...]]], prefix: str,

@@ -11,6 +11,7 @@ from engine.observe.telemetry import RunState
 from gui import theme
 from gui.document_model import DocumentModel
 from gui.elided_label import ElidedLabel
+from gui.failure_text import headline
 from gui.launch_checks import LaunchChecks
 from gui.run_session import RunSession
 
@@ -157,9 +158,11 @@ class RunStatus(QWidget):
             losses = [r.loss for r in s.replicas.values() if r.loss is not None]
             if losses:
                 parts.append(f"final loss {sum(losses) / len(losses):.4f}")
-        elif state == "failed":
-            parts.append(f"{s.failed_task or 'a task'}: {strip_task(s.reason, s.failed_task)}" if s.reason
-                         else "see the task table")
+        elif state == "failed":  # the user's own exception where there is one, not TensorFlow's wrapping
+            task = s.tasks.get(s.failed_task)
+            reason = strip_task(s.reason, s.failed_task)
+            said = headline(reason, task.log_tail if task is not None else ())
+            parts.append(f"{s.failed_task or 'a task'}: {said or reason}" if s.reason else "see the task table")
         elif state == "stopped":
             parts.append(f"at step {s.step}" + (f" — {s.reason}" if s.reason else ""))
         elif state == "interrupted":

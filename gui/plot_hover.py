@@ -1,0 +1,87 @@
+"""The hover readout of a plot: a vertical crosshair at the pointer, a dot on the nearest point of
+the visible curves and a label naming its step (or time), value and replica or task."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pyqtgraph as pg
+from PySide6.QtCore import QEvent, QObject, QPointF, Qt
+from PySide6.QtGui import QColor, QPalette
+
+from gui.readout import Reading, describe, nearest
+
+if TYPE_CHECKING:
+    from gui.plots import MetricPlot
+
+
+class PlotHover(QObject):
+    """Follows the pointer over ``plot``'s view; hidden when it leaves."""
+
+    def __init__(self, plot: MetricPlot) -> None:
+        super().__init__(plot)
+        self.plot = plot
+        item = plot.item
+        self.line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", style=Qt.PenStyle.DashLine))
+        self.dot = pg.ScatterPlotItem(size=8, pen=pg.mkPen("#ffffff"), brush=pg.mkBrush("#888888"))
+        self.label = pg.TextItem(anchor=(0, 1))
+        for part in (self.line, self.dot, self.label):
+            part.setZValue(1000)
+            item.addItem(part, ignoreBounds=True)
+        self.reading: Reading | None = None
+        self.text = ""
+        self.hide()
+        item.scene().sigMouseMoved.connect(self.moved)
+        plot.widget.viewport().installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if event.type() == QEvent.Type.Leave:
+            self.hide()
+        return False
+
+    def hide(self) -> None:
+        for part in (self.line, self.dot, self.label):
+            part.hide()
+        self.reading = None
+        self.text = ""
+
+    def moved(self, scene_pos: QPointF) -> None:
+        """The pointer is at ``scene_pos``: show the nearest point of a visible curve."""
+        plot = self.plot
+        vb = plot.item.getViewBox()
+        if not vb.sceneBoundingRect().contains(scene_pos):
+            self.hide()
+            return
+        at = vb.mapSceneToView(scene_pos)
+        log_x, log_y = plot.lines.log
+        series = {}
+        for key, curve in plot.curves.items():
+            if curve.isVisible() and key in plot.raw:
+                x, y = plot.raw[key]
+                series[key] = plot.screen_points(x, y)
+        (x0, x1), (y0, y1) = vb.viewRange()
+        width, height = max(1.0, vb.width()), max(1.0, vb.height())
+        reading = nearest(series, at.x(), at.y(), (y1 - y0) / height, (x1 - x0) / width)
+        if reading is None:
+            self.hide()
+            return
+        shown = Reading(reading.key, 10 ** reading.x if log_x else reading.x,
+                        10 ** reading.y if log_y else reading.y)
+        self.reading = shown
+        self.text = describe(shown, plot.labels.get(reading.key, reading.key), plot.x_label or "step",
+                             plot.spec.unit if plot.spec.unit not in ("", "%") else "")
+        color = plot.curves[reading.key].pen().color()
+        self.line.setPos(reading.x)
+        self.dot.setData([reading.x], [reading.y], brush=pg.mkBrush(color))
+        text = plot.palette().color(QPalette.ColorRole.ToolTipText)
+        fill = QColor(plot.palette().color(QPalette.ColorRole.ToolTipBase))
+        fill.setAlpha(225)
+        self.label.setText(self.text, color=text)
+        self.label.fill = pg.mkBrush(fill)
+        # the label stays inside the view: left of the point past the middle, below it near the top
+        right = reading.x > (x0 + x1) / 2
+        above = reading.y < (y0 + y1) / 2  # a low point: its label above it, a high one below
+        self.label.setAnchor((1 if right else 0, 1 if above else 0))
+        self.label.setPos(reading.x, reading.y)
+        for part in (self.line, self.dot, self.label):
+            part.show()
