@@ -146,6 +146,9 @@ def check(config: RunConfig) -> list[dict[str, str]]:
     try:
         recipe = compiled.build(config, tuple(batch))
     except BaseException as exc:  # noqa: BLE001
+        hint = _compiled_label_hint(config, x, y)  # a compiled loss and labels of the other kind fail in the build
+        if hint:
+            return [{"field": "data.path" if data_script else "model.script", "message": f"{str(path)!r}: {hint}"}]
         if model_script:
             return failed("model.script", "build_model(config)", exc)
         return [{"field": "model.name", "message": f"the built-in model cannot be built: {exc}"}]
@@ -221,15 +224,37 @@ def _logits_and_labels(config: RunConfig, path: Path, model_script: bool, rows: 
     return []
 
 
+def _compiled_label_hint(config: RunConfig, x: Any, y: Any) -> str:
+    """:func:`_label_hint` for a compiled model whose build failed (its loss is built on the first batch)."""
+    from engine.runtime import compiled, models, tf_compat
+
+    try:
+        model = models.build_model(config)
+        if not compiled.is_compiled(model):
+            return ""
+        logits = model(x, training=False)
+        loss = compiled._name_of(tf_compat.compile_setting(model, "loss"))
+    except BaseException:  # noqa: BLE001 - no hint then: the build's own error is reported
+        return ""
+    return _label_hint(config, logits, y, compiled.Recipe(model, None, "compile", "keras", loss))
+
+
 def _label_hint(config: RunConfig, logits: Any, y: Any, recipe: Any) -> str:
     """What to change where labels are one-hot but the loss takes class ids (sparse cross-entropy)."""
     y_shape = list(getattr(y, "shape", []))
     out_shape = list(getattr(logits, "shape", []))
-    sparse = recipe is None or recipe.source != "compile" or "Sparse" in recipe.loss_name
+    loss_name = recipe.loss_name.replace("_", "").lower() if recipe is not None else ""
+    sparse = recipe is None or recipe.source != "compile" or "sparse" in loss_name
     if sparse and len(y_shape) == 2 and len(out_shape) == 2 and y_shape[1] == out_shape[1] and y_shape[1] > 1:
         return (f"the labels have shape {y_shape}: one-hot vectors, but the loss (sparse categorical "
                 "cross-entropy) takes class ids of shape [batch]; yield tf.argmax(y, axis=-1) instead, or compile "
                 "the model with loss=keras.losses.CategoricalCrossentropy(from_logits=True)")
+    categorical = not sparse and "categoricalcrossentropy" in loss_name
+    if categorical and len(y_shape) <= 1 and len(out_shape) == 2 and out_shape[1] > 1:
+        return (f"the labels have shape {y_shape}: class ids, but the compiled loss ({recipe.loss_name}) takes "
+                f"one-hot vectors of shape [batch, {out_shape[1]}]; compile with "
+                "loss=keras.losses.SparseCategoricalCrossentropy() instead, or yield "
+                f"tf.one_hot(y, {out_shape[1]})")
     return ""
 
 

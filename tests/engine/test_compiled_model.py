@@ -199,3 +199,23 @@ def test_the_check_builds_an_unbuilt_model_and_names_one_hot_labels(tmp_path: Pa
         "    m.compile(optimizer='sgd', loss=keras.losses.CategoricalCrossentropy(from_logits=True))\n"
         "    return m"))
     assert script_check.check(cfg) == []
+
+
+def test_the_check_names_class_ids_given_to_a_categorical_loss(tmp_path: Path) -> None:
+    """keras-io's mnist_convnet compiles categorical_crossentropy; the bundled digits give class ids."""
+    script = write(tmp_path, "convnet.py", """
+        import keras
+
+        def build_model(config):
+            model = keras.Sequential([keras.Input(shape=tuple(config.data.shape)),
+                                      keras.layers.Conv2D(4, 3, activation="relu"), keras.layers.Flatten(),
+                                      keras.layers.Dense(config.data.classes, activation="softmax")])
+            model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
+            return model
+    """)
+    cfg = RunConfig(name="convnet", cluster=Cluster(hosts=(Host(name="local", tasks=(Task("worker", 0),)),)),
+                    data=Data(source="digits", shape=(8, 8, 1), classes=10, size=1497),
+                    model=Model(name="script", script=str(script)), training=Training(global_batch_size=32, steps=4))
+    problems = script_check.check(cfg)
+    assert len(problems) == 1 and problems[0].field == "model.script", problems
+    assert "class ids" in problems[0].message and "SparseCategoricalCrossentropy" in problems[0].message
