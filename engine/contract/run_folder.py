@@ -45,6 +45,8 @@ OVERLONG = b"\x00over-long line"
 RUN_JSON = "run.json"
 CONFIG_YAML = "config.yaml"
 RUNS_ENV = "CLUSTERDECK_RUNS"
+#: Set by the supervisor for its tasks: it creates a task's stop marker before it stops it (RunFolder.stop_marker)
+STOP_MARKERS_ENV = "CLUSTERDECK_STOP_MARKERS"
 
 
 def task_folder_name(task: str) -> str:
@@ -239,8 +241,15 @@ class RunFolder:
     def task_log(self, task: str) -> Path:
         return self.task_dir(task) / "log.txt"
 
-    def tensorboard(self, task: str) -> Path:
-        return self.path / "tensorboard" / task_folder_name(task)
+    @property
+    def tensorboard(self) -> Path:
+        """TensorBoard's log folder: a run (sub-folder) per replica and one for validation."""
+        return self.path / "tensorboard"
+
+    def stop_marker(self, task: str) -> Path:
+        """Created by the supervisor before it stops ``task`` (SIGTERM): a SIGTERM without it is not ClusterDeck's
+        (``engine.runtime.stop``); removed when the task starts."""
+        return self.task_dir(task) / ".stop-requested"
 
     def scratch(self, task: str) -> Path:
         """A task's throw-away folder (checkpoints of non-primary workers, temporary files)."""

@@ -29,7 +29,7 @@ from engine.runtime import data as data_mod
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
-from engine.runtime.summaries import Summaries
+from engine.runtime.summaries import Summaries, hparams_of
 
 
 def trainer_rank(config: RunConfig, role: str, index: int) -> int:
@@ -133,7 +133,8 @@ class MirroredAdapter:
         if self.per_execution > 1:
             ctx.emitter.info(f"{self.per_execution} steps per function (training.steps_per_execution)",
                              steps_per_execution=self.per_execution)
-        self.summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task)) if telemetry else None
+        self.summaries = Summaries(RunFolder(ctx.run_dir).tensorboard, hparams=hparams_of(config),
+                                   trial=config.name) if telemetry else None
         if self.summaries is not None and not self.summaries.enabled:
             ctx.emitter.info("the tensorboard package is not installed: no TensorBoard summaries for this run")
         self.reporter = StepReporter(ctx.emitter if telemetry else None, self.replica_ids, per_replica,

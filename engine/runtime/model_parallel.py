@@ -44,7 +44,7 @@ from engine.runtime import sharded, user_script
 from engine.runtime.context import StepReporter, TaskContext
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
-from engine.runtime.summaries import Summaries
+from engine.runtime.summaries import Summaries, hparams_of
 
 
 @dataclass(frozen=True)
@@ -174,6 +174,22 @@ class MeshSteps:
         return layers.constrain(per_example, self.mesh, layers.BATCH), hits
 
 
+def check_labels(y: np.ndarray, classes: int, step: int) -> None:
+    """Raise ``ValueError`` where a label of the batch of ``step`` is not a class id (0 to ``classes - 1``):
+    the model mode's one-hot cross-entropy would train on it at loss 0 without a word."""
+    if y.size == 0:
+        return
+    if not np.issubdtype(y.dtype, np.integer):
+        if not np.issubdtype(y.dtype, np.floating) or not np.all(np.isfinite(y)) or not np.all(y == np.round(y)):
+            raise ValueError(f"data labels: the batch of step {step} holds labels that are not class ids "
+                             f"(dtype {y.dtype}); expected integers 0 to {classes - 1} (data.classes {classes})")
+    low, high = float(np.min(y)), float(np.max(y))
+    if low < 0 or high >= classes:
+        bad = low if low < 0 else high
+        raise ValueError(f"data labels: label {bad:g} in the batch of step {step} is out of range; expected 0 to "
+                         f"{classes - 1} (data.classes {classes})")
+
+
 def replica_means(info: MeshInfo, values: tf.Tensor) -> list[float]:
     """The mean of a ``(batch,)``-laid-out value over each replica this client reports."""
     components = dtensor.unpack(values)
@@ -277,7 +293,8 @@ class MeshAdapter:
                              lines=lines)
 
         self.steps = MeshSteps(model, optimizer, config.data.classes, model_loss(config))
-        self.summaries = Summaries(RunFolder(ctx.run_dir).tensorboard(ctx.task))
+        self.summaries = Summaries(RunFolder(ctx.run_dir).tensorboard, hparams=hparams_of(config),
+                                   trial=config.name)
         self.reporter = StepReporter(ctx.emitter, info.owned, per_replica_batch, config.training.metrics_hz, local_names,
                                      memory_info, self.summaries)
         self.batches = _batches(config)
@@ -317,6 +334,8 @@ class MeshAdapter:
 
     def run_step(self, step: int, *, last: bool) -> None:
         x, y = next(self.batches)  # every step is its own group (steps_per_execution is 1 in this mode)
+        if self.steps.loss is None:  # softmax cross-entropy of one-hot labels: one out of range would count 0
+            check_labels(y, self.steps.classes, step)
         self.result = self.steps.train(*self.pack(x, y))
 
     def report(self, step: int, *, force: bool) -> None:

@@ -1,7 +1,11 @@
 """TensorBoard summaries of the same per-replica scalars the task streams as events.
 
-Each task writes its own event files under ``<run>/tensorboard/<role>-<index>``,
-so ``tensorboard --logdir RUN_FOLDER`` shows the curves ClusterDeck shows.
+TensorBoard's convention: a *run* is one line in every chart, a *tag* one chart. So each replica
+writes its own event files under ``<run>/tensorboard/replica_<id>`` with plain tags (``loss``,
+``examples_per_sec``, ``step_time``, each training metric), and validation writes
+``<run>/tensorboard/validation`` with the same tags: ``tensorboard --logdir RUN_FOLDER`` overlays
+every replica and the validation curve in one chart per figure. Each writer also records the run's
+hyperparameters (the HParams dashboard).
 
 Points are written by a background thread: six eager ``tf.summary.scalar`` calls
 cost ~2 ms, during which a synchronous training loop would not train at all. And
@@ -19,6 +23,7 @@ import queue
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import tensorflow as tf
 
@@ -35,15 +40,35 @@ def tensorboard_available() -> bool:
     return True
 
 
+#: The writer of held-out figures (``replica`` -1 in the queue).
+VALIDATION = -1
+
+
+def hparams_of(config: Any) -> dict[str, bool | int | float | str]:
+    """The run's hyperparameters as the HParams dashboard takes them (plain scalars)."""
+    t, p = config.training, config.parallelism
+    return {"mode": p.mode, "model": config.model.name, "data": config.data.source,
+            "optimizer": t.optimizer, "learning_rate": float(t.learning_rate),
+            "global_batch_size": int(t.global_batch_size), "steps": int(config.total_steps()),
+            "replicas": int(config.num_replicas()), "seed": int(t.seed)}
+
+
 class Summaries:
-    def __init__(self, logdir: str | Path, interval_s: float = INTERVAL_S) -> None:
+    """Queued, thinned TensorBoard scalars: one writer per replica (and one for validation) under ``root``."""
+
+    def __init__(self, root: str | Path, interval_s: float = INTERVAL_S,
+                 hparams: dict[str, bool | int | float | str] | None = None, trial: str = "") -> None:
         self.enabled = tensorboard_available()
         self.interval_s = interval_s
+        self.root = Path(root)
+        self.hparams = hparams
+        self.trial = trial
         self._last: dict[int, float] = {}  # replica -> when its last point was queued
         self._held: dict[int, tuple[int, int, dict[str, float | None]]] = {}  # a replica's newest point not queued
-        self._writer = tf.summary.create_file_writer(str(logdir), flush_millis=2000) if self.enabled else None
+        self._writers: dict[int, Any] = {}  # made by the writing thread, as points for them come
         self._queue: queue.Queue[tuple[int, int, dict[str, float | None]]] = queue.Queue()
-        if self._writer is not None:
+        self._writer = self.enabled or None  # truthy while summaries are written
+        if self.enabled:
             threading.Thread(target=self._write, name="summaries", daemon=True).start()
 
     def replica(self, replica: int, step: int, **scalars: float | None) -> None:
@@ -62,18 +87,31 @@ class Summaries:
     def validation(self, step: int, **scalars: float | None) -> None:
         """Queue the held-out figures of ``step`` (tags ``validation/<name>``), never held back."""
         if self._writer is not None:
-            self._queue.put((-1, step, scalars))
+            self._queue.put((VALIDATION, step, scalars))
+
+    def _writer_of(self, replica: int) -> Any:
+        writer = self._writers.get(replica)
+        if writer is None:
+            name = "validation" if replica == VALIDATION else f"replica_{replica}"
+            writer = self._writers[replica] = tf.summary.create_file_writer(str(self.root / name), flush_millis=2000)
+            if self.hparams:
+                try:
+                    from tensorboard.plugins.hparams import api as hp
+
+                    with writer.as_default():
+                        hp.hparams(self.hparams, trial_id=f"{self.trial}/{name}" if self.trial else name)
+                except Exception:  # noqa: BLE001 - the scalars matter more than the dashboard
+                    pass
+        return writer
 
     def _write(self) -> None:
-        assert self._writer is not None
         while True:
             replica, step, scalars = self._queue.get()
             try:
-                with self._writer.as_default(step=step):
+                with self._writer_of(replica).as_default(step=step):
                     for name, value in scalars.items():
                         if value is not None:
-                            tag = f"validation/{name}" if replica < 0 else f"replica_{replica}/{name}"
-                            tf.summary.scalar(tag, value)
+                            tf.summary.scalar(name, value)
             except Exception:  # noqa: BLE001 - a failed summary must not stop training; events carry the data
                 pass
             finally:
@@ -85,5 +123,6 @@ class Summaries:
                 self._queue.put(point)
             self._held.clear()
             self._queue.join()
-            self._writer.flush()
-            self._writer.close()
+            for writer in self._writers.values():
+                writer.flush()
+                writer.close()
