@@ -77,7 +77,7 @@ EMA_BLOCK = 64
 #: Legend entries per column: more curves than this make more columns.
 LEGEND_ROWS = 8
 #: Height of one entry of pyqtgraph's legend (8 pt labels, -6 px spacing), in pixels.
-LEGEND_ROW_HEIGHT = 16.0
+LEGEND_ROW_HEIGHT = 17.0
 #: Above this many curves a plot's legend is a :class:`~gui.legend.CompactLegend` (one item naming
 #: every line) instead of pyqtgraph's, whose two widgets per entry cost ~55 KB each.
 COMPACT_LEGEND_ABOVE = 32
@@ -661,7 +661,7 @@ class MetricPlot(QWidget):
         """Width and height the legend may take beside the plot: half the width, and the height of
         the plot area above the x axis (never more: a taller legend pushes the axis out of sight)."""
         axis = self.item.getAxis("bottom")
-        height = self.widget.height() - max(axis.height(), 30.0) - 8
+        height = self.widget.height() - max(axis.height(), 36.0) - 22  # (the legend's own margins)
         return max(60.0, self.width() * 0.5), max(20.0, height)
 
     def _legend_rows(self) -> int:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget
+from PySide6.QtCore import QEvent, QObject, Qt, Signal
+from PySide6.QtGui import QKeyEvent
+from PySide6.QtWidgets import QAbstractItemView, QLabel, QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
 from engine.contract.config import Problem
 from gui import theme
 from gui.document_model import DocumentModel, problem_target
+
+#: The most height of the list of problems: more of them scroll.
+MOST_HEIGHT = 150
 
 
 class ProblemsList(QWidget):
@@ -25,13 +29,17 @@ class ProblemsList(QWidget):
         self.list = QListWidget()
         self.list.setObjectName("problemsList")
         self.list.setWordWrap(True)
-        self.list.setToolTip("Click a problem to select the host, task or setting it is about")
+        self.list.setToolTip("Click a problem (or press Enter or Space on it) to select the host, task or "
+                             "setting it is about")
+        self.list.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.list.installEventFilter(self)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
         layout.addWidget(self.summary)
-        layout.addWidget(self.list, 1)
+        layout.addWidget(self.list, 0)
         layout.addStretch(0)  # keeps the summary at the top while the list is hidden
         self.list.itemClicked.connect(self._clicked)
+        self.list.itemActivated.connect(self._clicked)  # Enter, as a click
         document.problemsChanged.connect(self.refresh)
         self.refresh(document.problems)
 
@@ -49,6 +57,26 @@ class ProblemsList(QWidget):
         else:
             self.summary.setText(f"<b style='color:{theme.STATE_COLORS['running']}'>✓ Ready to run</b>")
         self.list.setVisible(bool(problems))
+        if problems and self.list.currentRow() < 0:
+            self.list.setCurrentRow(0)
+        self._fit_height()
+
+    def _fit_height(self) -> None:
+        """The list is as tall as its problems (one line takes one line, not a box), at most ``MOST_HEIGHT``."""
+        rows = sum(max(self.list.sizeHintForRow(i), self.list.fontMetrics().height())
+                   for i in range(self.list.count()))
+        self.list.setFixedHeight(min(MOST_HEIGHT, rows + 2 * self.list.frameWidth() + 4))
+
+    def resizeEvent(self, event: object) -> None:  # noqa: N802 - Qt's name
+        super().resizeEvent(event)  # type: ignore[arg-type]
+        self._fit_height()  # wrapped lines take more or fewer rows at another width
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
+        if (watched is self.list and event.type() == QEvent.Type.KeyPress and isinstance(event, QKeyEvent)
+                and event.key() == Qt.Key.Key_Space and self.list.currentItem() is not None):
+            self._clicked(self.list.currentItem())  # Space acts as Enter does
+            return True
+        return False
 
     def _clicked(self, item: QListWidgetItem) -> None:
         """Select the host or task the problem is about, then ask for its field's editor."""

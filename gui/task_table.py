@@ -177,6 +177,7 @@ class TaskTable(QWidget):
         self.view.setObjectName("taskTable")
         self.view.setModel(self.model)
         self.view.setAlternatingRowColors(True)
+        self.view.setTabKeyNavigation(False)  # Tab leaves the table (arrows move between its cells)
         self.view.setSelectionBehavior(QTableView.SelectionBehavior.SelectRows)
         self.view.verticalHeader().setVisible(False)
         header = self.view.horizontalHeader()

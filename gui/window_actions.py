@@ -63,7 +63,9 @@ ACTIONS: tuple[ActionSpec, ...] = (
                                                  "GPUs per node: set them in the group's properties)"),
     ActionSpec("add_task", "Add &Task", "Add a worker to the selected host (the arrow offers other roles)",
                "Ctrl+Shift+T"),
-    ActionSpec("delete", "&Delete Selected", "Delete the selected host or task (Del on the canvas)"),
+    # the canvas handles Del itself (a window-wide shortcut would take Del from every text field): the
+    # menu shows the key after a tab, without binding it
+    ActionSpec("delete", "&Delete Selected\tDel", "Delete the selected host or task (Del on the canvas)"),
     ActionSpec("run", "&Run", RUN_TIP, "F5", SP.SP_MediaPlay),
     ActionSpec("stop", "S&top", "Stop the run: every task ends (Shift+F5)", "Shift+F5", SP.SP_MediaStop),
     ActionSpec("fit", "Fit Cluster in View", "Zoom the canvas so every host shows", "Ctrl+0"),
