@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.cli import metrics_view
-from engine.cli.folders import unusable_folder
+from engine.cli.folders import expand_folder, unusable_folder
 from engine.contract import config as config_mod
 from engine.contract import presets
 from engine.contract.config import ConfigError, Problem
@@ -137,7 +137,7 @@ def _warn(problems: list[Problem], as_json: bool) -> None:
 def _runs_root(out: str | None) -> tuple[Path, str]:
     """The folder for run folders, and how to name it in a message."""
     if out:
-        return Path(out).expanduser(), "--out"
+        return expand_folder(out), "--out"
     root = default_runs_root()
     return root, f"${RUNS_ENV}" if os.environ.get(RUNS_ENV, "").strip() else "runs folder"
 
@@ -272,7 +272,7 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
     progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
                         console=console, transient=False)
-    bar = progress.add_task(run.config.name, total=run.state.total_steps)
+    bar = progress.add_task(escape(run.config.name), total=run.state.total_steps)  # a name is text, not markup
 
     def replica_table() -> Table:
         table = Table(box=None, pad_edge=False, show_header=True, header_style="bold dim")

@@ -152,6 +152,11 @@ class TaskPlan:
                         env=dict(d.get("env", {})), trains=bool(d.get("trains", False)))
 
 
+#: Every task's CUDA device order: GPU ids mean the same to CUDA, to NVML's figures and across models of GPU.
+CUDA_ORDER_ENV = "CUDA_DEVICE_ORDER"
+CUDA_ORDER = "PCI_BUS_ID"
+
+
 def plan_tasks(config: RunConfig, placement: Mapping[str, str] | None = None) -> list[TaskPlan]:
     """One :class:`TaskPlan` per task; ports must be resolved already (and Slurm tasks placed on nodes)."""
     plans = []
@@ -169,6 +174,8 @@ def plan_tasks(config: RunConfig, placement: Mapping[str, str] | None = None) ->
                 "CUDA_VISIBLE_DEVICES": ",".join(str(i) for i in ids),
                 "CLUSTERDECK_TASK": t.name,
                 "CLUSTERDECK_DEVICES": str(config.devices_of(h, t)),
+                # CUDA counts GPUs in PCI bus order, as NVML's figures are matched (engine.control.gpu)
+                CUDA_ORDER_ENV: CUDA_ORDER,
             }
             if config.parallelism.mode == "model" and t.role == "worker":
                 env.update(dtensor_env(cluster, t, placement))

@@ -58,6 +58,12 @@ def host_folder_name(host: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]+", "-", host) or "host"
 
 
+def expand_user(path: str) -> Path:
+    """``path`` with ``~`` or ``~user`` expanded; a ``~user`` this machine does not know is left as written
+    (``Path.expanduser`` raises there; the folder checks then name it: ``engine.cli.folders``)."""
+    return Path(os.path.expanduser(path))
+
+
 def default_runs_root() -> Path:
     """Where new run folders go: ``$CLUSTERDECK_RUNS``, else ``runs`` in the per-user data folder
     (``~/.local/share/clusterdeck/runs`` on Linux, ``~/Library/Application Support/clusterdeck/runs``
@@ -65,7 +71,7 @@ def default_runs_root() -> Path:
     own setting override it."""
     env = os.environ.get(RUNS_ENV, "").strip()
     if env:
-        return Path(env).expanduser()
+        return expand_user(env)
     import platformdirs
 
     return platformdirs.user_data_path("clusterdeck", appauthor=False) / "runs"

@@ -2,6 +2,12 @@
 
 Everything degrades to "no GPU figures" when the library or the driver is
 missing; the NVML module can be swapped for a stand-in in tests.
+
+Which GPU is which: a task's ``gpu_ids`` are CUDA's indices, and every task runs with
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:data:`engine.contract.plan.CUDA_ORDER_ENV`), so CUDA counts GPUs in
+PCI bus order. NVML's own index need not follow that order (on a host of mixed models CUDA's default
+puts the fastest first), so the sampler matches NVML's handles to CUDA's indices by PCI bus id
+(:func:`cuda_order`), never by NVML's index.
 """
 
 from __future__ import annotations
@@ -45,6 +51,7 @@ class GpuSampler:
         self.count = 0
         self.error = ""
         self._initialised = False  # nvmlInit succeeded: nvmlShutdown is owed, GPUs or not
+        self.order: list[int] = []  # NVML's index of each CUDA index (PCI bus order)
         if self.nvml is None:
             self.error = "nvidia-ml-py is not installed"
             return
@@ -53,6 +60,7 @@ class GpuSampler:
             self._initialised = True
             self.count = int(self.nvml.nvmlDeviceGetCount())
             self.available = self.count > 0
+            self.order = cuda_order(self.nvml, self.count)
             if not self.available:
                 self.error = "NVML found no GPU"
         except Exception as exc:  # noqa: BLE001 - NVMLError has many subclasses; any means: no GPU figures
@@ -66,7 +74,7 @@ class GpuSampler:
         out = []
         for i in indices if indices is not None else range(self.count):
             try:
-                handle = self.nvml.nvmlDeviceGetHandleByIndex(i)
+                handle = self.nvml.nvmlDeviceGetHandleByIndex(self.order[i] if i < len(self.order) else i)
                 util = self.nvml.nvmlDeviceGetUtilizationRates(handle)
                 mem = self.nvml.nvmlDeviceGetMemoryInfo(handle)
                 procs: dict[int, int] = {}
@@ -89,6 +97,36 @@ class GpuSampler:
                 pass
         self._initialised = False
         self.available = False
+
+
+def _bus_id(value: Any) -> str:
+    text = value.decode("ascii", "replace") if isinstance(value, bytes) else str(value)
+    return text.strip().lower().rstrip("\x00")
+
+
+def _bus_key(bus_id: str) -> tuple[int, ...]:
+    """``"00000000:3B:00.0"`` as numbers (domain, bus, device, function): PCI bus order, as CUDA counts."""
+    parts = bus_id.replace(".", ":").split(":")
+    try:
+        return tuple(int(part, 16) for part in parts)
+    except ValueError:
+        return (1 << 62,)
+
+
+def cuda_order(nvml: Any, count: int) -> list[int]:
+    """NVML's index of each CUDA index under ``CUDA_DEVICE_ORDER=PCI_BUS_ID``: NVML's devices sorted by PCI bus
+    id. NVML's own order where a bus id cannot be read."""
+    ids: list[tuple[tuple[int, ...], int]] = []
+    try:
+        for i in range(count):
+            info = nvml.nvmlDeviceGetPciInfo(nvml.nvmlDeviceGetHandleByIndex(i))
+            bus = getattr(info, "busId", None) or getattr(info, "busIdLegacy", None)
+            if bus is None:
+                return list(range(count))
+            ids.append((_bus_key(_bus_id(bus)), i))
+    except Exception:  # noqa: BLE001 - any NVML error: keep NVML's order
+        return list(range(count))
+    return [i for _, i in sorted(ids)]
 
 
 def task_gpu_figures(samples: list[GpuSample], gpu_ids: list[int], pid: int) -> dict[str, float | int]:

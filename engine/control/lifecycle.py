@@ -130,6 +130,8 @@ class TaskStatus:
     reason: str = ""
     will_restart: bool = False
     generation: int = 0
+    #: the task whose SIGTERM (not ClusterDeck's) stopped this one: it is blamed, not the reporter
+    cause_task: str = ""
 
 
 @dataclass(frozen=True)
@@ -383,6 +385,9 @@ class Lifecycle:
         if item.state is TaskPhase.FAILED:
             if item.will_restart:
                 return []  # its supervisor brings it back (async workers)
+            if item.cause_task and item.cause_task != item.task and item.cause_task in self.tasks:
+                return self._failed(item.cause_task, f"got a SIGTERM ClusterDeck did not send (reported by "
+                                                     f"{item.task}: {without_name(item.task, item.reason)})")
             culprit, why = blame(item.task, without_name(item.task, item.reason or "failed"))
             return self._failed(culprit, why)
         if item.state is TaskPhase.FINISHED and self.all_primaries_finished():
@@ -518,7 +523,7 @@ def from_event(event: dict[str, Any]) -> Input | None:
         except ValueError:
             return None
         return TaskStatus(task, state, str(event.get("reason", "") or ""), bool(event.get("will_restart")),
-                          generation)
+                          generation, str(event.get("cause_task", "") or ""))
     if kind == "step":
         worker = event.get("worker")
         return StepProgress(task, int(event.get("step", 0)), worker if isinstance(worker, int) else None,

@@ -35,8 +35,8 @@ from typing import Any
 import psutil
 
 from engine.contract import events, parent_death, warm_start
-from engine.contract.plan import INTRA_OP_ENV, CoreShare, TaskPlan, intra_op_threads, share_cores
-from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder
+from engine.contract.plan import CUDA_ORDER, CUDA_ORDER_ENV, INTRA_OP_ENV, CoreShare, TaskPlan, intra_op_threads, share_cores
+from engine.contract.run_folder import OVERLONG, STOP_MARKERS_ENV, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
 from engine.control import background, machine_fit, netns
 from engine.control.gpu import GpuSampler, driver_present, task_gpu_figures
@@ -111,6 +111,7 @@ class TaskProcess:
     stopping: bool = False
     restarts: int = 0
     restart_requested: bool = False
+    cause_task: str = ""  # the task whose SIGTERM (not ClusterDeck's) stopped this one
 
 
 class Supervisor:
@@ -188,6 +189,8 @@ class Supervisor:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         env["PYTHONUNBUFFERED"] = "1"
         env[RUN_DIR_ENV] = str(self.run_dir)
+        env[CUDA_ORDER_ENV] = CUDA_ORDER  # the template's too: tasks fork from it with the plan's env unchanged
+        env[STOP_MARKERS_ENV] = "1"  # a SIGTERM without the task's marker is not ours (engine.runtime.stop)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
         env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
         return env
@@ -262,6 +265,7 @@ class Supervisor:
         plan = tp.plan
         tdir = self.task_dir(plan.name)
         tdir.mkdir(parents=True, exist_ok=True)
+        self.folder.stop_marker(plan.name).unlink(missing_ok=True)  # a new life: no stop asked of it yet
         ev_r, ev_w = os.pipe()
         life_r, life_w = os.pipe()
         env = self.host_env()
@@ -306,6 +310,7 @@ class Supervisor:
         tp.terminal_state = ""
         tp.reason = ""
         tp.traceback = ""
+        tp.cause_task = ""
         self.sel.register(ev_r, selectors.EVENT_READ, tp)
         try:
             tp.ps = psutil.Process(tp.proc.pid)
@@ -348,6 +353,7 @@ class Supervisor:
         if event["kind"] == "status" and event.get("state") in ("finished", "failed", "stopped"):
             tp.terminal_state = event["state"]
             tp.reason = str(event.get("reason", ""))
+            tp.cause_task = str(event.get("cause_task", "") or "")
             if event["state"] == "failed":
                 # held back: one failed event goes out when the process is reaped, saying
                 # whether the task will be restarted
@@ -400,11 +406,13 @@ class Supervisor:
             else:
                 allowed = name in self.restartable or tp.restart_requested
                 will_restart = allowed and tp.restarts < self.max_restarts and not self.stopping
-                if tp.terminal_state == "failed":
-                    reason = tp.reason
+                if tp.terminal_state == "failed" or (tp.terminal_state == "stopped" and tp.cause_task):
+                    reason = tp.reason  # its own words (a stop it was not asked for names the task that caused it)
                 else:
                     reason = describe_exit(code) if code != 0 else "exited without finishing"
-                extra = {"traceback": tp.traceback} if tp.traceback else {}
+                extra: dict[str, Any] = {"traceback": tp.traceback} if tp.traceback else {}
+                if tp.cause_task:
+                    extra["cause_task"] = tp.cause_task
                 self.send(events.make("status", name, state="failed", exit_code=code, reason=reason,
                                       log_tail=log_tail(self.task_dir(name) / "log.txt"),
                                       will_restart=will_restart, **extra))
@@ -471,6 +479,7 @@ class Supervisor:
         live = [tp for tp in tps if tp.proc is not None and not _has_exited(tp.proc)]
         for tp in live:
             tp.stopping = True
+            mark_stop(self.folder.stop_marker(tp.plan.name))  # this SIGTERM is ours: the task stops, not fails
             _signal_group(tp.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and not all(_has_exited(tp.proc) for tp in live):  # type: ignore[arg-type]
@@ -591,6 +600,15 @@ class Supervisor:
             if self.gpus is not None:
                 self.gpus.close()
         return 0
+
+
+def mark_stop(marker: Path) -> None:
+    """Create a task's stop marker (best effort: without it the task reports the SIGTERM as not ours)."""
+    try:  # never a folder made for it: a run folder that vanished stays gone
+        fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        os.close(fd)
+    except OSError:
+        pass
 
 
 def _has_exited(proc: subprocess.Popen[bytes] | ForkedTask) -> bool:

@@ -72,7 +72,7 @@ import tensorflow as tf
 
 from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
-from engine.runtime import compiled, models, servers, tf_compat
+from engine.runtime import compiled, models, nan_guard, servers, tf_compat
 from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
 from engine.runtime.context import TaskContext
@@ -319,6 +319,7 @@ class WorkerReporter:
 
     def step_done(self, step: int, loss: float, worker: int, ts: float, count: int,
                   metrics: dict[str, float] | None = None) -> None:
+        nan_guard.check_loss(worker, step, loss, who="worker")
         w = self.workers.setdefault(worker, _WorkerFigures())
         if count > w.last_count:
             w.ran += count - w.last_count

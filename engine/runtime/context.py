@@ -11,6 +11,7 @@ from typing import Any
 
 from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
+from engine.runtime import nan_guard
 from engine.runtime.emitter import Emitter
 from engine.runtime.stop import StopSignal
 
@@ -109,6 +110,7 @@ class StepReporter:
         now = time.perf_counter()
         step_time = (now - self.last) / max(1, self.pending)
         rate = self.per_replica_batch / step_time if step_time > 0 else 0.0
+        losses: list[tuple[int, Any]] = []
         with self.emitter.batch():  # a report's events (every replica, the devices) in one write
             for rid, result in zip(self.replica_ids, results, strict=False):
                 # a result is the replica's loss, or (loss, seconds it waited for the others to sync), or
@@ -120,6 +122,7 @@ class StepReporter:
                     metrics = rest[0] if rest else None
                 else:
                     loss = result
+                losses.append((rid, loss))
                 fields: dict[str, Any] = {"replica": rid, "step": step, "loss": None if loss is None else float(loss),
                           "examples_per_sec": rate,
                           "step_time": step_time}
@@ -144,6 +147,8 @@ class StepReporter:
                     current, peak = self.memory(name)
                     if current is not None:
                         self.emitter.emit("device", device=name, device_index=i, tf_bytes=current, tf_peak_bytes=peak)
+        for rid, loss in losses:  # after the report (its step shows), a NaN or infinite loss fails the task
+            nan_guard.check_loss(rid, step, loss)
 
     def flush(self, step: int, fetch: Callable[[], Sequence[Any]]) -> None:
         """Report the steps counted since the last report (the last one of a run that stops)."""

@@ -114,7 +114,8 @@ class TrainingLoop:
         if start < total:
             ctx.emitter.status("running", step=start, total=total)
         delay = _test_step_delay(ctx.task)
-        agreement = StopAgreement(RunFolder(ctx.run_dir).scratch("stop") / "step" if adapter.lockstep else None)
+        agreement = StopAgreement(RunFolder(ctx.run_dir).scratch("stop") / "step" if adapter.lockstep else None,
+                                  task=ctx.task)
         validator = getattr(adapter, "validator", None)
         validate_every = ctx.config.validation.every if ctx.config.validation.enabled else 0
         # every task cuts its groups where validation runs, so tasks in lock-step run the same groups
@@ -128,7 +129,8 @@ class TrainingLoop:
                 # proposal is read where a group starts (it cannot be one this task has begun: the proposer
                 # writes it before it runs that group, which this task cannot finish without it)
                 if step == groups.first or ctx.stop.requested:
-                    target = agreement.stop_after(ctx.stop.requested, step - 1, end)
+                    target = agreement.stop_after(ctx.stop.requested, step - 1, end,
+                                                  external=ctx.stop.external is not None)
                 if target is not None and step - 1 >= target:
                     break
                 if delay:
@@ -151,8 +153,14 @@ class TrainingLoop:
                 raise
             # a peer stopped first and the collective it left failed: the step before is the last one
         self.elapsed = time.perf_counter() - t0
+        cause_task: str | None = None
+        if target is not None and not ctx.stop.requested and self.done < total:
+            # stopped at a step a peer proposed: a stop, never a finish (the steps after were not taken, and a
+            # checkpoint named by the run's total would hold earlier weights)
+            cause_task = agreement.external_proposer
+            ctx.stop.follow()
         if ctx.stop.requested and self.done < total:
-            self._stop()
+            self._stop(cause_task=cause_task)
         if window_start is not None and total > warm_until:
             self.window_eps = (total - warm_until) * adapter.global_batch / (time.perf_counter() - window_start)
         adapter.flush(total)
@@ -172,8 +180,9 @@ class TrainingLoop:
         else:
             adapter.validator.evaluate()
 
-    def _stop(self) -> None:
-        """Stopped on request: report the last steps, write a checkpoint, raise :class:`Stopped`."""
+    def _stop(self, cause_task: str | None = None) -> None:
+        """Stopped on request (or with a peer, ``cause_task`` where that peer's SIGTERM was not ClusterDeck's):
+        report the last steps, write a checkpoint, raise :class:`Stopped`."""
         ctx, adapter = self.ctx, self.adapter
         step = self.done
         path: str | None = None
@@ -193,7 +202,7 @@ class TrainingLoop:
             adapter.close()
         except Exception:  # noqa: BLE001 - closing is best effort on the way out
             pass
-        raise Stopped(step, path)
+        raise Stopped(step, path, external=ctx.stop.external, cause_task=cause_task)
 
 
 class Groups:
@@ -236,38 +245,50 @@ class StopAgreement:
     proposer has started it, that is after the file was written, so none has passed the step when it
     reads it, and every task runs that group whole. Without a shared run folder (``path`` None) a task
     stops at once. A file older than this task is a previous start's and is ignored.
+
+    The file also names the proposer and whether its SIGTERM was ClusterDeck's (``"548 worker:1 1"``:
+    a stop by someone else): its peers then say they stopped with it (:attr:`external_proposer`).
     """
 
-    def __init__(self, path: Path | None) -> None:
+    def __init__(self, path: Path | None, task: str = "") -> None:
         self.path = path
+        self.task = task
         self.since = time.time() - 1.0
         self.target: int | None = None
+        #: the proposer, where its SIGTERM was not ClusterDeck's (its peers stop because of it)
+        self.external_proposer: str | None = None
 
-    def stop_after(self, requested: bool, done: int, group_end: int | None = None) -> int | None:
+    def stop_after(self, requested: bool, done: int, group_end: int | None = None, *,
+                   external: bool = False) -> int | None:
         """The step to stop after, or None to go on; ``done`` is the last step taken, ``group_end`` the
-        last step of the group the next step is in (default: the next step)."""
+        last step of the group the next step is in (default: the next step); ``external``: this task's
+        SIGTERM was not ClusterDeck's."""
         if self.target is not None:
             return self.target
         if self.path is None:
             return done if requested else None
         self.target = self._read()
         if self.target is None and requested:
-            self.target = self._propose(group_end if group_end is not None else done + 1)
+            self.target = self._propose(group_end if group_end is not None else done + 1, external)
         return self.target
 
     def _read(self) -> int | None:
         try:
             if self.path is None or self.path.stat().st_mtime < self.since:
                 return None
-            return int(self.path.read_text(encoding="utf-8").strip())
-        except (OSError, ValueError):
+            fields = self.path.read_text(encoding="utf-8").split()
+            step = int(fields[0])
+        except (OSError, ValueError, IndexError):
             return None
+        if len(fields) >= 3 and fields[2] == "1" and fields[1] != self.task:
+            self.external_proposer = fields[1]
+        return step
 
-    def _propose(self, step: int) -> int:
+    def _propose(self, step: int, external: bool = False) -> int:
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(str(step), encoding="utf-8")
+        tmp.write_text(f"{step} {self.task or '-'} {1 if external else 0}", encoding="utf-8")
         try:
             if self.path.exists() and self._read() is None:
                 self.path.unlink(missing_ok=True)  # a previous start's
@@ -300,18 +321,54 @@ class Checkpoints:
 
     def restore(self) -> str | None:
         """Restore the run's latest checkpoint into this task's objects; its path, or None."""
-        latest = tf.train.latest_checkpoint(str(self.shared))
+        latest = tf.train.latest_checkpoint(str(self.shared)) or existing_checkpoint(self.shared)
         if latest:
             self.checkpoint.restore(latest)
         return latest
 
     def save(self, step: int) -> str | None:
         path = self.manager.save(checkpoint_number=step)
+        if self.primary:
+            repair_state(self.folder)
         return path if self.primary else None
 
     def close(self) -> None:
         if not self.primary:
             shutil.rmtree(self.folder.parent, ignore_errors=True)
+
+
+def _checkpoints_on_disk(folder: Path) -> list[tuple[int, str]]:
+    """(step, prefix) of every complete checkpoint in ``folder`` (its ``.index`` file is there), oldest first."""
+    found = []
+    for index in folder.glob("ckpt-*.index"):
+        try:
+            found.append((int(index.name[len("ckpt-"):-len(".index")]), str(index)[:-len(".index")]))
+        except ValueError:
+            continue
+    return sorted(found)
+
+
+def existing_checkpoint(folder: Path) -> str | None:
+    """The newest complete checkpoint in ``folder``, where its ``checkpoint`` state names a missing one."""
+    found = _checkpoints_on_disk(folder)
+    return found[-1][1] if found else None
+
+
+def repair_state(folder: Path) -> None:
+    """``checkpoints/checkpoint`` never names a checkpoint whose files are missing: rewritten to name the
+    ones that exist (removed where none does)."""
+    state = folder / "checkpoint"
+    if not state.exists() or tf.train.latest_checkpoint(str(folder)):
+        return
+    found = _checkpoints_on_disk(folder)
+    if not found:
+        state.unlink(missing_ok=True)
+        return
+    names = [os.path.basename(prefix) for _, prefix in found]
+    text = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
+    tmp = state.with_name(".checkpoint.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, state)
 
 
 def _test_step_delay(task: str) -> float:

@@ -61,6 +61,12 @@ class StopSignal:
                 self.external = f"got a SIGTERM ClusterDeck did not send ({describe_sender(sender)})"
         self._event.set()
 
+    def follow(self) -> None:
+        """Stop without a signal of this task's own: a peer's stop was agreed (``engine.runtime.loop``)."""
+        if self.received_at is None:
+            self.received_at = time.monotonic()
+        self._event.set()
+
     def wait(self, timeout: float | None = None) -> bool:
         return self._event.wait(timeout)
 

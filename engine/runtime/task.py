@@ -27,7 +27,7 @@ from typing import NoReturn
 
 from engine.contract import config as config_mod
 from engine.contract import parent_death, warm_start
-from engine.contract.run_folder import RunFolder
+from engine.contract.run_folder import STOP_MARKERS_ENV, RunFolder
 from engine.runtime.emitter import Emitter
 from engine.runtime.program import ProgramFailed
 from engine.runtime.stop import EXIT_CODE as STOPPED_EXIT_CODE
@@ -99,7 +99,9 @@ def main(argv: list[str] | None = None) -> int:
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
     events_path = None if args.bare else RunFolder(run_dir).task_events(task)
     emitter = Emitter(task, events_path, None if args.bare else args.event_fd)
-    stop = StopSignal()
+    # under a supervisor, a SIGTERM it did not send (no stop marker) is this task's failure, not the run's stop
+    supervised = not args.bare and os.environ.get(STOP_MARKERS_ENV) == "1"
+    stop = StopSignal(RunFolder(run_dir).stop_marker(task) if supervised else None)
     # before any thread starts (TF's own included): SIGTERM is taken by our watcher thread, not TF's handler
     stop.watch(on_timeout=lambda: _stopped_late(emitter, stop))
     if args.lifeline_fd is not None:
@@ -114,6 +116,9 @@ def main(argv: list[str] | None = None) -> int:
         import_keras()  # first, without the notebook extras
 
         ctx = TaskContext.from_env(config, run_dir, emitter, stop)
+        from engine.runtime import nan_guard
+
+        nan_guard.configure(config, emitter)  # training.on_nan: a NaN or infinite loss fails the task, or warns
         mode = config.parallelism.mode
         if config.program is not None:  # the user's own program, unchanged (engine.runtime.program)
             from engine.runtime import program
@@ -138,23 +143,27 @@ def main(argv: list[str] | None = None) -> int:
         emitter.status("finished", **{k: v for k, v in summary.items()
                                       if k in ("steps", "final_loss", "window_examples_per_sec")})
     except Stopped as exc:
-        emitter.status("stopped", reason="SIGTERM", step=exc.step, checkpoint=exc.checkpoint)
+        if exc.external:  # someone else's SIGTERM: this task's failure (the run restarts or fails naming it)
+            emitter.status("failed", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint)
+        elif exc.cause_task:  # stopped with a peer that got such a SIGTERM: that peer is the cause
+            emitter.status("stopped", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint,
+                           cause_task=exc.cause_task)
+        else:
+            emitter.status("stopped", reason="SIGTERM", step=exc.step, checkpoint=exc.checkpoint)
         code = STOPPED_EXIT_CODE
     except KeyboardInterrupt:
         emitter.status("stopped", reason="interrupted")
         code = 130
     except ProgramFailed as exc:
         if stop.requested:  # ended by the stop (e.g. a collective cut off by a peer that left): not a failure
-            emitter.status("stopped", reason="SIGTERM")
-            _exit(emitter, STOPPED_EXIT_CODE)
+            _stopped(emitter, stop)
         reason = (summarize_error(exc.error) if exc.error is not None else "") + exc.where
         emitter.status("failed", reason=reason.strip(), traceback=exc.trace[-4000:])
         sys.stderr.write(exc.trace)
         code = 1
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the user as an event
         if stop.requested:  # a stop cut through whatever the task was doing: not a failure
-            emitter.status("stopped", reason="SIGTERM")
-            _exit(emitter, STOPPED_EXIT_CODE)
+            _stopped(emitter, stop)
         emitter.status("failed", reason=summarize_error(exc), traceback=traceback.format_exc()[-4000:])
         traceback.print_exc()
         code = 1
@@ -169,9 +178,20 @@ def _exit(emitter: Emitter, code: int) -> NoReturn:
     os._exit(code)
 
 
+def _stopped(emitter: Emitter, stop: StopSignal) -> NoReturn:
+    """A stop cut through what the task was doing: stopped, or failed where the SIGTERM was not ClusterDeck's."""
+    if stop.external:
+        emitter.status("failed", reason=stop.external)
+    else:
+        emitter.status("stopped", reason="SIGTERM")
+    _exit(emitter, STOPPED_EXIT_CODE)
+
+
 def _stopped_late(emitter: Emitter, stop: StopSignal) -> None:
     """The stop budget is spent (a server's wait, or a step that never returned): say so before the end."""
-    if stop.late_reason is not None:
+    if stop.external:  # a server too: a SIGTERM not ClusterDeck's is this task's failure
+        emitter.status("failed", reason=stop.external)
+    elif stop.late_reason is not None:
         emitter.status("stopped", reason=stop.late_reason)
     emitter.close()
 

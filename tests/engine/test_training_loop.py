@@ -178,7 +178,8 @@ def test_a_lockstep_stop_mid_group_is_agreed_at_the_group_end(tmp_path: Path) ->
         TrainingLoop(ctx, adapter).run()
     assert adapter.of("step") == list(range(1, 9)) and adapter.of("group") == [4, 8]
     assert stopped.value.step == 8 and adapter.of("save") == [8]
-    assert (tmp_path / "scratch" / "stop" / "step").read_text().strip() == "8"
+    # the step, the proposer and whether its SIGTERM was someone else's (0: ClusterDeck's stop)
+    assert (tmp_path / "scratch" / "stop" / "step").read_text().split() == ["8", ctx.task, "0"]
     peer = StopAgreement(tmp_path / "scratch" / "stop" / "step")
     peer.since = 0  # the file is this run's
     assert peer.stop_after(False, 5, 8) == 8
