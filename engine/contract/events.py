@@ -42,23 +42,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from engine.contract import records
+from engine.contract.records import COMMAND_VERSION, EVENT_VERSION
 from engine.contract.run_folder import MAX_LINE_BYTES, bounded_lines
 
-EVENT_VERSION = 1
-COMMAND_VERSION = 1
 #: Every command and the fields it takes: name -> {field: type}; all listed fields but ``reason`` and
-#: ``grace_s`` are required.
+#: ``grace_s`` are required (declared in :data:`engine.contract.records.COMMANDS`).
 COMMANDS: dict[str, dict[str, type | tuple[type, ...]]] = {
-    "stop": {"state": str, "reason": str, "grace_s": (int, float)},
-    "restart": {"task": str, "reason": str},
-    "signal": {"task": str, "signal": str},
+    name: {x.name: x.types[0] if len(x.types) == 1 else x.types for x in fields}
+    for name, (_, fields) in records.COMMANDS.items()
 }
 _OPTIONAL_COMMAND_FIELDS = ("reason", "grace_s", "state")
-KINDS = ("step", "device", "status", "info", "progress", "run", "eval", "placement")
-#: Metrics one step or eval event may carry, and the longest name of one.
-MAX_METRICS = 64
-MAX_METRIC_NAME = 100
-STATES = ("starting", "running", "finished", "failed", "stopped", "restarting")
+KINDS = tuple(records.EVENTS)
+STATES = tuple(s.value for s in records.TaskState)
 
 
 def make(kind: str, task: str, **fields: Any) -> dict[str, Any]:
@@ -125,6 +121,8 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
     if not isinstance(event.get("task"), str) or not isinstance(t, (int, float)) or isinstance(t, bool):
         return None
     if event["kind"] == "step" and not _valid_step(event):
+        return None
+    if not records.well_typed(event["kind"], event):
         return None
     if event["kind"] in ("step", "eval") and "metrics" in event and not valid_metrics(event["metrics"]):
         return None

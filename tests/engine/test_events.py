@@ -38,7 +38,7 @@ def line_of(**fields: Any) -> str:
     make("progress", "chief:0", step=10, total=100, scheduled=12, completed=10),
     make("run", "", state="running"),
     make("eval", "evaluator:0", step=10, loss=0.1),
-    make("placement", "chief:0", variables={"dense/kernel": "/job:ps/task:0"}),
+    make("placement", "chief:0", variables=[{"name": "dense/kernel", "task": "ps:0"}]),
 ], ids=lambda e: e["kind"])
 def test_encode_decode_round_trip(event: dict[str, Any]) -> None:
     line = encode(event)
@@ -267,3 +267,19 @@ def test_commands_are_versioned_json_lines_read_strictly() -> None:
     assert [events.decode_command(b) for b in bad] == [None] * len(bad)
     with pytest.raises(ValueError, match="unknown command"):
         events.make_command("reboot")
+
+
+def test_the_event_docs_are_generated_from_the_records() -> None:
+    from engine.contract import records
+    from tests.conftest import ROOT
+
+    assert (ROOT / "docs" / "events.md").read_text(encoding="utf-8") == records.markdown(), \
+        "regenerate: python -m engine.contract.records > docs/events.md"
+
+
+def test_a_declared_field_of_the_wrong_type_is_refused() -> None:
+    assert decode(encode(make("eval", "chief:0", step=3, loss=0.5, examples=10))) is not None
+    assert decode(encode(make("eval", "chief:0", step=3, loss="low"))) is None
+    assert decode(encode(make("eval", "chief:0", loss=0.5))) is None  # its step is required
+    assert decode(encode(make("status", "worker:0", state="running", pid=True))) is None
+    assert decode(encode(make("info", "worker:0", message="hi", training=[1]))) is None
