@@ -55,6 +55,9 @@ COMMANDS: dict[str, dict[str, type | tuple[type, ...]]] = {
 _OPTIONAL_COMMAND_FIELDS = ("reason", "grace_s", "state")
 KINDS = tuple(records.EVENTS)
 STATES = tuple(s.value for s in records.TaskState)
+#: Metrics one step or eval event may carry, and the longest name of one.
+MAX_METRICS = 64
+MAX_METRIC_NAME = 100
 
 
 def make(kind: str, task: str, **fields: Any) -> dict[str, Any]:

@@ -283,3 +283,10 @@ def test_a_declared_field_of_the_wrong_type_is_refused() -> None:
     assert decode(encode(make("eval", "chief:0", loss=0.5))) is None  # its step is required
     assert decode(encode(make("status", "worker:0", state="running", pid=True))) is None
     assert decode(encode(make("info", "worker:0", message="hi", training=[1]))) is None
+
+
+def test_metrics_are_a_bounded_mapping_of_numbers() -> None:
+    ok = make("step", "worker:0", replica=0, step=1, loss=1.0, metrics={"accuracy": 0.5, "auc": None})
+    assert decode(encode(ok)) == ok
+    for bad in ({"accuracy": "high"}, [0.5], {f"m{i}": 1.0 for i in range(65)}, {"": 1.0}, {"x": True}):
+        assert decode(encode(make("step", "worker:0", replica=0, step=1, metrics=bad))) is None, bad
