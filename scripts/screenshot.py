@@ -8,6 +8,8 @@ window at the size it picks for that screen and saves:
 
 - ``midrun-<size>-<theme>.png``: a 3-host cluster (8 workers + 2 ps, async) mid-run, the
   run's events replayed through the real window (no TensorFlow needed);
+- ``failed-<size>-<theme>.png``: that run failing with a wall of TensorFlow text (the window stays
+  within the screen, the user's own exception named first);
 - ``preset-<size>-<theme>.png``: a bundled preset as it opens (one per size).
 
 The 1920x1080 light mid-run shot is saved as ``screenshot.png`` (the README's picture).
@@ -162,7 +164,18 @@ def shoot(size: str, out: Path, scratch: Path) -> int:
         path = out / ("screenshot.png" if (size, name) == ("1920x1080", "light") else f"midrun-{size}-{name}.png")
         window.grab().save(str(path))
         written.append(path)
+        # the same run failing with a wall of TensorFlow text: the window must stay within the screen
+        from engine.contract import events
+        tail = [f"  File \"/usr/lib/python3/dist-packages/tensorflow/{'deep/' * 30}ops.py\", line {i}"
+                for i in range(10)] + ["AssertionError: labels must be in 0..9"]
+        wall = "tensorflow.python.framework.errors_impl.InvalidArgumentError: Graph execution error: " + "x" * 600
+        run.deliver([events.make("status", "worker:6", state="failed", reason=wall, log_tail=tail),
+                     events.make("run", "launcher", state="failed", reason=f"worker:6: {wall}", failed_task="worker:6")])
         run.done = True
+        settle(900)
+        path = out / f"failed-{size}-{name}.png"
+        window.grab().save(str(path))
+        written.append(path)
         settle(200)
         c.document.undo_stack.setClean()
         window.close()
