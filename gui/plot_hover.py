@@ -3,7 +3,7 @@ the visible curves and a label naming its step (or time), value and replica or t
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, Qt
@@ -11,15 +11,31 @@ from PySide6.QtGui import QColor, QPalette
 
 from gui.readout import Reading, describe, nearest
 
-if TYPE_CHECKING:
-    from gui.plots import MetricPlot
+
+class MetricPlot(Protocol):
+    """What the readout reads of a :class:`gui.plots.MetricPlot` (no import of it: no cycle)."""
+
+    item: Any
+    widget: Any
+    lines: Any
+    curves: dict[str, Any]
+    raw: Any
+    labels: dict[str, str]
+    spec: Any
+
+    @property
+    def x_label(self) -> str | None: ...
+
+    def screen_points(self, x: Any, y: Any) -> tuple[Any, Any]: ...
+
+    def palette(self) -> Any: ...
 
 
 class PlotHover(QObject):
     """Follows the pointer over ``plot``'s view; hidden when it leaves."""
 
     def __init__(self, plot: MetricPlot) -> None:
-        super().__init__(plot)
+        super().__init__(plot)  # type: ignore[arg-type]  # (a QWidget)
         self.plot = plot
         item = plot.item
         self.line = pg.InfiniteLine(angle=90, movable=False, pen=pg.mkPen("#888888", style=Qt.PenStyle.DashLine))
