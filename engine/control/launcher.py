@@ -220,7 +220,8 @@ class Run:
             # a user's program reports when it likes (or never): no hang is inferred from its silence
             progress_timeout_s=0.0 if self.config.program is not None else
             float(getattr(training, "progress_timeout_s", 0.0) or 0.0),
-            steps_per_execution=training.steps_per_execution, now=time.monotonic())
+            steps_per_execution=training.steps_per_execution, now=time.monotonic(),
+            report_interval_s=1.0 / training.metrics_hz if training.metrics_hz > 0 else 0.0)
         self._dispatcher = background.thread(self._dispatch, name="run-dispatch")
         self._dispatcher.start()
         self.started = True

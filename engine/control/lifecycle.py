@@ -20,7 +20,12 @@ Rules, written once here:
 - Progress: with ``training.progress_timeout_s`` > 0, a synchronous run in which no task reports a
   step for that long (the first step gets :data:`FIRST_STEP_FACTOR` times longer) fails, naming the
   task that hangs; an async worker that gets no step for that long is restarted by its supervisor
-  like a lost worker; a hung async chief fails the run.
+  like a lost worker; a hung async chief fails the run. Progress is judged by steps: ``step`` events and
+  ``progress`` events whose step moved on, and a task reports once per ``1 / training.metrics_hz`` s, so
+  the deadline after a step is the timeout plus two report intervals (``metrics_hz: 0.01`` reports every
+  100 s: a healthy run is never called hung between its reports).
+- A hang whose culprit's host sent nothing at all for :data:`SUPERVISOR_SILENCE_S` while it had been sending
+  its samples (a supervisor samples its tasks every 0.5 s) is blamed on that host's supervisor (stopped, frozen or cut off), not on a task.
 - The user's stop wins over anything decided later; the first decided end is kept.
 
 When the run ends by a stop, the tasks still running are reported as the outcome says
@@ -48,6 +53,12 @@ if TYPE_CHECKING:
 
 #: A task's first step may take this many times ``progress_timeout_s`` (imports, tracing, restores).
 FIRST_STEP_FACTOR = 3.0
+#: Seconds without any event from a host (its supervisor samples every 0.5 s) after which a hang there is the
+#: supervisor's (SIGSTOP, frozen, its connection stalled), not its tasks'.
+SUPERVISOR_SILENCE_S = 10.0
+#: A hang found while its host has been quiet this long waits (a live supervisor speaks every 0.5 s) until the
+#: host speaks (the task is blamed) or reaches :data:`SUPERVISOR_SILENCE_S` (its supervisor is).
+QUIET_HOST_S = 2.0
 #: A task "spins" (a likely culprit of a hang) when its recent CPU use is at least this (percent)…
 BUSY_CPU = 5.0
 
@@ -142,6 +153,8 @@ class StepProgress:
     step: int
     worker: int | None = None
     generation: int = 0
+    #: a ``progress`` event: progress only where its step moved on
+    moved_on: bool = False
 
 
 @dataclass(frozen=True)
@@ -277,8 +290,13 @@ class Lifecycle:
     """The policy of one run. Feed it with :meth:`feed` (one thread at a time); act on what it returns."""
 
     def __init__(self, tasks: Iterable[TaskInfo], *, mode: str, restarts_allowed: int = 0,
-                 progress_timeout_s: float = 0.0, steps_per_execution: int = 1, now: float = 0.0) -> None:
+                 progress_timeout_s: float = 0.0, steps_per_execution: int = 1, now: float = 0.0,
+                 report_interval_s: float = 0.0) -> None:
         self.mode = mode
+        #: seconds between a task's step reports (``1 / training.metrics_hz``): silence that long is not a hang
+        self.report_interval_s = max(0.0, report_interval_s)
+        self.host_heard: dict[str, float] = {}  # when anything last came from each host (its supervisor alive)
+        self.host_sampled: set[str] = set()  # hosts whose supervisor sent samples (silence is judged only there)
         self.restarts_allowed = restarts_allowed
         self.progress_timeout_s = progress_timeout_s
         self.steps_per_execution = steps_per_execution  # data and async: a step report comes per group of this many
@@ -321,6 +339,12 @@ class Lifecycle:
     # -- feeding
 
     def feed(self, item: Input, now: float) -> list[Action]:
+        if isinstance(item, (TaskStatus, StepProgress, CpuSample)):
+            known = self.tasks.get(item.task)
+            if known is not None and known.info.host and item.generation == self.generation:
+                self.host_heard[known.info.host] = now
+                if isinstance(item, CpuSample):
+                    self.host_sampled.add(known.info.host)  # it samples: its silence means something
         if isinstance(item, TaskStatus):
             return self._status(item, now)
         if isinstance(item, StepProgress):
@@ -353,6 +377,8 @@ class Lifecycle:
             task.cpu.clear()
         self.run_progress_at = None
         self.generation_started_at = now
+        self.host_heard.clear()
+        self.host_sampled.clear()
 
     def restart_done(self) -> list[Action]:
         """The new generation's supervisors are up; a failure met meanwhile fails the run now."""
@@ -429,8 +455,10 @@ class Lifecycle:
     def _progress(self, item: StepProgress, now: float) -> None:
         if item.generation != self.generation:
             return
-        self.run_progress_at = now
         task = self.tasks.get(item.task)
+        if item.moved_on and task is not None and item.step <= task.last_step:
+            return  # a progress report of no new step is no progress
+        self.run_progress_at = now
         if task is not None:
             task.progress_at = now
             task.last_step = max(task.last_step, item.step)
@@ -443,7 +471,9 @@ class Lifecycle:
     def _deadline(self, since: float | None, stepped: bool) -> float | None:
         if since is None:
             return None
-        return since + self.progress_timeout_s * (1.0 if stepped else FIRST_STEP_FACTOR)
+        if stepped:  # the next report may come a whole report interval (and a slow group) later
+            return since + self.progress_timeout_s + 2 * self.report_interval_s
+        return since + self.progress_timeout_s * FIRST_STEP_FACTOR
 
     def _overdue(self, task: _Task, now: float) -> bool:
         if task.phase.terminal or task.phase is TaskPhase.PENDING:
@@ -461,9 +491,11 @@ class Lifecycle:
         if self.mode == "async":
             chief = [t for t in trainers if t.info.role == "chief"]
             if chief and self._overdue(chief[0], now):
-                return self._failed(chief[0].info.name, self._hang_reason(chief[0], now))
+                return self._hung(chief[0], self._hang_reason(chief[0], now), now)
             for worker in trainers:
                 if worker.info.role == "worker" and self._overdue(worker, now):
+                    if self._silent_host(worker, now) is not None:
+                        return self._hung(worker, "", now)
                     reason = self._hang_reason(worker, now)
                     worker.started_at, worker.progress_at = now, None  # its restart gets a fresh clock
                     return [RestartTask(worker.info.name, reason)]
@@ -479,7 +511,25 @@ class Lifecycle:
         if deadline is None or now <= deadline:
             return []
         culprit = hang_culprit(trainers)
-        return self._failed(culprit.info.name, self._hang_reason(culprit, now, run_wide=True))
+        return self._hung(culprit, self._hang_reason(culprit, now, run_wide=True), now)
+
+    def _silent_host(self, task: _Task, now: float, quiet: float = QUIET_HOST_S) -> float | None:
+        """Seconds ``task``'s host (a sampling one) has sent nothing, where that is past ``quiet``."""
+        heard = self.host_heard.get(task.info.host)
+        if heard is None or task.info.host not in self.host_sampled or now - heard <= quiet:
+            return None
+        return now - heard
+
+    def _hung(self, task: _Task, reason: str, now: float) -> list[Action]:
+        """Fail the run for a hang of ``task``, blamed on its host's supervisor where that host went silent."""
+        silent = self._silent_host(task, now)
+        if silent is not None and silent <= SUPERVISOR_SILENCE_S:
+            return []  # its supervisor is quiet too: decided once it speaks again or stays silent
+        if silent is not None:
+            return self._failed(supervisor_name(task.info.host), (
+                f"sent nothing for {silent:.0f} s (not even its samples every 0.5 s): the supervisor is stopped "
+                f"(SIGSTOP), frozen or cut off; its tasks ({task.info.name} among them) could not report"))
+        return self._failed(task.info.name, reason)
 
     def _hang_reason(self, task: _Task, now: float, run_wide: bool = False) -> str:
         limit = self.progress_timeout_s
@@ -487,6 +537,9 @@ class Lifecycle:
             why = f"hung: no first step within {limit * FIRST_STEP_FACTOR:g} s of starting"
         else:
             why = f"hung: no progress for {limit:g} s (training.progress_timeout_s)"
+            if self.report_interval_s >= 1.0:
+                why += (f" after a report interval of {self.report_interval_s:g} s (training.metrics_hz "
+                        f"{1 / self.report_interval_s:g})")
             if task.last_step >= 0:
                 why += f", last step {task.last_step}"
             if self.mode in STEPS_PER_EXECUTION_MODES and self.steps_per_execution > 1:
@@ -528,6 +581,11 @@ def from_event(event: dict[str, Any]) -> Input | None:
         worker = event.get("worker")
         return StepProgress(task, int(event.get("step", 0)), worker if isinstance(worker, int) else None,
                             generation)
+    if kind == "progress":  # steps, without a report's figures (async chiefs, programs)
+        step = event.get("step")
+        if isinstance(step, int) and not isinstance(step, bool):
+            return StepProgress(task, step, None, generation, moved_on=True)
+        return None
     if kind == "device":
         cpu = event.get("cpu_percent")
         if isinstance(cpu, (int, float)) and not isinstance(cpu, bool):

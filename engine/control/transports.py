@@ -73,6 +73,7 @@ from typing import Any, Protocol, runtime_checkable
 from engine.contract import events
 from engine.contract.config import Host, RunConfig
 from engine.contract.run_folder import RunFolder
+from engine.contract.task_logs import is_noise
 from engine.control import netns
 
 SUPERVISOR_MODULE = "engine.control.supervisor"
@@ -193,9 +194,29 @@ class SshTransport(BaseTransport):
 
     def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
         target = launch.host.ssh_target if launch.host is not None else launch.group
-        if exit_code == 255:  # ssh's own failure: it could not connect or authenticate
-            return _with_tail(f"ssh to {target} failed", log_tail)
+        if exit_code < 0:  # the ssh process here ended by a signal: the client, not the remote supervisor
+            return _with_tail(f"the ssh client on this machine (to {target}) {describe_exit(exit_code)}; the "
+                              f"supervisor on {target} ended with its connection", log_tail)
+        if exit_code == 255:
+            if any(ssh_error(line) for line in log_tail):  # ssh's own failure: connect, authenticate, connection lost
+                return _with_tail(f"ssh to {target} failed", log_tail)
+            # 255 without a word from ssh: the remote command ended by a signal (OpenSSH passes no status)
+            return _with_tail(f"the supervisor on {target} (over ssh) ended abruptly, most likely killed by a "
+                              "signal there (ssh itself reported no error)", log_tail)
         return _with_tail(f"the supervisor on {target} (over ssh) {describe_exit(exit_code)}", log_tail)
+
+
+#: What OpenSSH's client prints when it fails itself (connect, authenticate, keep-alive, host keys).
+SSH_ERRORS = ("ssh:", "Permission denied", "Connection closed", "Connection refused", "Connection timed out",
+              "Connection reset", "Could not resolve hostname", "Host key verification failed",
+              "kex_exchange_identification", "Broken pipe", "not responding", "No route to host",
+              "Network is unreachable", "Bad configuration option", "Too many authentication failures",
+              "client_loop:", "Timeout, server")
+
+
+def ssh_error(line: str) -> bool:
+    """Whether a line of an ssh client's stderr is its own complaint (not the remote command's output)."""
+    return any(marker in line for marker in SSH_ERRORS)
 
 
 def ssh_command(host: Host, remote_cmd: list[str]) -> list[str]:
@@ -279,7 +300,8 @@ def log_tail(path: Path, lines: int = 3, max_bytes: int = 4096) -> list[str]:
     except OSError:
         return []
     text = data.decode("utf-8", "replace").splitlines()
-    return [line.strip() for line in text if line.strip()][-lines:]
+    # TensorFlow's start-up chatter (absl, oneDNN) is never "the message" of a failure
+    return [line.strip()[:500] for line in text if line.strip() and not is_noise(line)][-lines:]
 
 
 def _with_tail(message: str, tail: list[str]) -> str:

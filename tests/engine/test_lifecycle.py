@@ -175,7 +175,7 @@ def test_a_synchronous_run_without_progress_fails_naming_the_spinning_task() -> 
     feed(policy, [step("worker:0", 1), step("worker:1", 1)], now=1.0)
     assert policy.feed(lc.Tick(), 10.5) == []
     feed(policy, [events.make("device", "worker:0", cpu_percent=2.0),
-                  events.make("device", "worker:1", cpu_percent=99.0)], now=5.0)
+                  events.make("device", "worker:1", cpu_percent=99.0)], now=11.0)  # its supervisor samples on
     (action,) = policy.feed(lc.Tick(), 11.5)
     assert isinstance(action, lc.StopRun) and action.outcome.failed_task == "worker:1"
     assert "no progress for 10 s" in action.outcome.reason and "last step 1" in action.outcome.reason
