@@ -12,6 +12,10 @@ Commands on stdin are versioned JSON lines (:func:`engine.contract.events.make_c
 ``restart`` (a task, as if it were lost) and ``signal``. A line that is not a valid
 command is counted and ignored.
 
+Restarting a task: the tasks named in ``restart_on_failure`` (async workers) are restarted when they fail, at
+most ``max_task_restarts`` times each (the launcher's ``MAX_WORKER_RESTARTS``, 10); the failure past that
+limit says the limit was reached.
+
 Stopping a task: SIGTERM to its process group, then SIGKILL to the group after the grace
 (:data:`TASK_STOP_GRACE` unless the command says otherwise): a task may use the grace to
 flush its last steps and write a final checkpoint. When a task's process ends, its whole
@@ -35,7 +39,15 @@ from typing import Any
 import psutil
 
 from engine.contract import events, parent_death, warm_start
-from engine.contract.plan import CUDA_ORDER, CUDA_ORDER_ENV, INTRA_OP_ENV, CoreShare, TaskPlan, intra_op_threads, share_cores
+from engine.contract.plan import (
+    CUDA_ORDER,
+    CUDA_ORDER_ENV,
+    INTRA_OP_ENV,
+    CoreShare,
+    TaskPlan,
+    intra_op_threads,
+    share_cores,
+)
 from engine.contract.run_folder import OVERLONG, STOP_MARKERS_ENV, LineSplitter, RunFolder
 from engine.contract.task_logs import log_tail
 from engine.control import background, machine_fit, netns
@@ -410,6 +422,9 @@ class Supervisor:
                     reason = tp.reason  # its own words (a stop it was not asked for names the task that caused it)
                 else:
                     reason = describe_exit(code) if code != 0 else "exited without finishing"
+                if allowed and not will_restart and not self.stopping:  # it would be restarted, but no more
+                    reason = (f"{reason}; not restarted again: it was restarted {tp.restarts} time(s), the most a "
+                              f"lost async worker is restarted (max_task_restarts {self.max_restarts})")
                 extra: dict[str, Any] = {"traceback": tp.traceback} if tp.traceback else {}
                 if tp.cause_task:
                     extra["cause_task"] = tp.cause_task

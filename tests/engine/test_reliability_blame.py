@@ -164,3 +164,31 @@ def test_a_killed_ssh_client_and_a_killed_remote_supervisor_are_named_apart(
     finally:
         run.stop()
     time.sleep(0.5)
+
+
+def test_an_async_worker_killed_past_the_restart_limit_says_the_limit_was_reached(runs_root: Path) -> None:
+    run = fake_run(runs_root, mode="async", chief_0="forever", worker_0="idle", worker_1="idle")
+    starts: list[int] = []
+    started = threading.Event()
+
+    def on_event(e: dict[str, Any]) -> None:
+        if e["kind"] == "status" and e["task"] == "worker:1" and e.get("state") == "starting":
+            starts.append(int(e["pid"]))
+            started.set()
+
+    run.add_listener(on_event)
+    run.start()
+    try:
+        for _ in range(11):
+            assert started.wait(30), run.state.summary()
+            started.clear()
+            os.kill(starts[-1], signal.SIGKILL)
+            if run.wait(0.01) == "failed":
+                break
+        assert run.wait(30) == "failed", run.state.summary()
+        assert run.state.failed_task == "worker:1"
+        assert "killed by SIGKILL" in run.state.reason and "max_task_restarts 10" in run.state.reason, \
+            run.state.reason
+        assert len(starts) == 11  # the first start and 10 restarts
+    finally:
+        run.stop()
