@@ -1,10 +1,16 @@
-"""The record a run keeps in its folder while it runs: ``events.jsonl``, ``run.json``, and a watch on both.
+"""The record a run keeps in its folder while it runs: ``events.jsonl``, ``series/``, ``run.json``, and a
+watch on them.
 
 :class:`RunRecord` is what the launcher's dispatcher writes through; the
-:class:`~engine.contract.run_folder.RunFolder` owns the paths and the atomic writes. It holds each
-event's line and writes what it holds with one system call when the dispatcher's queue runs dry, at
-least every :data:`FLUSH_S` seconds or once :data:`FLUSH_BYTES` are held (whole lines only, also after
-a failed write: see :class:`~engine.contract.events.EventWriter`). It rewrites ``run.json`` once per
+:class:`~engine.contract.run_folder.RunFolder` owns the paths and the atomic writes. Lifecycle events
+(status, info, run, eval, progress, placement) go to ``events.jsonl``: it holds each event's line and
+writes what it holds with one system call when the dispatcher's queue runs dry, at least every
+:data:`FLUSH_S` seconds or once :data:`FLUSH_BYTES` are held (whole lines only, also after a failed
+write: see :class:`~engine.contract.events.EventWriter`). Step and device samples go to the tiered store
+``series/`` (:class:`~engine.contract.series_store.SeriesWriter`): held as they come, written as one
+record batch per group at least every :data:`SERIES_FLUSH_S` seconds or :data:`SERIES_FLUSH_EVENTS`
+events (not whenever the queue runs dry: each batch costs a few hundred bytes of framing and ~1 ms of
+summarising, while the live views get events from the launcher, not from the disk). It rewrites ``run.json`` once per
 burst of ``run`` and ``status`` events, and on the dispatcher's ticks at most every
 :data:`META_INTERVAL_S` seconds while events keep coming.
 
@@ -23,6 +29,7 @@ from typing import Any
 
 from engine.contract import events
 from engine.contract.run_folder import RunFolder
+from engine.contract.series_store import Retention, SeriesWriter
 
 __all__ = ["FLUSH_BYTES", "FLUSH_S", "META_INTERVAL_S", "RunRecord"]
 
@@ -30,6 +37,10 @@ __all__ = ["FLUSH_BYTES", "FLUSH_S", "META_INTERVAL_S", "RunRecord"]
 #: or once this many bytes are held, whichever comes first, while events keep coming.
 FLUSH_S = 0.1
 FLUSH_BYTES = 1 << 20
+#: Samples are written to ``series/`` at least this often (seconds) and once this many are held: what a
+#: killed launcher can lose of them (the tasks' own files keep theirs until the emitter stops copying).
+SERIES_FLUSH_S = 0.5
+SERIES_FLUSH_EVENTS = 50_000
 META_INTERVAL_S = 1.0  # run.json is rewritten at most this often while the run runs
 #: The states a run ends in (:class:`engine.control.lifecycle.EndState`): once one is decided, a
 #: ``run.json`` that cannot be written fails nothing more.
@@ -48,7 +59,8 @@ class RunRecord:
 
     def __init__(self, folder: RunFolder, *, describe: Callable[[], dict[str, Any]],
                  on_failure: Callable[[str], None], flush_s: float = FLUSH_S, flush_bytes: int = FLUSH_BYTES,
-                 meta_interval_s: float = META_INTERVAL_S) -> None:
+                 meta_interval_s: float = META_INTERVAL_S, series: bool = True,
+                 retention: Retention | None = None) -> None:
         self.folder = folder
         self.flush_s = flush_s
         self.flush_bytes = flush_bytes
@@ -56,6 +68,9 @@ class RunRecord:
         self._describe = describe
         self._on_failure = on_failure
         self._writer: events.EventWriter | None = events.EventWriter(folder.events)
+        #: ``series=False``: every event to ``events.jsonl``, as before the tiers.
+        self._series: SeriesWriter | None = SeriesWriter(folder.path / "series", retention) if series else None
+        self._series_at = time.monotonic()  # when series/ was last written
         self._closed = False
         self._meta_at = 0.0  # time.monotonic() of the last run.json written (or tried)
         self._recorded = 0  # events recorded so far
@@ -76,6 +91,8 @@ class RunRecord:
         if event.get("kind") in META_KINDS:
             self._meta_due = True
         if self._writer is not None:
+            if self._series is not None and self._series.add(event):
+                return
             self._writer.hold(line if line is not None else events.encode(event).encode("utf-8"))
 
     def flush(self) -> None:
@@ -87,6 +104,17 @@ class RunRecord:
             writer.flush()
         except OSError as exc:
             self._fail(self.folder_problem(exc, self.folder.events))
+            return
+        self._flush_series()
+
+    def _flush_series(self) -> None:
+        self._series_at = time.monotonic()
+        if self._series is None or not self._series.held:
+            return
+        try:
+            self._series.flush()
+        except OSError as exc:
+            self._fail(self.folder_problem(exc, self._series.root))
 
     def catch_up(self, queue_dry: Callable[[], bool]) -> None:
         """After each turn of the dispatcher: flush what is held if the queue ran dry (``queue_dry()``),
@@ -96,7 +124,14 @@ class RunRecord:
         if writer is not None and writer.held_since and (
                 queue_dry() or writer.held_bytes >= self.flush_bytes
                 or time.monotonic() - writer.held_since >= self.flush_s):
-            self.flush()
+            try:
+                writer.flush()
+            except OSError as exc:
+                self._fail(self.folder_problem(exc, self.folder.events))
+        series = self._series
+        if series is not None and self._writer is not None and series.held and (
+                series.held >= SERIES_FLUSH_EVENTS or time.monotonic() - self._series_at >= SERIES_FLUSH_S):
+            self._flush_series()
         if self._meta_due and (queue_dry() or time.monotonic() - self._meta_at >= self.meta_interval_s):
             self._meta_due = False  # a task's or the run's new state: once per burst, not per event
             self.update_meta(force=True)
@@ -124,6 +159,7 @@ class RunRecord:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        self._close_series(write=False)  # a folder that failed or vanished is written no more (nor recreated)
         self._on_failure(reason)
 
     # -- run.json
@@ -163,3 +199,14 @@ class RunRecord:
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+            self._close_series()
+
+    def _close_series(self, write: bool = True) -> None:
+        """Write what is held and every open bucket's summary (``write``); a failure is kept (the run
+        has ended)."""
+        series, self._series = self._series, None
+        if series is not None:
+            try:
+                series.close(write=write)
+            except OSError:
+                pass

@@ -203,6 +203,34 @@ class Series:
         s._y = np.empty(START_CAPACITY, dtype=np.float32)
         return s
 
+    @classmethod
+    def from_arrays(cls, x: np.ndarray, y: np.ndarray, t: np.ndarray, *, t_is_x: bool = False,
+                    t_base: float | None = None) -> Series:
+        """A series holding these points (a run folder's tiers read back), stored as :meth:`append` would."""
+        n = len(y)
+        cap = max(START_CAPACITY, n + n // 2)
+        s = cls(cap, t_is_x=t_is_x, t_base=t_base)
+        axis = s._axis
+        if axis.base is None:
+            axis.base = float(t[0]) if n else None
+        offset = np.asarray(t, np.float64) - (axis.base or 0.0)
+        if n and not (np.abs(offset).max() < TIME_SPAN):
+            axis.t = np.empty(cap, np.float64)
+        axis.t[:n] = offset
+        if axis.x is not None:
+            xs = np.asarray(x, np.float64)
+            if n and not (np.abs(xs).max() < EXACT_STEPS and bool(np.all(xs == np.floor(xs)))):
+                axis.x.a = np.empty(cap, np.float64)
+            axis.x.a[:n] = xs
+            axis.x.n = n
+        axis.n = n
+        ys = np.asarray(y, np.float64)
+        if n and bool(np.any(np.isfinite(ys) & (np.abs(ys) > FLOAT32_MAX))):
+            s._y = np.empty(cap, np.float64)
+        s._y[:n] = ys
+        s._n = n
+        return s
+
     def append(self, x: float, y: float, t: float) -> None:
         if self._shared:
             self._detach()
@@ -313,6 +341,16 @@ def training_metrics(keys: Iterable[str]) -> list[str]:
 TASK_METRICS = {"cpu_percent": "%", "rss_bytes": "B", "tf_bytes": "B", "gpu_util": "%", "gpu_mem_bytes": "B"}
 
 
+@dataclass(frozen=True)
+class Envelope:
+    """The part of a series read back from summaries: per bucket its x (middle), min, max and width (s)."""
+
+    x: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    width: np.ndarray
+
+
 class History:
     """Every point of every curve: ``replica/<id>/<metric>`` (x = step) and ``task/<name>/<metric>`` (x = time).
 
@@ -331,6 +369,32 @@ class History:
         self._by_replica: dict[Any, _Owner] = {}
         self._by_task: dict[str, _Owner] = {}
         self._steps = _Steps()  # the steps every replica's axis reads while they report the same ones
+        #: Series read back from summaries: their buckets' min and max (see :meth:`load`).
+        self.envelopes: dict[str, Envelope] = {}
+
+    def load(self, key: str, x: np.ndarray, y: np.ndarray, t: np.ndarray,
+             envelope: Envelope | None = None) -> None:
+        """Series ``key`` as these points (read back from a run folder's tiers: a summarised point is a
+        bucket's mean at its middle, its ``envelope`` the buckets' min and max); events that come
+        after are appended to it as usual."""
+        parts = key.split("/")
+        by_time = parts[0] == "task"
+        if self.t0 is None and len(t):
+            self.t0 = float(t[0])
+        s = Series.from_arrays(x, y, t, t_is_x=by_time, t_base=self.t0)
+        self.series[key] = s
+        if envelope is not None:
+            self.envelopes[key] = envelope
+        if len(parts) == 3 and "@" not in parts[1]:  # owned series: later events of the owner extend it
+            prefix = f"{parts[0]}/{parts[1]}/"
+            owner = self._owner(prefix, by_time)
+            owner.series[parts[2]] = s
+            if by_time:
+                self._by_task[parts[1]] = owner
+            else:
+                rid: Any = int(parts[1]) if parts[1].lstrip("-").isdigit() else parts[1]
+                self._by_replica[rid] = owner
+        self.version += len(s)
 
     def _series(self, key: str, by_time: bool = False) -> Series:
         s = self.series.get(key)

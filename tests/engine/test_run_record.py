@@ -51,7 +51,8 @@ def record_of(folder: RunFolder, run: Recorded, **cadence: Any) -> RunRecord:
 
 
 def step(n: int) -> dict[str, Any]:
-    return events.make("step", "worker:0", replica=0, step=n, loss=0.5, examples_per_sec=1.0, step_time=0.01)
+    """A lifecycle event (``events.jsonl``'s): step samples go to the tiers (see the tests at the end)."""
+    return events.make("progress", "worker:0", step=n, total=100)
 
 
 def lines(path: Path) -> list[dict[str, Any]]:
