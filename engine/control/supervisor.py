@@ -49,7 +49,7 @@ from engine.contract.plan import (
     share_cores,
 )
 from engine.contract.run_folder import OVERLONG, STOP_MARKERS_ENV, LineSplitter, RunFolder
-from engine.contract.task_logs import log_tail
+from engine.contract.task_logs import LOG_CAP_BYTES, LOG_HEAD_BYTES, cap_log, log_tail
 from engine.control import background, machine_fit, netns
 from engine.control.gpu import GpuSampler, driver_present, task_gpu_figures
 from engine.control.warm_tasks import READY_TIMEOUT_S, ForkedTask, Template, TemplateError, template_env
@@ -124,6 +124,7 @@ class TaskProcess:
     restarts: int = 0
     restart_requested: bool = False
     cause_task: str = ""  # the task whose SIGTERM (not ClusterDeck's) stopped this one
+    log_cut: bool = False  # its log was cut (said once)
 
 
 class Supervisor:
@@ -460,6 +461,22 @@ class Supervisor:
             except ChildProcessError:
                 return
 
+    def bound_log(self, tp: TaskProcess) -> None:
+        """Cut the task's ``log.txt`` where it passed its cap (``task_logs.cap_log``); say so once per task."""
+        path = self.task_dir(tp.plan.name) / "log.txt"
+        try:
+            if os.lstat(path).st_size <= LOG_CAP_BYTES:
+                return
+        except OSError:
+            return
+        dropped = cap_log(path)
+        if dropped and not tp.log_cut:
+            tp.log_cut = True
+            self.send(events.make("info", tp.plan.name, log_cut=dropped, message=(
+                f"its log passed {LOG_CAP_BYTES // (1024 * 1024)} MiB and was cut: tasks/"
+                f"{path.parent.name}/log.txt keeps its first {LOG_HEAD_BYTES // (1024 * 1024)} MiB and its latest "
+                "output (it is cut again whenever it passes the cap; this is said once)")))
+
     def sample(self) -> None:
         gpu_samples = self.gpus.sample() if self.gpus is not None and self.gpus.available else []
         for tp in self.tasks.values():
@@ -580,6 +597,9 @@ class Supervisor:
                     else:
                         self.read_events(key.data)
                 self.reap()
+                for tp in self.tasks.values():  # every turn (at most 0.1 s apart): a flooding task's log stays near its cap
+                    if tp.proc is not None and not tp.done:
+                        self.bound_log(tp)
                 if time.monotonic() >= next_sample:
                     self.sample()
                     next_sample = time.monotonic() + self.sample_interval

@@ -13,6 +13,8 @@ comes from ``FAKE_<role>_<index>`` in its environment (``Run(task_env=...)``), d
   their pids), then steps forever.
 - ``flush``: steps forever; on SIGTERM writes one last step (``final: true``) and ``stopped``, then exits.
 - ``ignore_term``: steps forever and ignores SIGTERM.
+- ``flood``: prints about 50 MB/s (1 MiB lines; ``flood_cr``: a progress bar redrawn with ``\r`` alone) and
+  steps forever.
 Async chiefs credit their steps to ``worker`` ``FAKE_WORKERS`` (comma-separated indices, default ``0``).
 """
 
@@ -80,6 +82,16 @@ def main() -> None:
             os._exit(143)
 
         signal.signal(signal.SIGTERM, on_term)
+    if mode in ("flood", "flood_cr"):
+        line = (b"x" * (1024 * 1024 - 1)) + (b"\r" if mode == "flood_cr" else b"\n")
+
+        def flood() -> None:  # about 50 MB/s, what a chatty program was seen to print
+            while True:
+                os.write(1, line)
+                time.sleep(0.02)
+
+        threading.Thread(target=flood, daemon=True).start()
+        mode = "forever"
     if mode == "spawn":
         child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
         escaped = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
