@@ -158,7 +158,10 @@ class DocumentModel(QObject):
         self.edit(Document(config, self._doc.layout).with_cluster(config.cluster), text, merge_key)
 
     def set_value(self, path: str, value: Any) -> None:
-        """Set one field by its config path (``training.steps``, ``parallelism.mesh_batch``, ``name``)."""
+        """Set one field by its attribute path (``training.steps``, ``parallelism.mesh_batch``, ``name``) or
+        its declared YAML path (``parallelism.mesh.batch``, ``parallelism.partitioner.kind``)."""
+        if path in config_mod.FIELDS and "[]" not in path:
+            path = config_mod.attribute_path(path)
         parts = path.split(".")
         config = self._doc.config
         if len(parts) == 1:

@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.contract.config import ROLES, Slurm
+from engine.contract.config import ROLES, Slurm, field_spec
 from gui import theme
 from gui.document_model import DocumentModel, Selection, problem_target
 
@@ -42,6 +42,14 @@ _OWNER = re.compile(r"^cluster\.hosts\[\d+\](?:\.tasks\[\d+\])?\.?")
 def field_key(field: str) -> str:
     """A problem's field relative to its host or task: ``cluster.hosts[0].slurm.nodes`` -> ``slurm.nodes``."""
     return _OWNER.sub("", field, count=1)
+
+
+def spec_path(key: str) -> str:
+    """The declared path of a panel key: ``slurm.nodes`` -> ``cluster.hosts[].slurm.nodes``, ``task.port`` ->
+    ``cluster.hosts[].tasks[].port``."""
+    if key.startswith("task."):
+        return "cluster.hosts[].tasks[]." + key.removeprefix("task.")
+    return "cluster.hosts[]." + key
 
 
 def parse_options(text: str) -> tuple[str, ...]:
@@ -75,60 +83,29 @@ class PropertiesPanel(QWidget):
         host_page = QWidget()
         self.host_form = form = QFormLayout(host_page)
         form.setVerticalSpacing(4)
-        self.host_name = self._line("name", "hostName", "A unique name for this host (or Slurm group)")
+        self.host_name = self._line("name", "hostName")
         self.host_kind = QComboBox()
         for text, kind in KINDS:
             self.host_kind.addItem(text, kind)
-        self._register("kind", self.host_kind, "hostKind",
-                       "Machine: this computer, or one reached over SSH.\nSlurm group: nodes Slurm allocates "
-                       "(salloc), one supervisor per node started by srun; the tasks fill the nodes in drawn order")
-        self.host_address = self._line("address", "hostAddress",
-                                        "Host name or IP address the tasks are reached at (localhost runs here)")
-        self.host_gpus = self._spin("gpus", "hostGpus", 0, 64,
-                                    "GPUs of this host, split evenly over its chief/worker tasks "
-                                    "(emulated as CPU devices where there is no GPU)")
-        self.host_ssh_host = self._line("ssh_host", "hostSshHost",
-                                        "The name ssh dials for this host (an alias of ~/.ssh/config works); "
-                                        "empty: the address. Set it to run a host over SSH.", "(the address)")
-        self.host_ssh_user = self._line("ssh_user", "hostSshUser", "The user to log in as over SSH; empty: ssh's "
-                                        "default", "(your ssh default)")
-        self.host_ssh_port = self._spin("ssh_port", "hostSshPort", 1, 65535,
-                                        "The SSH port of this host (22 unless its sshd listens elsewhere)")
+        self._register("kind", self.host_kind, "hostKind")
+        self.host_address = self._line("address", "hostAddress")
+        self.host_gpus = self._spin("gpus", "hostGpus")
+        self.host_ssh_host = self._line("ssh_host", "hostSshHost", "(the address)")
+        self.host_ssh_user = self._line("ssh_user", "hostSshUser", "(your ssh default)")
+        self.host_ssh_port = self._spin("ssh_port", "hostSshPort")
         names = QRegularExpressionValidator(QRegularExpression(SLURM_NAME), self)
-        self.slurm_partition = self._line("slurm.partition", "slurmPartition",
-                                          "The Slurm partition the nodes are allocated in (--partition); "
-                                          "empty: the cluster's default partition", "(the default one)", names)
-        self.slurm_nodes = self._spin("slurm.nodes", "slurmNodes", 1, 4096,
-                                      "Nodes to allocate (--nodes); the tasks fill them in drawn order, "
-                                      "ceil(tasks / nodes) per node, one supervisor per node")
-        self.slurm_gpus = self._spin("slurm.gpus_per_node", "slurmGpusPerNode", 0, 64,
-                                     "GPUs asked on each node (--gres=gpu:N), split evenly over the node's "
-                                     "chief/worker tasks; 0: CPU only")
-        self.slurm_cpus = self._spin("slurm.cpus_per_task", "slurmCpusPerTask", 1, 4096,
-                                     "CPUs for each task (--cpus-per-task)")
-        self.slurm_mem = self._line("slurm.mem_per_task", "slurmMemPerTask",
-                                    "Memory for each task, e.g. 4G or 512M (a bare number is megabytes); a node "
-                                    "asks for this times its tasks (--mem). Empty: Slurm's default", "e.g. 4G",
+        self.slurm_partition = self._line("slurm.partition", "slurmPartition", "(the default one)", names)
+        self.slurm_nodes = self._spin("slurm.nodes", "slurmNodes")
+        self.slurm_gpus = self._spin("slurm.gpus_per_node", "slurmGpusPerNode")
+        self.slurm_cpus = self._spin("slurm.cpus_per_task", "slurmCpusPerTask")
+        self.slurm_mem = self._line("slurm.mem_per_task", "slurmMemPerTask", "e.g. 4G",
                                     QRegularExpressionValidator(QRegularExpression(r"\d*[KMGTkmgt]?"), self))
-        self.slurm_time = self._line("slurm.time_limit", "slurmTimeLimit",
-                                     "The job's time limit (--time): minutes (30), HH:MM:SS (00:30:00) or "
-                                     "D-HH:MM:SS; Slurm ends the job there and the run fails with TIMEOUT. "
-                                     "Empty: the partition's limit", "(partition's limit)")
-        self.slurm_account = self._line("slurm.account", "slurmAccount",
-                                        "The account the job is charged to (--account); empty: your default",
-                                        "(default)", names)
-        self.slurm_qos = self._line("slurm.qos", "slurmQos", "The quality of service of the job (--qos); "
-                                    "empty: the default", "(default)", names)
-        self.slurm_sbatch = self._line("slurm.sbatch_options", "slurmSbatchOptions",
-                                       "Extra options of the allocation, as a shell reads them "
-                                       "(salloc takes sbatch's options), e.g. --constraint=a100 --exclusive",
-                                       "(none)")
-        self.slurm_srun = self._line("slurm.srun_options", "slurmSrunOptions",
-                                     "Extra options of each node's srun step, as a shell reads them, "
-                                     "e.g. --cpu-bind=cores", "(none)")
-        self.host_python = self._line("python", "hostPython",
-                                      "The Python on this host (for a Slurm group: on its nodes) that has "
-                                      "ClusterDeck and TensorFlow installed (local tasks use the app's own Python)")
+        self.slurm_time = self._line("slurm.time_limit", "slurmTimeLimit", "(partition's limit)")
+        self.slurm_account = self._line("slurm.account", "slurmAccount", "(default)", names)
+        self.slurm_qos = self._line("slurm.qos", "slurmQos", "(default)", names)
+        self.slurm_sbatch = self._line("slurm.sbatch_options", "slurmSbatchOptions", "(none)")
+        self.slurm_srun = self._line("slurm.srun_options", "slurmSrunOptions", "(none)")
+        self.host_python = self._line("python", "hostPython")
         self._row(form, "Name", "name")
         self._row(form, "Kind", "kind")
         self.machine_rows = [self._row(form, "Address", "address"), self._row(form, "GPUs", "gpus"),
@@ -139,6 +116,8 @@ class PropertiesPanel(QWidget):
             ("CPUs per task", "slurm.cpus_per_task"), ("Memory per task", "slurm.mem_per_task"),
             ("Time limit", "slurm.time_limit"), ("Account", "slurm.account"), ("QoS", "slurm.qos"),
             ("sbatch options", "slurm.sbatch_options"), ("srun options", "slurm.srun_options"))]
+        self.kind_rows = {key: self.editors[key] for key in ("address", "gpus", "ssh_host", "ssh_user", "ssh_port",
+                                                              *(k for k in self.editors if k.startswith("slurm.")))}
         self._row(form, "Python", "python")
         self.stack.addWidget(host_page)
 
@@ -147,13 +126,10 @@ class PropertiesPanel(QWidget):
         self._forms = (self.host_form, form)
         self.task_role = QComboBox()
         self.task_role.addItems(list(ROLES))
-        self._register("task.role", self.task_role, "taskRole",
-                       "chief coordinates (async) or trains; workers train; ps hold variables (async); "
-                       "the evaluator evaluates checkpoints")
+        self._register("task.role", self.task_role, "taskRole")
         self.task_index = QLabel()
-        self.task_index.setToolTip("Task indices are numbered 0..n-1 per role, in canvas order")
-        self.task_port = self._spin("task.port", "taskPort", 0, 65535,
-                                    "The task's gRPC port; 'auto' picks a free one at launch")
+        self.task_index.setToolTip(field_spec(spec_path("task.index")).help)
+        self.task_port = self._spin("task.port", "taskPort", auto=True)  # 0 shows 'auto'
         self.task_port.setSpecialValueText("auto")
         self._row(form, "Role", "task.role")
         form.addRow("Index", self.task_index)
@@ -199,27 +175,32 @@ class PropertiesPanel(QWidget):
 
     # ------------------------------------------------------------------ building
 
-    def _register(self, key: str, widget: QWidget, name: str, tip: str) -> None:
+    def _register(self, key: str, widget: QWidget, name: str) -> None:
+        """Register the editor of ``key``; its tooltip is the field's declared help."""
+        tip = field_spec(spec_path(key)).help
         widget.setObjectName(name)
         widget.setToolTip(tip)
         self.editors[key] = widget
         self._tips[key] = tip
 
-    def _line(self, key: str, name: str, tip: str, placeholder: str = "",
+    def _line(self, key: str, name: str, placeholder: str = "",
               validator: QRegularExpressionValidator | None = None) -> QLineEdit:
         edit = QLineEdit()
         if placeholder:
             edit.setPlaceholderText(placeholder)
         if validator is not None:
             edit.setValidator(validator)
-        self._register(key, edit, name, tip)
+        self._register(key, edit, name)
         return edit
 
-    def _spin(self, key: str, name: str, low: int, high: int, tip: str) -> QSpinBox:
+    def _spin(self, key: str, name: str, auto: bool = False) -> QSpinBox:
+        """An integer field's editor over its declared range (``auto``: one below it stands for 'auto')."""
+        spec = field_spec(spec_path(key))
+        assert spec.low is not None and spec.high is not None, f"{key}: an editor needs the field's bounds"
         spin = QSpinBox()
-        spin.setRange(low, high)
+        spin.setRange(int(spec.low) - int(auto), int(spec.high))
         spin.setKeyboardTracking(False)
-        self._register(key, spin, name, tip)
+        self._register(key, spin, name)
         return spin
 
     def _label(self, text: str, key: str) -> QLabel:
@@ -392,11 +373,9 @@ class PropertiesPanel(QWidget):
                 edit.setText(value)
                 edit.setModified(False)
                 self._input_errors.pop(key, None)
-        slurm = h.is_slurm
-        for row in self.machine_rows:
-            self.host_form.setRowVisible(row, not slurm or (row is self.host_gpus and h.gpus != 0))
-        for row in self.slurm_rows:
-            self.host_form.setRowVisible(row, slurm)
+        for key, row in self.kind_rows.items():  # each field's declared 'applies' (its host's kind)
+            shown = field_spec(spec_path(key)).applies_to(h)
+            self.host_form.setRowVisible(row, shown or (row is self.host_gpus and h.gpus != 0))
 
     def _mark_problems(self) -> None:
         """Each problem of the selection on its field's row (red label, the message in the tooltip) and all of

@@ -3,7 +3,8 @@ options, data, model, training and validation, as one form.
 
 Each widget writes one config field through :meth:`DocumentModel.set_value` (an
 undoable edit; repeated edits of one field merge) and is re-read from the
-config after every edit, with its signals blocked so nothing echoes.
+config after every edit, with its signals blocked so nothing echoes. Its range, tooltip and when it is
+shown come from the field's one declaration (:func:`engine.contract.config.field_spec`).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.contract import config as config_mod
-from engine.contract.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem
+from engine.contract.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem, field_spec
 from gui import document as doc_ops
 from gui import theme
 from gui.document_model import DocumentModel
@@ -44,6 +45,10 @@ MODE_HELP = {
     "async": "async — parameter servers hold the variables; a chief schedules steps on workers that "
              "run without waiting for each other (ParameterServerStrategy)",
 }
+
+
+#: The largest value a QSpinBox holds (a C int).
+QSPIN_MAX = 2**31 - 1
 
 
 def parse_ints(text: str) -> tuple[int, ...] | None:
@@ -82,7 +87,7 @@ class SettingsPanel(QScrollArea):
 
         # -- run
         box, form = self._group("Run", outer)
-        self.name = self._line("name", "Name of the run (its folder is named after it)", form, "Name")
+        self.name = self._line("name", form, "Name")
         self.program_section = ProgramSection(self, outer)
 
         # -- parallelism
@@ -91,7 +96,7 @@ class SettingsPanel(QScrollArea):
         self.mode.addItems(list(MODES))
         for i, m in enumerate(MODES):
             self.mode.setItemData(i, MODE_HELP[m], 3)  # ToolTipRole
-        self._register("parallelism.mode", self.mode, "How training is spread over the cluster:\n"
+        self._register("parallelism.mode", self.mode, field_spec("parallelism.mode").help + ":\n"
                        + "\n".join(MODE_HELP[m] for m in MODES))
         self.mode.activated.connect(lambda _i: self.choose_mode(self.mode.currentText()))
         self._readers.append(lambda: self.mode.setCurrentText(document.config.parallelism.mode))
@@ -99,9 +104,8 @@ class SettingsPanel(QScrollArea):
         mesh_row = QWidget()
         mesh_layout = QHBoxLayout(mesh_row)
         mesh_layout.setContentsMargins(0, 0, 0, 0)
-        self.mesh_batch = self._spin("parallelism.mesh_batch", "Mesh size along the batch axis", 1, 4096)
-        self.mesh_model = self._spin("parallelism.mesh_model", "Mesh size along the model axis "
-                                     "(hidden sizes must divide by it)", 1, 4096)
+        self.mesh_batch = self._spin("parallelism.mesh_batch")
+        self.mesh_model = self._spin("parallelism.mesh_model")
         mesh_layout.addWidget(self.mesh_batch)
         mesh_layout.addWidget(self.mesh_model)
         self.widgets["parallelism.mesh"] = mesh_row
@@ -110,86 +114,60 @@ class SettingsPanel(QScrollArea):
         form.addRow("Mesh b × m", mesh_row)
         self.mesh_form_row = mesh_row
         self.mesh_axes = MeshAxesEdit(self, form)
-        self.partitioner = self._combo("parallelism.partitioner", PARTITIONERS,
-                                       "How variables are sharded over the ps tasks: none, by minimum shard "
-                                       "size, or a fixed number of shards", form, "Partitioner")
-        self.shards = self._spin("parallelism.shards", "Number of shards (partitioner 'fixed')", 1, 1024)
+        self.partitioner = self._combo("parallelism.partitioner", PARTITIONERS, form, "Partitioner")
+        self.shards = self._spin("parallelism.shards")
         form.addRow("Shards", self.shards)
-        self.min_shard_bytes = self._spin("parallelism.min_shard_bytes",
-                                          "Smallest shard in bytes (partitioner 'min_size')", 1, 2**31 - 1)
+        self.min_shard_bytes = self._spin("parallelism.min_shard_bytes")
         form.addRow("Min shard bytes", self.min_shard_bytes)
-        self.timeout = QDoubleSpinBox()
-        self.timeout.setRange(0, 3600)
-        self.timeout.setDecimals(1)
+        self.timeout = self._decimal("parallelism.collective_timeout_s", decimals=1)
         self.timeout.setSpecialValueText("TF default")
-        self._bind_number("parallelism.collective_timeout_s", self.timeout,
-                          "Seconds before a stuck collective fails a synchronous run (0: TensorFlow's default)")
         form.addRow("Collective timeout", self.timeout)
         self.parallelism_form = form
 
         # -- data
         data_box, form = self._group("Data", outer)
-        self.source = self._combo("data.source", DATA_SOURCES, "Where examples come from", form, "Source")
-        self.shape = self._ints("data.shape", "Shape of one example, e.g. 784 or 28, 28", form, "Shape")
-        self.classes = self._spin("data.classes", "Number of classes", 2, 1_000_000)
+        self.source = self._combo("data.source", DATA_SOURCES, form, "Source")
+        self.shape = self._ints("data.shape", form, "Shape")
+        self.classes = self._spin("data.classes")
         form.addRow("Classes", self.classes)
-        self.data_size = self._spin("data.size", "Examples in the synthetic data set; for other sources the "
-                                    "most examples used", 1, 100_000_000)
+        self.data_size = self._spin("data.size")
         form.addRow("Size", self.data_size)
-        self.data_path = self._path("data.path", "The data file or folder (.npz, .csv, TFRecord, an image folder, "
-                                    "or your Python script defining make_dataset)", form, "Path",
+        self.data_path = self._path("data.path", form, "Path",
                                     "Data (*.npz *.csv *.tfrecord *.tfrecords *.tfrec *.py);;All files (*)")
-        self.x_key = self._line("data.x_key", "npz: the array of inputs; TFRecord: the feature of inputs", form,
-                                "Inputs key")
-        self.y_key = self._line("data.y_key", "npz: the array of labels; csv: the label column; TFRecord: the "
-                                "label feature", form, "Labels key")
+        self.x_key = self._line("data.x_key", form, "Inputs key")
+        self.y_key = self._line("data.y_key", form, "Labels key")
         self.data_form = form
 
         # -- model
         model_box, form = self._group("Model", outer)
-        self.model_name = self._combo("model.name", MODELS, "The model to train", form, "Model")
-        self.hidden = self._ints("model.hidden", "Hidden layer widths, e.g. 256, 128", form, "Hidden sizes",
-                                 allow_empty=True)
-        self.vocab_size = self._spin("model.vocab_size", "Token models: ids run from 0 to vocab size - 1", 2,
-                                     10_000_000)
+        self.model_name = self._combo("model.name", MODELS, form, "Model")
+        self.hidden = self._ints("model.hidden", form, "Hidden sizes", allow_empty=True)
+        self.vocab_size = self._spin("model.vocab_size")
         form.addRow("Vocab size", self.vocab_size)
-        self.embed_dim = self._spin("model.embed_dim", "Token models: embedding width", 1, 65_536)
+        self.embed_dim = self._spin("model.embed_dim")
         form.addRow("Embed dim", self.embed_dim)
-        self.heads = self._spin("model.heads", "Transformer: attention heads (must divide the embed dim)", 1, 1024)
+        self.heads = self._spin("model.heads")
         form.addRow("Heads", self.heads)
-        self.script = self._path("model.script", "Your Python file defining build_model(config) (and optionally "
-                                 "make_dataset and loss); it runs only because you chose it", form, "Script",
-                                 "Python (*.py);;All files (*)")
+        self.script = self._path("model.script", form, "Script", "Python (*.py);;All files (*)")
         self.model_form = form
 
         # -- training
         box, form = self._group("Training", outer)
-        self.batch = self._spin("training.global_batch_size", "Examples per step over all replicas "
-                                "(must divide by the number of replicas)", 1, 1_000_000)
+        self.batch = self._spin("training.global_batch_size")
         form.addRow("Global batch", self.batch)
-        self.steps = self._spin("training.steps", "Training steps", 1, 2**31 - 1)
+        self.steps = self._spin("training.steps")
         form.addRow("Steps", self.steps)
-        self.optimizer = self._combo("training.optimizer", OPTIMIZERS, "The optimizer", form, "Optimizer")
-        self.learning_rate = QDoubleSpinBox()
-        self.learning_rate.setDecimals(5)
-        self.learning_rate.setRange(0.00001, 10.0)
-        self.learning_rate.setSingleStep(0.005)
-        self._bind_number("training.learning_rate", self.learning_rate, "Learning rate of the optimizer")
+        self.optimizer = self._combo("training.optimizer", OPTIMIZERS, form, "Optimizer")
+        self.learning_rate = self._decimal("training.learning_rate", decimals=5, step=0.005)
         form.addRow("Learning rate", self.learning_rate)
-        self.seed = self._spin("training.seed", "Random seed (data and initial weights)", 0, 2**31 - 1)
+        self.seed = self._spin("training.seed")
         form.addRow("Seed", self.seed)
-        self.checkpoint_every = self._spin("training.checkpoint_every",
-                                           "Save a checkpoint every N steps (0: only at the end)", 0, 2**31 - 1)
+        self.checkpoint_every = self._spin("training.checkpoint_every")
         self.checkpoint_every.setSpecialValueText("at the end")
         form.addRow("Checkpoint every", self.checkpoint_every)
-        self.restarts = self._spin("training.restarts", "How often a failed run restarts from its last "
-                                   "checkpoint before giving up", 0, 100)
+        self.restarts = self._spin("training.restarts")
         form.addRow("Restarts", self.restarts)
-        self.steps_per_execution = self._spin(
-            "training.steps_per_execution", "Data and async: training steps run by one function (Keras' "
-            "steps_per_execution; async: per function the chief schedules on a worker). More steps per function: "
-            "less Python work per step, figures and stops per group of steps", 1,
-            config_mod.MAX_STEPS_PER_EXECUTION)
+        self.steps_per_execution = self._spin("training.steps_per_execution")
         form.addRow("Steps per execution", self.steps_per_execution)
         self.training_form = form
         self.validation_section = ValidationSection(self, outer)
@@ -209,7 +187,10 @@ class SettingsPanel(QScrollArea):
         outer.addWidget(box)
         return box, form
 
-    def _register(self, path: str, widget: QWidget, tip: str) -> None:
+    def _register(self, path: str, widget: QWidget, tip: str | None = None) -> None:
+        """Register the editor of ``path``; its tooltip is the field's declared help unless ``tip`` says more."""
+        if tip is None:
+            tip = field_spec(path).help
         widget.setObjectName(path)
         widget.setToolTip(tip)
         self.widgets[path] = widget
@@ -222,33 +203,54 @@ class SettingsPanel(QScrollArea):
             return ""
         return getattr(obj, name) if name else obj
 
-    def _line(self, path: str, tip: str, form: QFormLayout, label: str) -> QLineEdit:
+    def _line(self, path: str, form: QFormLayout, label: str) -> QLineEdit:
         edit = QLineEdit()
-        self._register(path, edit, tip)
+        self._register(path, edit)
         edit.editingFinished.connect(lambda: self._set(path, edit.text().strip()))
         self._readers.append(lambda: edit.setText(str(self._value_of(path))))
         form.addRow(label, edit)
         return edit
 
-    def _combo(self, path: str, choices: tuple[str, ...], tip: str, form: QFormLayout, label: str) -> QComboBox:
+    def _combo(self, path: str, choices: tuple[str, ...], form: QFormLayout, label: str) -> QComboBox:
         combo = QComboBox()
         combo.addItems(list(choices))
-        self._register(path, combo, tip)
+        self._register(path, combo)
         combo.activated.connect(lambda _i: self._set(path, combo.currentText()))
         self._readers.append(lambda: combo.setCurrentText(str(self._value_of(path))))
         form.addRow(label, combo)
         return combo
 
-    def _spin(self, path: str, tip: str, low: int, high: int) -> QSpinBox:
-        spin = QSpinBox()
-        spin.setRange(low, high)
-        self._bind_number(path, spin, tip)
+    def _spin(self, path: str) -> QSpinBox | QDoubleSpinBox:
+        """An integer field's editor over its declared range (a whole-number QDoubleSpinBox where the range is
+        wider than a QSpinBox holds)."""
+        spec = field_spec(path)
+        low, high = spec.low, spec.high
+        assert low is not None and high is not None, f"{path}: an editor needs the field's bounds"
+        if high <= QSPIN_MAX:
+            spin: QSpinBox | QDoubleSpinBox = QSpinBox()
+            spin.setRange(int(low), int(high))
+        else:
+            spin = QDoubleSpinBox()
+            spin.setDecimals(0)
+            spin.setRange(low, high)
+        self._bind_number(path, spin)
         return spin
 
-    def _bind_number(self, path: str, spin: QSpinBox | QDoubleSpinBox, tip: str) -> None:
+    def _decimal(self, path: str, decimals: int, step: float = 1.0) -> QDoubleSpinBox:
+        """A number field's editor over its declared range (``editor_min``/``editor_max`` where it has none)."""
+        spec = field_spec(path)
+        spin = QDoubleSpinBox()
+        spin.setDecimals(decimals)
+        spin.setRange(spec.low if spec.low is not None else 0.0, spec.high if spec.high is not None else 1e9)
+        spin.setSingleStep(step)
+        self._bind_number(path, spin)
+        return spin
+
+    def _bind_number(self, path: str, spin: QSpinBox | QDoubleSpinBox, tip: str | None = None) -> None:
         spin.setKeyboardTracking(False)
         self._register(path, spin, tip)
-        spin.valueChanged.connect(lambda v: self._set(path, v))
+        whole = field_spec(path).kind == "int"
+        spin.valueChanged.connect(lambda v: self._set(path, int(v) if whole else v))
 
         def read() -> None:
             value = self._value_of(path)
@@ -256,14 +258,14 @@ class SettingsPanel(QScrollArea):
 
         self._readers.append(read)
 
-    def _path(self, path: str, tip: str, form: QFormLayout, label: str, filters: str) -> QLineEdit:
+    def _path(self, path: str, form: QFormLayout, label: str, filters: str) -> QLineEdit:
         """A file path: typed, or picked with Browse…"""
         row = QWidget()
         layout = QHBoxLayout(row)
         layout.setContentsMargins(0, 0, 0, 0)
         edit = QLineEdit()
         edit.setPlaceholderText("none")
-        self._register(path, edit, tip)
+        self._register(path, edit)
         edit.editingFinished.connect(lambda: self._set(path, edit.text().strip()))
         self._readers.append(lambda: edit.setText(str(self._value_of(path))))
         browse = QPushButton("Browse…")
@@ -282,9 +284,10 @@ class SettingsPanel(QScrollArea):
         self._rows[path] = row
         return edit
 
-    def _ints(self, path: str, tip: str, form: QFormLayout, label: str, allow_empty: bool = False) -> QLineEdit:
+    def _ints(self, path: str, form: QFormLayout, label: str, allow_empty: bool = False) -> QLineEdit:
         edit = QLineEdit()
-        self._register(path, edit, tip)
+        self._register(path, edit)
+        tip = self._tips[path]
 
         def commit() -> None:
             values = parse_ints(edit.text())
@@ -353,32 +356,31 @@ class SettingsPanel(QScrollArea):
         finally:
             for w in self.widgets.values():
                 w.blockSignals(False)
-        mode = self.document.config.parallelism.mode
-        part = self.document.config.parallelism.partitioner
-        form = self.parallelism_form
-        form.setRowVisible(self.mesh_form_row, mode == "model")
-        form.setRowVisible(self.mesh_axes, mode == "model" or bool(self.document.config.parallelism.mesh_axes))
-        form.setRowVisible(self.partitioner, mode == "async")
-        form.setRowVisible(self.shards, mode == "async" and part == "fixed")
-        form.setRowVisible(self.min_shard_bytes, mode == "async" and part == "min_size")
-        form.setRowVisible(self.timeout, mode != "async")
         c = self.document.config
-        file_source = c.data.source in config_mod.FILE_SOURCES
-        self.data_form.setRowVisible(self._rows["data.path"], file_source)
-        self.data_form.setRowVisible(self.x_key, c.data.source in ("npz", "tfrecord"))
-        self.data_form.setRowVisible(self.y_key, c.data.source in ("npz", "csv", "tfrecord"))
+        form = self.parallelism_form
+        form.setRowVisible(self.mesh_form_row, self.applies("parallelism.mesh_batch"))
+        form.setRowVisible(self.mesh_axes, self.applies("parallelism.mesh_axes") or bool(c.parallelism.mesh_axes))
+        for path, row in (("parallelism.partitioner", self.partitioner), ("parallelism.shards", self.shards),
+                          ("parallelism.min_shard_bytes", self.min_shard_bytes),
+                          ("parallelism.collective_timeout_s", self.timeout)):
+            form.setRowVisible(row, self.applies(path))
+        self.data_form.setRowVisible(self._rows["data.path"], self.applies("data.path"))
+        self.data_form.setRowVisible(self.x_key, self.applies("data.x_key"))
+        self.data_form.setRowVisible(self.y_key, self.applies("data.y_key"))
         self.data_form.setRowVisible(self.data_size, True)
-        token = c.model.name in config_mod.TOKEN_MODELS
-        self.model_form.setRowVisible(self.vocab_size, token)
-        self.model_form.setRowVisible(self.embed_dim, token)
-        self.model_form.setRowVisible(self.heads, c.model.name == "transformer")
-        self.model_form.setRowVisible(self._rows["model.script"], c.model.name == "script")
-        self.training_form.setRowVisible(self.steps_per_execution, mode in config_mod.STEPS_PER_EXECUTION_MODES
+        for path in ("model.vocab_size", "model.embed_dim", "model.heads"):
+            self.model_form.setRowVisible(self.widgets[path], self.applies(path))
+        self.model_form.setRowVisible(self._rows["model.script"], self.applies("model.script"))
+        self.training_form.setRowVisible(self.steps_per_execution, self.applies("training.steps_per_execution")
                                          or c.training.steps_per_execution != 1)
         self.validation_section.refresh(c)
         self.program_section.refresh(c)
         self._offer_choices()
         self.mark_problems(self.document.problems)
+
+    def applies(self, path: str) -> bool:
+        """Whether the field ``path`` is used by the config as it is now (its declared ``applies``)."""
+        return field_spec(path).applies_to(self.document.config)
 
     def _offer_choices(self) -> None:
         """Data sources and models that cannot work with the rest of the config (the mode above all) are

@@ -12,10 +12,10 @@ import re
 import shlex
 from typing import Any
 
-from PySide6.QtWidgets import QComboBox, QDoubleSpinBox, QFormLayout, QLineEdit, QVBoxLayout
+from PySide6.QtWidgets import QComboBox, QFormLayout, QLineEdit, QVBoxLayout
 
 from engine.contract import config as config_mod
-from engine.contract.config import MAX_MESH_AXES, MAX_STEPS, Program, RunConfig
+from engine.contract.config import MAX_MESH_AXES, Program, RunConfig, field_spec
 from gui import theme
 
 #: The SettingsPanel whose builders a section uses (not imported: the panel imports this module).
@@ -32,11 +32,14 @@ _AXIS = re.compile(r"^\s*([a-z][a-z0-9_]{0,31})\s*[:=]\s*(\d+)\s*$")
 
 def parse_axes(text: str) -> tuple[tuple[str, int], ...] | None:
     """``"feature: 2, seq: 4"`` -> ``(("feature", 2), ("seq", 4))``; None when it is not a list of
-    ``name: size`` pairs (lower-case names other than batch and model, sizes >= 1, at most 4)."""
+    ``name: size`` pairs (lower-case names other than batch and model, sizes within the declared bounds, at
+    most 4)."""
+    sizes = field_spec("parallelism.mesh_axes")
     axes: list[tuple[str, int]] = []
     for part in (p for p in re.split(r"[,;]", text) if p.strip()):
         m = _AXIS.match(part)
-        if m is None or m.group(1) in (config_mod.MESH_BATCH, config_mod.MESH_MODEL) or int(m.group(2)) < 1:
+        if m is None or m.group(1) in (config_mod.MESH_BATCH, config_mod.MESH_MODEL) or \
+                not (sizes.minimum or 1) <= int(m.group(2)) <= (sizes.maximum or 1):
             return None
         axes.append((m.group(1), int(m.group(2))))
     names = [name for name, _ in axes]
@@ -63,13 +66,10 @@ class ProgramSection:
         self.kind.activated.connect(self._chosen)
         panel._readers.append(lambda: self.kind.setCurrentIndex(int(panel.document.config.program is not None)))
         form.addRow("Trains", self.kind)
-        self.script = panel._path("program.script", "Your training program (a Python file); it runs in every chief "
-                                  "and worker task with the run folder as its working folder", form, "Program",
-                                  "Python (*.py);;All files (*)")
+        self.script = panel._path("program.script", form, "Program", "Python (*.py);;All files (*)")
         self.args = QLineEdit()
         self.args.setPlaceholderText("none")
-        tip = "Command-line arguments of your program, as a shell splits them, e.g. --epochs 3 --name 'my run'"
-        panel._register("program.args", self.args, tip)
+        panel._register("program.args", self.args)
         self.args.editingFinished.connect(self._args_edited)
         panel._readers.append(self._read_args)
         form.addRow("Arguments", self.args)
@@ -104,7 +104,7 @@ class ProgramSection:
     def refresh(self, config: RunConfig) -> None:
         """Show the program's rows for a program; grey out what a program does not use, saying why."""
         own = config.program is not None
-        self.form.setRowVisible(self.panel._rows["program.script"], own)
+        self.form.setRowVisible(self.panel._rows["program.script"], own)  # the program's fields apply to it alone
         self.form.setRowVisible(self.args, own)
         panel = self.panel
         for box in panel.loop_boxes:
@@ -125,30 +125,22 @@ class ValidationSection:
         self.panel = panel
         self.box, form = panel._group("Validation", outer)
         self.form = form
-        self.split = QDoubleSpinBox()
-        self.split.setRange(0.0, 0.95)
-        self.split.setDecimals(2)
-        self.split.setSingleStep(0.05)
+        self.split = panel._decimal("validation.split", decimals=2, step=0.05)
         self.split.setSpecialValueText("none")
-        panel._bind_number("validation.split", self.split, "Fraction of the data's examples held out of training "
-                           "and evaluated instead (0: none), e.g. 0.1")
         form.addRow("Held-out split", self.split)
-        self.path = panel._path("validation.path", "A file of held-out examples, of the same kind as the data "
-                                "file (instead of a split)", form, "Held-out file",
+        self.path = panel._path("validation.path", form, "Held-out file",
                                 "Data (*.npz *.csv *.tfrecord *.tfrecords *.tfrec);;All files (*)")
-        self.every = panel._spin("validation.every", "Evaluate the held-out examples every N training steps "
-                                 "(0: never in the training loop; an evaluator task still can)", 0, MAX_STEPS)
+        self.every = panel._spin("validation.every")
         self.every.setSpecialValueText("never")
         form.addRow("Every (steps)", self.every)
-        self.batches = panel._spin("validation.batches", "Global batches per evaluation (0: every held-out "
-                                   "example once)", 0, 1_000_000)
+        self.batches = panel._spin("validation.batches")
         self.batches.setSpecialValueText("all examples")
         form.addRow("Batches", self.batches)
 
     def refresh(self, config: RunConfig) -> None:
-        files = config.data.source in config_mod.FILE_SOURCES and config.data.source != "script"
+        files = field_spec("validation.path").applies_to(config)
         self.form.setRowVisible(self.panel._rows["validation.path"], files or bool(config.validation.path.strip()))
-        evaluated = config.validation.every > 0 or bool(config.cluster.tasks_of("evaluator"))
+        evaluated = field_spec("validation.batches").applies_to(config)
         self.form.setRowVisible(self.batches, evaluated or config.validation.batches != 0)
 
 
@@ -159,8 +151,7 @@ class MeshAxesEdit(QLineEdit):
         super().__init__()
         self.panel = panel
         self.setPlaceholderText("none, e.g. feature: 2")
-        self.tip = ("Extra named mesh axes between batch and model, e.g. feature: 2; your sharded script names "
-                    f"them in its layouts (at most {MAX_MESH_AXES}). batch × axes × model must equal the devices")
+        self.tip = field_spec("parallelism.mesh_axes").help
         panel._register("parallelism.mesh_axes", self, self.tip)
         self.editingFinished.connect(self._edited)
         panel._readers.append(lambda: self.setText(format_axes(panel.document.config.parallelism.mesh_axes)))

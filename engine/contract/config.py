@@ -17,17 +17,34 @@ import ipaddress
 import math
 import os
 import re
-import reprlib
 import shlex
 import stat
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 
+from engine.contract.fields import (
+    CustomReader,
+    CustomWriter,
+    FieldSpec,
+    Problem,
+    _choices,
+    _key_text,
+    _Reader,
+    _show,
+    check_fields,
+    read_fields,
+    section,
+    spec,
+    walk,
+    write_fields,
+)
+
 SCHEMA_VERSION = 1
+_T = TypeVar("_T")
 
 ROLES = ("chief", "worker", "ps", "evaluator")
 TRAINER_ROLES = ("chief", "worker")
@@ -83,24 +100,48 @@ MODEL_MODES: dict[str, tuple[str, ...]] = {
     # parallelism 'model' calls the script's build_sharded_model(config, mesh) (engine.runtime.sharded)
     "script": ("data", "model", "async"),
 }
-#: Which parallelism modes read each data source (the app offers a source only in these modes). Every
-#: runtime reads its examples through ``engine.runtime.data.make_dataset``: the data-parallel one per
-#: input pipeline, the async one per worker (``ClusterCoordinator.create_per_worker_dataset``), the
-#: model-parallel one as global batches; a user's ``make_dataset(input_context, config)`` gets the
-#: input context of each (``None`` in model mode).
-DATA_SOURCE_MODES: dict[str, tuple[str, ...]] = {source: MODES for source in DATA_SOURCES}
 
 
 # --------------------------------------------------------------------------- model
+
+
+#: Tasks one host may hold, and tasks in all: far beyond a real cluster drawn here, and they keep a bad
+#: preset (or an alias bomb) from starting thousands of processes.
+MAX_TASKS_PER_HOST = 256
+MAX_TASKS = 1024
+MAX_HOSTS = 256
+#: Largest GPU count of a host or a Slurm node, and the largest size of a mesh axis or a Slurm count.
+MAX_GPUS = 64
+MAX_MESH_AXIS = 4096
+#: Largest minimum shard size of the 'min_size' partitioner (1 TiB).
+MAX_SHARD_BYTES = 2**40
+
+
+def _machine(h: Host) -> bool:
+    return h.kind != "slurm"
+
+
+def _slurm(h: Host) -> bool:
+    return h.kind == "slurm"
+
+
+def _mode_is(*modes: str) -> Callable[[RunConfig], bool]:
+    return lambda c: c.parallelism.mode in modes
 
 
 @dataclass(frozen=True)
 class Task:
     """One TensorFlow task: a process running as ``role:index``."""
 
-    role: str = "worker"
-    index: int = 0
-    port: int | None = None  # None means: pick a free port at launch
+    role: str = spec("worker", choices=ROLES, help="chief coordinates (async) or trains; workers train; ps hold "
+                     "variables (async); the evaluator evaluates checkpoints")
+    index: int = spec(0, minimum=0, maximum=9999,
+                      help="Task indices are numbered 0..n-1 per role, in canvas order")
+    # None means: pick a free port at launch
+    port: int | None = spec(None, kind="custom", parse="port", minimum=1, maximum=65535,
+                            help="The task's gRPC port; 'auto' picks a free one at launch",
+                            schema={"anyOf": [{"const": "auto"}, {"type": "integer", "minimum": 1, "maximum": 65535},
+                                              {"type": "null"}]})
 
     @property
     def name(self) -> str:
@@ -113,6 +154,9 @@ HOST_KINDS = ("machine", "slurm")
 SLURM_TIME = re.compile(r"^(\d+|\d+:\d{1,2}|\d+:\d{1,2}:\d{1,2}|\d+-\d+(:\d{1,2}){0,2}|UNLIMITED|INFINITE)$")
 #: A memory size as Slurm reads it: a number of megabytes, or with a unit K, M, G or T.
 SLURM_MEMORY = re.compile(r"^\d+[KMGT]?$")
+_SLURM_TEXT: dict[str, Any] = {"type": ["string", "integer", "null"]}
+_OPTIONS: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"},
+                                                                  "maxItems": 64}, {"type": "null"}]}
 
 
 @dataclass(frozen=True)
@@ -122,32 +166,71 @@ class Slurm:
     Empty strings leave Slurm's defaults (the default partition, its time limit, the user's account).
     """
 
-    partition: str = ""
-    nodes: int = 1
-    gpus_per_node: int = 0  # --gres=gpu:N
-    cpus_per_task: int = 1
-    mem_per_task: str = ""  # e.g. '4G'; --mem of a node is this times its tasks
-    time_limit: str = ""  # Slurm's format, e.g. '30' (minutes), '2:00:00', '1-00:00:00'
-    account: str = ""
-    qos: str = ""
-    sbatch_options: tuple[str, ...] = ()  # extra options of the allocation (salloc reads sbatch's options)
-    srun_options: tuple[str, ...] = ()  # extra options of each supervisor's srun step
+    partition: str = spec("", strip=True, applies=_slurm, when="kind: slurm",
+                          help="The Slurm partition the nodes are allocated in (--partition); empty: the "
+                               "cluster's default partition")
+    nodes: int = spec(1, minimum=1, maximum=4096, applies=_slurm, when="kind: slurm",
+                      help="Nodes to allocate (--nodes); the tasks fill them in drawn order, ceil(tasks / nodes) "
+                           "per node, one supervisor per node")
+    gpus_per_node: int = spec(0, minimum=0, maximum=MAX_GPUS, applies=_slurm, when="kind: slurm",  # --gres=gpu:N
+                              help="GPUs asked on each node (--gres=gpu:N), split evenly over the node's "
+                                   "chief/worker tasks; 0: CPU only")
+    cpus_per_task: int = spec(1, minimum=1, maximum=4096, applies=_slurm, when="kind: slurm",
+                              help="CPUs for each task (--cpus-per-task)")
+    # e.g. '4G'; --mem of a node is this times its tasks
+    mem_per_task: str = spec("", kind="custom", parse="slurm_memory", write="changed", schema=_SLURM_TEXT,
+                             applies=_slurm, when="kind: slurm",
+                             help="Memory for each task, e.g. 4G or 512M (a bare number is megabytes); a node asks "
+                                  "for this times its tasks (--mem). Empty: Slurm's default")
+    # Slurm's format, e.g. '30' (minutes), '2:00:00', '1-00:00:00'
+    time_limit: str = spec("", kind="custom", parse="slurm_time", write="changed", schema=_SLURM_TEXT,
+                           applies=_slurm, when="kind: slurm",
+                           help="The job's time limit (--time): minutes (30), HH:MM:SS (00:30:00) or D-HH:MM:SS; "
+                                "Slurm ends the job there and the run fails with TIMEOUT. Empty: the partition's "
+                                "limit")
+    account: str = spec("", strip=True, write="changed", applies=_slurm, when="kind: slurm",
+                        help="The account the job is charged to (--account); empty: your default")
+    qos: str = spec("", strip=True, write="changed", applies=_slurm, when="kind: slurm",
+                    help="The quality of service of the job (--qos); empty: the default")
+    # extra options of the allocation (salloc reads sbatch's options)
+    sbatch_options: tuple[str, ...] = spec((), kind="custom", parse="options", write="changed", schema=_OPTIONS,
+                                           applies=_slurm, when="kind: slurm",
+                                           help="Extra options of the allocation, as a shell reads them (salloc "
+                                                "takes sbatch's options), e.g. --constraint=a100 --exclusive")
+    # extra options of each supervisor's srun step
+    srun_options: tuple[str, ...] = spec((), kind="custom", parse="options", write="changed", schema=_OPTIONS,
+                                         applies=_slurm, when="kind: slurm",
+                                         help="Extra options of each node's srun step, as a shell reads them, "
+                                              "e.g. --cpu-bind=cores")
 
 
 @dataclass(frozen=True)
 class Host:
     """A machine of the cluster and the tasks placed on it (or, ``kind: slurm``, a group of Slurm nodes)."""
 
-    name: str = "local"
-    address: str = "localhost"
-    gpus: int = 0
-    tasks: tuple[Task, ...] = ()
-    ssh_user: str = ""
-    ssh_port: int = 22
-    python: str = "python3"
-    ssh_host: str = ""  # the name ssh dials (an alias of ~/.ssh/config); default: the address
-    kind: str = "machine"
-    slurm: Slurm | None = None  # kind 'slurm': the allocation
+    name: str = spec("local", nonempty=True, help="A unique name for this host (or Slurm group)")
+    address: str = spec("localhost", nonempty=True, applies=_machine, when="kind: machine",
+                        help="Host name or IP address the tasks are reached at (localhost runs here)")
+    gpus: int = spec(0, minimum=0, maximum=MAX_GPUS, applies=_machine, when="kind: machine",
+                     help="GPUs of this host, split evenly over its chief/worker tasks (emulated as CPU devices "
+                          "where there is no GPU)")
+    tasks: tuple[Task, ...] = section(Task, "tasks", many=True, default=())
+    ssh_user: str = spec("", write="changed", applies=_machine, when="kind: machine",
+                         help="The user to log in as over SSH; empty: ssh's default")
+    ssh_port: int = spec(22, minimum=1, maximum=65535, write="changed", applies=_machine, when="kind: machine",
+                         help="The SSH port of this host (22 unless its sshd listens elsewhere)")
+    python: str = spec("python3", nonempty=True, write="changed",
+                       help="The Python on this host (for a Slurm group: on its nodes) that has ClusterDeck and "
+                            "TensorFlow installed (local tasks use the app's own Python)")
+    # the name ssh dials (an alias of ~/.ssh/config); default: the address
+    ssh_host: str = spec("", write="changed", applies=_machine, when="kind: machine",
+                         help="The name ssh dials for this host (an alias of ~/.ssh/config works); empty: the "
+                              "address. Set it to run a host over SSH.")
+    kind: str = spec("machine", choices=HOST_KINDS, write="changed",
+                     help="Machine: this computer, or one reached over SSH.\nSlurm group: nodes Slurm allocates "
+                          "(salloc), one supervisor per node started by srun; the tasks fill the nodes in drawn "
+                          "order")
+    slurm: Slurm | None = section(Slurm, "slurm", default=None)  # kind 'slurm': the allocation
 
     @property
     def is_local(self) -> bool:
@@ -185,7 +268,7 @@ class Host:
 
 @dataclass(frozen=True)
 class Cluster:
-    hosts: tuple[Host, ...] = ()
+    hosts: tuple[Host, ...] = section(Host, "hosts", many=True, default=())
 
     def tasks(self) -> list[tuple[Host, Task]]:
         return [(h, t) for h in self.hosts for t in h.tasks]
@@ -200,19 +283,44 @@ class Cluster:
 
 @dataclass(frozen=True)
 class Parallelism:
-    mode: str = "data"
+    """How training is spread: the mode, the DTensor mesh (model), the ps partitioner (async). The attributes
+    are flat; the YAML nests ``mesh:`` and ``partitioner:`` (each field's ``key``)."""
+
+    mode: str = spec("data", choices=MODES, help="How training is spread over the cluster")
     # model parallelism: the DTensor mesh (batch x model)
-    mesh_batch: int = 1
-    mesh_model: int = 2
+    mesh_batch: int = spec(1, key="mesh.batch", minimum=1, maximum=MAX_MESH_AXIS, applies=_mode_is("model"),
+                           when="parallelism.mode: model", help="Mesh size along the batch axis")
+    mesh_model: int = spec(2, key="mesh.model", minimum=1, maximum=MAX_MESH_AXIS, applies=_mode_is("model"),
+                           when="parallelism.mode: model",
+                           help="Mesh size along the model axis (hidden sizes must divide by it)")
     # more named mesh axes, in order between 'batch' and 'model' (e.g. (("feature", 2),)): YAML
     # ``mesh: {batch: 2, feature: 2, model: 2}``; a sharded script names them in its layouts
-    mesh_axes: tuple[tuple[str, int], ...] = ()
+    mesh_axes: tuple[tuple[str, int], ...] = spec(
+        (), kind="custom", key="mesh", parse="mesh_axes", applies=_mode_is("model"), when="parallelism.mode: model",
+        minimum=1, maximum=MAX_MESH_AXIS,
+        schema={"type": "object", "propertyNames": {"pattern": f"^{_AXIS_NAME.pattern}$"},
+                "additionalProperties": {"type": "integer", "minimum": 1, "maximum": MAX_MESH_AXIS},
+                "maxProperties": 2 + MAX_MESH_AXES},
+        help=f"Extra named mesh axes between batch and model, e.g. feature: 2; your sharded script names them in "
+             f"its layouts (at most {MAX_MESH_AXES}). batch × axes × model must equal the devices")
     # async: how variables are sharded over the ps tasks
-    partitioner: str = "none"
-    shards: int = 2
-    min_shard_bytes: int = 256 * 1024
+    partitioner: str = spec("none", key="partitioner.kind", choices=PARTITIONERS, applies=_mode_is("async"),
+                            when="parallelism.mode: async",
+                            help="How variables are sharded over the ps tasks: none, by minimum shard size, or a "
+                                 "fixed number of shards")
+    shards: int = spec(2, key="partitioner.shards", minimum=1, maximum=1024,
+                       applies=lambda c: c.parallelism.mode == "async" and c.parallelism.partitioner == "fixed",
+                       when="parallelism.mode: async, partitioner.kind: fixed",
+                       help="Number of shards (partitioner 'fixed')")
+    min_shard_bytes: int = spec(
+        256 * 1024, key="partitioner.min_shard_bytes", minimum=1, maximum=MAX_SHARD_BYTES,
+        applies=lambda c: c.parallelism.mode == "async" and c.parallelism.partitioner == "min_size",
+        when="parallelism.mode: async, partitioner.kind: min_size", help="Smallest shard in bytes (partitioner 'min_size')")
     # synchronous modes: seconds before a stuck collective fails the run (0: TF's default)
-    collective_timeout_s: float = 0.0
+    collective_timeout_s: float = spec(0.0, minimum=0, editor_max=3600, applies=_mode_is("data", "model"),
+                                       when="parallelism.mode: data or model",
+                                       help="Seconds before a stuck collective fails a synchronous run (0: "
+                                            "TensorFlow's default)")
 
     def mesh_dims(self) -> list[tuple[str, int]]:
         """The DTensor mesh's named axes in order: ``batch``, the extra axes, ``model``."""
@@ -223,6 +331,14 @@ class Parallelism:
         return math.prod(size for _, size in self.mesh_dims())
 
 
+def _source_in(*sources: str) -> Callable[[RunConfig], bool]:
+    return lambda c: c.data.source in sources
+
+
+def _model_in(*models: str) -> Callable[[RunConfig], bool]:
+    return lambda c: c.model.name in models
+
+
 @dataclass(frozen=True)
 class Data:
     """Where examples come from (``source``) and what one looks like.
@@ -231,45 +347,79 @@ class Data:
     match); ``size`` is the number of synthetic examples, and for every other source the most examples used.
     """
 
-    source: str = "synthetic"
-    shape: tuple[int, ...] = (784,)
-    classes: int = 10
-    size: int = 8192
-    path: str = ""  # file sources: the .npz/.csv/TFRecord file, the image folder or the user's script
-    x_key: str = "x"  # npz: the array of inputs; tfrecord: the feature of inputs
-    y_key: str = "y"  # npz: the array of labels; csv: the label column; tfrecord: the label feature
-    x_dtype: str = "auto"  # tfrecord: the inputs' feature type (auto: int64 for token models, else float32)
+    source: str = spec("synthetic", choices=DATA_SOURCES, help="Where examples come from")
+    shape: tuple[int, ...] = spec((784,), help="Shape of one example, e.g. 784 or 28, 28")
+    classes: int = spec(10, minimum=2, maximum=1_000_000, help="Number of classes")
+    size: int = spec(8192, minimum=1, maximum=100_000_000,
+                     help="Examples in the synthetic data set; for other sources the most examples used")
+    # file sources: the .npz/.csv/TFRecord file, the image folder or the user's script
+    path: str = spec("", applies=_source_in(*FILE_SOURCES), when=f"data.source: {' | '.join(FILE_SOURCES)}",
+                     help="The data file or folder (.npz, .csv, TFRecord, an image folder, or your Python script "
+                          "defining make_dataset)")
+    x_key: str = spec("x", nonempty=True, write="changed", applies=_source_in("npz", "tfrecord"),
+                      when="data.source: npz | tfrecord",
+                      help="npz: the array of inputs; TFRecord: the feature of inputs")
+    y_key: str = spec("y", nonempty=True, write="changed", applies=_source_in("npz", "csv", "tfrecord"),
+                      when="data.source: npz | csv | tfrecord",
+                      help="npz: the array of labels; csv: the label column; TFRecord: the label feature")
+    x_dtype: str = spec("auto", choices=TFRECORD_DTYPES, write="changed", applies=_source_in("tfrecord"),
+                        when="data.source: tfrecord",
+                        help="TFRecord: the inputs' feature type (auto: int64 for token models, else float32)")
 
 
 @dataclass(frozen=True)
 class Model:
-    name: str = "mlp"
-    hidden: tuple[int, ...] = (256,)  # widths of the dense layers (transformer: its MLP block)
-    vocab_size: int = 1000  # token models: ids are 0..vocab_size-1
-    embed_dim: int = 64  # token models: embedding width
-    heads: int = 4  # transformer: attention heads
-    script: str = ""  # name 'script': the user's Python file defining build_model(config)
+    name: str = spec("mlp", choices=MODELS, help="The model to train")
+    # widths of the dense layers (transformer: its MLP block)
+    hidden: tuple[int, ...] = spec((256,), min_len=0, help="Hidden layer widths, e.g. 256, 128")
+    vocab_size: int = spec(1000, minimum=2, maximum=10_000_000, applies=_model_in(*TOKEN_MODELS),
+                           when="model.name: embedding | transformer",
+                           help="Token models: ids run from 0 to vocab size - 1")
+    embed_dim: int = spec(64, minimum=1, maximum=65_536, applies=_model_in(*TOKEN_MODELS),
+                          when="model.name: embedding | transformer", help="Token models: embedding width")
+    heads: int = spec(4, minimum=1, maximum=1024, applies=_model_in("transformer"), when="model.name: transformer",
+                      help="Transformer: attention heads (must divide the embed dim)")
+    script: str = spec("", write="changed", applies=_model_in("script"), when="model.name: script",
+                       help="Your Python file defining build_model(config) (and optionally make_dataset and loss); "
+                            "it runs only because you chose it")
 
 
 @dataclass(frozen=True)
 class Training:
-    global_batch_size: int = 128
-    steps: int | None = 200
-    epochs: int | None = None
-    optimizer: str = "sgd"
-    learning_rate: float = 0.05
-    seed: int = 42
-    checkpoint_every: int = 0  # steps; 0 = only at the end
-    restarts: int = 0
-    metrics_hz: float = 20.0  # at most this many step events per replica per second
-    # run even where the local tasks outnumber this machine's CPUs many times over (see engine.control.machine_fit)
-    allow_oversubscribe: bool = False
+    # The fields' order is the order the YAML writes them in.
+    global_batch_size: int = spec(128, minimum=1, maximum=1_000_000,
+                                  help="Examples per step over all replicas (must divide by the number of replicas)")
+    optimizer: str = spec("sgd", choices=OPTIMIZERS, help="The optimizer")
+    learning_rate: float = spec(0.05, above=0, editor_min=0.00001, editor_max=10.0,
+                                help="Learning rate of the optimizer")
+    seed: int = spec(42, minimum=0, maximum=2**31 - 1, help="Random seed (data and initial weights)")
+    checkpoint_every: int = spec(0, minimum=0, maximum=MAX_STEPS,  # steps; 0 = only at the end
+                                 help="Save a checkpoint every N steps (0: only at the end)")
+    restarts: int = spec(0, minimum=0, maximum=100,
+                         help="How often a failed run restarts from its last checkpoint before giving up")
+    metrics_hz: float = spec(20.0, above=0,  # at most this many step events per replica per second
+                             help="At most this many step events per replica per second")
     # a run with no step for this long fails naming the task that hangs (async: the worker is
     # restarted); the first step gets 3x as long; 0 = never
-    progress_timeout_s: float = 60.0
+    progress_timeout_s: float = spec(60.0, minimum=0, write="changed",
+                                     help="Seconds without a step before the run fails naming the task that hangs "
+                                          "(async: the worker is restarted); the first step gets 3x as long; 0: never")
     # data and async: training steps per function (Keras' steps_per_execution): one dispatch (async: one
     # schedule from the chief) per this many steps; figures and stops come per such group
-    steps_per_execution: int = 1
+    steps_per_execution: int = spec(
+        1, minimum=1, maximum=MAX_STEPS_PER_EXECUTION, write="changed", applies=_mode_is(*STEPS_PER_EXECUTION_MODES),
+        when="parallelism.mode: data | async",
+        help="Data and async: training steps run by one function (Keras' steps_per_execution; async: per function "
+             "the chief schedules on a worker). More steps per function: less Python work per step, figures and "
+             "stops per group of steps")
+    # run even where the local tasks outnumber this machine's CPUs many times over (see engine.control.machine_fit)
+    allow_oversubscribe: bool = spec(False, write="changed",
+                                     help="Run even where the local tasks outnumber this machine's CPUs many times over")
+    steps: int | None = spec(200, kind="int", parse="steps", minimum=1, maximum=MAX_STEPS, write="set",
+                             help="Training steps", schema={"type": ["integer", "null"], "minimum": 1,
+                                                            "maximum": MAX_STEPS})
+    epochs: int | None = spec(None, kind="int", minimum=1, maximum=1_000_000, write="set",
+                              help="Passes over the data set (instead of steps)")
 
     def for_mode(self, mode: str) -> Training:
         """These settings as parallelism ``mode`` takes them: ``steps_per_execution`` back to 1 in a mode
@@ -284,10 +434,21 @@ class Validation:
     """Held-out examples evaluated while training: a ``split`` of the data source's examples (kept out of
     training), or a ``path`` of the same kind as ``data.path``; every ``every`` steps (0: never)."""
 
-    split: float = 0.0  # fraction of the examples held out (0: none), below 1
-    path: str = ""  # a file of the data source's kind holding the held-out examples
-    every: int = 0  # steps between two evaluations (0: no validation in the loop)
-    batches: int = 0  # global batches per evaluation (0: every held-out example once)
+    split: float = spec(0.0, minimum=0, below=1, editor_max=0.95,  # fraction held out (0: none), below 1
+                        wording="a fraction of the examples from 0 to below 1",
+                        help="Fraction of the data's examples held out of training and evaluated instead (0: none), "
+                             "e.g. 0.1")
+    # a file of the data source's kind holding the held-out examples
+    path: str = spec("", applies=lambda c: c.data.source in FILE_SOURCES and c.data.source != "script",
+                     when="data.source: a file source other than script",
+                     help="A file of held-out examples, of the same kind as the data file (instead of a split)")
+    every: int = spec(0, minimum=0, maximum=MAX_STEPS,  # steps between two evaluations (0: none in the loop)
+                      help="Evaluate the held-out examples every N training steps (0: never in the training loop; "
+                           "an evaluator task still can)")
+    batches: int = spec(0, minimum=0, maximum=1_000_000,  # global batches per evaluation (0: every example once)
+                        applies=lambda c: c.validation.every > 0 or bool(c.cluster.tasks_of("evaluator")),
+                        when="validation.every > 0 or an evaluator task",
+                        help="Global batches per evaluation (0: every held-out example once)")
 
     @property
     def enabled(self) -> bool:
@@ -299,20 +460,28 @@ class Program:
     """The user's own training program, started unchanged in every chief and worker task (the ps tasks
     run the standard ``tf.distribute.Server``); ClusterDeck writes each task's ``TF_CONFIG``."""
 
-    script: str = ""  # the Python file to run
-    args: tuple[str, ...] = ()  # its command-line arguments
+    script: str = spec("", nonempty=True, parse="program_script", kind="str",
+                       help="Your training program (a Python file); it runs in every chief and worker task with "
+                            "the run folder as its working folder")
+    args: tuple[str, ...] = spec((), kind="custom", parse="args",
+                                 help="Command-line arguments of your program, as a shell splits them, e.g. "
+                                      "--epochs 3 --name 'my run'",
+                                 schema={"anyOf": [{"type": "string"}, {"type": "array", "maxItems": 1024,
+                                                                        "items": {"type": ["string", "number"]}},
+                                                   {"type": "null"}]})
 
 
 @dataclass(frozen=True)
 class RunConfig:
-    name: str = "run"
-    cluster: Cluster = field(default_factory=Cluster)
-    parallelism: Parallelism = field(default_factory=Parallelism)
-    data: Data = field(default_factory=Data)
-    model: Model = field(default_factory=Model)
-    training: Training = field(default_factory=Training)
-    validation: Validation = field(default_factory=Validation)
-    program: Program | None = None  # set: the tasks run this program instead of ClusterDeck's loop
+    name: str = spec("run", nonempty=True, help="Name of the run (its folder is named after it)")
+    cluster: Cluster = section(Cluster, "cluster", default_factory=Cluster)
+    parallelism: Parallelism = section(Parallelism, "parallelism", default_factory=Parallelism)
+    data: Data = section(Data, "data", default_factory=Data)
+    model: Model = section(Model, "model", default_factory=Model)
+    training: Training = section(Training, "training", default_factory=Training)
+    validation: Validation = section(Validation, "validation", default_factory=Validation)
+    # set: the tasks run this program instead of ClusterDeck's loop
+    program: Program | None = section(Program, "program", default=None)
 
     # -- derived figures (used by the launcher, the CLI and the GUI)
 
@@ -379,15 +548,6 @@ def default_config() -> RunConfig:
 # --------------------------------------------------------------------------- errors
 
 
-@dataclass(frozen=True)
-class Problem:
-    field: str
-    message: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.message}" if self.field else self.message
-
-
 class ConfigError(ValueError):
     """Raised with every problem found; ``str()`` lists one per line."""
 
@@ -403,232 +563,43 @@ class ConfigError(ValueError):
         super().__init__(text)
 
 
-class _ShortRepr(reprlib.Repr):
-    """``repr`` bounded in depth and width, so hostile input (huge ints, deep or aliased YAML) shows briefly."""
+# --------------------------------------------------------------------------- the declared fields
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.maxlevel = 3
-        self.maxstring = 60
-        self.maxother = 60
-
-    def repr_int(self, x: int, level: int) -> str:
-        try:
-            return super().repr_int(x, level)
-        except ValueError:  # more digits than Python converts to text
-            return f"<an integer of about {int(x.bit_length() * 0.30103)} digits>"
+#: Every declared field of a config, by YAML path (``[]`` marks a list's items: ``cluster.hosts[].gpus``).
+FIELDS: dict[str, FieldSpec] = {s.path: s for s in walk(RunConfig)}
+_BY_ATTR: dict[str, FieldSpec] = {s.attr: s for s in FIELDS.values() if "[]" not in s.path}
 
 
-_short_repr = _ShortRepr()
+def field_spec(path: str) -> FieldSpec:
+    """The declaration of one field: by YAML path (``training.steps``, ``parallelism.partitioner.shards``,
+    ``cluster.hosts[].slurm.nodes``) or by attribute path (``parallelism.shards``). Its ``help``, bounds
+    (``minimum``, ``maximum``; ``low``/``high`` for editors), ``choices`` and ``applies_to(config)``."""
+    found = FIELDS.get(path) or _BY_ATTR.get(path)
+    if found is None:
+        raise KeyError(f"path: expected a declared config field, got {path!r}")
+    return found
 
 
-def _show(value: Any) -> str:
-    try:
-        text = _short_repr.repr(value)
-    except Exception:  # noqa: BLE001 - a value's own __repr__ may fail; the message must not
-        text = f"<{type(value).__name__}>"
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
-def _is_finite(value: int | float) -> bool:
-    try:
-        return math.isfinite(value)
-    except OverflowError:  # an int too large for a float
-        return False
+def attribute_path(path: str) -> str:
+    """The attribute path of a field named by YAML or attribute path (``parallelism.partitioner.kind`` ->
+    ``parallelism.partitioner``)."""
+    return field_spec(path).attr
 
 
 # --------------------------------------------------------------------------- parsing
 
 
-class _Reader:
-    """Reads typed fields out of an untrusted mapping, noting problems with their path."""
-
-    def __init__(self, data: Any, path: str, problems: list[Problem]) -> None:
-        self.path = path
-        self.problems = problems
-        if data is None:
-            data = {}
-        if not isinstance(data, Mapping):
-            self.fail("", f"expected a mapping of fields, got {_show(data)}")
-            data = {}
-        self.data: Mapping[Any, Any] = data
-        self.seen: set[str] = set()
-
-    def where(self, key: str) -> str:
-        if not key:
-            return self.path
-        return f"{self.path}.{key}" if self.path else key
-
-    def fail(self, key: str, message: str) -> None:
-        self.problems.append(Problem(self.where(key), message))
-
-    def items(self, key: str, what: str, most: int, most_what: str) -> list[Any]:
-        """The list under ``key`` (missing: empty), cut to its first ``most`` items; a non-list or a longer
-        list is a problem naming the field."""
-        value = self.raw(key)
-        if value is None:
-            return []
-        if not isinstance(value, list):
-            self.fail(key, f"expected a list of {what}, got {_show(value)}")
-            return []
-        if len(value) > most:
-            self.fail(key, f"expected at most {most} {most_what}, got {len(value)}")
-        return value[:most]
-
-    def raw(self, key: str) -> Any:
-        self.seen.add(key)
-        return self.data.get(key)
-
-    def has(self, key: str) -> bool:
-        return key in self.data and self.data[key] is not None
-
-    def int(self, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if not isinstance(value, int) or isinstance(value, bool):
-            self.fail(key, f"expected {_int_range(minimum, maximum)}, got {_show(value)}")
-        elif minimum is not None and value < minimum:
-            self.fail(key, f"expected an integer >= {minimum}, got {_show(value)}")
-        elif maximum is not None and value > maximum:
-            self.fail(key, f"expected an integer <= {maximum}, got {_show(value)}")
-        else:
-            return int(value)
-        return default
-
-    def float(self, key: str, default: float, *, minimum: float | None = None, above: float | None = None) -> float:
-        value = self.raw(key)
-        if value is None:
-            return default
-        ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _is_finite(value)
-        if ok and (minimum is None or value >= minimum) and (above is None or value > above):
-            return float(value)
-        if above is not None:
-            want = f"a number > {above:g}"
-        elif minimum is not None:
-            want = f"a number >= {minimum:g}"
-        else:
-            want = "a finite number"
-        self.fail(key, f"expected {want}, got {_show(value)}")
-        return default
-
-    def str(self, key: str, default: str, *, choices: Sequence[str] | None = None, nonempty: bool = False) -> str:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if not isinstance(value, str):
-            want = f"one of {_choices(choices)}" if choices else "a string"
-            self.fail(key, f"expected {want}, got {_show(value)}")
-            return default
-        if choices is not None and value not in choices:
-            self.fail(key, f"expected one of {_choices(choices)}, got {_show(value)}")
-            return default
-        if nonempty and not value.strip():
-            self.fail(key, "expected a non-empty string, got ''")
-            return default
-        if len(value) > 4096:
-            self.fail(key, f"expected at most 4096 characters, got {len(value)}")
-            return default
-        return value
-
-    # below the methods named int and str, annotations name the builtins explicitly
-    def ints(self, key: builtins.str, default: tuple[builtins.int, ...], *, minimum: builtins.int = 1,
-             maximum: builtins.int = 10**6, min_len: builtins.int = 1) -> tuple[builtins.int, ...]:
-        value = self.raw(key)
-        if value is None:
-            return default
-        if isinstance(value, int) and not isinstance(value, bool):
-            value = [value]
-        if (
-            isinstance(value, (list, tuple))
-            and min_len <= len(value) <= 64
-            and all(isinstance(v, int) and not isinstance(v, bool) and minimum <= v <= maximum for v in value)
-        ):
-            return tuple(int(v) for v in value)
-        self.fail(key, f"expected a list of {'at least ' + str(min_len) + ' ' if min_len > 1 else ''}"
-                       f"integers from {minimum} to {maximum}, got {_show(value)}")
-        return default
-
-    def child(self, key: builtins.str) -> _Reader:
-        self.seen.add(key)
-        return _Reader(self.data.get(key), self.where(key), self.problems)
-
-    def finish(self, allowed: Iterable[builtins.str]) -> None:
-        allowed = set(allowed) | self.seen
-        for key in self.data:
-            if not isinstance(key, str) or key not in allowed:
-                self.fail(_key_text(key), f"unknown field (expected one of {_choices(sorted(allowed))})")
+def _read_port(r: _Reader, key: str, s: FieldSpec, default: Any) -> int | None:
+    raw = r.raw(key)
+    if raw is None or raw == "auto":
+        return None
+    if isinstance(raw, int) and not isinstance(raw, bool) and 1 <= raw <= 65535:
+        return raw
+    r.fail(key, f"expected 'auto' or an integer from 1 to 65535, got {_show(raw)}")
+    return default
 
 
-def _key_text(key: Any) -> str:
-    return key if isinstance(key, str) else _show(key)
-
-
-def _int_range(minimum: int | None, maximum: int | None) -> str:
-    if minimum is not None and maximum is not None:
-        return f"an integer from {minimum} to {maximum}"
-    if minimum is not None:
-        return f"an integer >= {minimum}"
-    if maximum is not None:
-        return f"an integer <= {maximum}"
-    return "an integer"
-
-
-def _choices(choices: Sequence[str] | None) -> str:
-    return ", ".join(repr(c) for c in (choices or ()))
-
-
-def _parse_task(r: _Reader, fallback_index: int) -> Task:
-    role = r.str("role", "worker", choices=ROLES)
-    index = r.int("index", fallback_index, minimum=0, maximum=9999)
-    port_raw = r.raw("port")
-    port: int | None = None
-    if port_raw is None or port_raw == "auto":
-        port = None
-    elif isinstance(port_raw, int) and not isinstance(port_raw, bool) and 1 <= port_raw <= 65535:
-        port = port_raw
-    else:
-        r.fail("port", f"expected 'auto' or an integer from 1 to 65535, got {_show(port_raw)}")
-    r.finish(("role", "index", "port"))
-    return Task(role=role, index=index, port=port)
-
-
-def _parse_cluster(r: _Reader) -> Cluster:
-    raw_hosts = r.items("hosts", "hosts", MAX_HOSTS, "hosts")
-    hosts: list[Host] = []
-    role_counts: dict[str, int] = {}
-    for i, raw_host in enumerate(raw_hosts):
-        h = _Reader(raw_host, f"{r.where('hosts')}[{i}]", r.problems)
-        name = h.str("name", f"host{i}", nonempty=True)
-        address = h.str("address", "localhost", nonempty=True)
-        gpus = h.int("gpus", 0, minimum=0, maximum=64)
-        ssh_user = h.str("ssh_user", "")
-        ssh_port = h.int("ssh_port", 22, minimum=1, maximum=65535)
-        python = h.str("python", "python3", nonempty=True)
-        ssh_host = h.str("ssh_host", "")
-        raw_tasks = h.items("tasks", "tasks", MAX_TASKS_PER_HOST, "tasks on one host")
-        tasks: list[Task] = []
-        for j, raw_task in enumerate(raw_tasks):
-            tr = _Reader(raw_task, f"{h.where('tasks')}[{j}]", r.problems)
-            role_guess = raw_task.get("role") if isinstance(raw_task, Mapping) else None
-            role_key = role_guess if isinstance(role_guess, str) else "worker"
-            task = _parse_task(tr, role_counts.get(role_key, 0))
-            role_counts[task.role] = role_counts.get(task.role, 0) + 1
-            tasks.append(task)
-        kind = h.str("kind", "machine", choices=HOST_KINDS)
-        slurm = _parse_slurm(h.child("slurm")) if kind == "slurm" else None
-        if kind != "slurm" and h.has("slurm"):
-            h.fail("slurm", f"only a host of kind 'slurm' has a slurm block; expected kind: slurm, got {kind!r}")
-        h.finish(("name", "address", "gpus", "tasks", "ssh_user", "ssh_port", "python", "ssh_host", "kind",
-                  "slurm"))
-        hosts.append(Host(name=name, address=address, gpus=gpus, tasks=tuple(tasks),
-                          ssh_user=ssh_user, ssh_port=ssh_port, python=python, ssh_host=ssh_host,
-                          kind=kind, slurm=slurm))
-    r.finish(("hosts",))
-    return Cluster(hosts=tuple(hosts))
-
-
-def _parse_options(r: _Reader, key: str) -> tuple[str, ...]:
+def _read_options(r: _Reader, key: str, s: FieldSpec, default: Any) -> tuple[str, ...]:
     """Extra command-line options: a list of words, or one string split as a shell would."""
     value = r.raw(key)
     if value is None:
@@ -648,172 +619,129 @@ def _parse_options(r: _Reader, key: str) -> tuple[str, ...]:
     return tuple(value)
 
 
+def _read_slurm_memory(r: _Reader, key: str, s: FieldSpec, default: Any) -> str:
+    raw = r.raw(key)
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+        return str(raw)  # megabytes, as Slurm reads a bare number
+    if isinstance(raw, str) and SLURM_MEMORY.match(raw.strip().upper()):
+        return raw.strip().upper()
+    if raw not in (None, ""):
+        r.fail(key, f"expected a memory size such as 4G, 512M or a number of megabytes, got {_show(raw)}")
+    return default  # type: ignore[no-any-return]
+
+
+def _read_slurm_time(r: _Reader, key: str, s: FieldSpec, default: Any) -> str:
+    raw = r.raw(key)
+    if isinstance(raw, int) and not isinstance(raw, bool) and raw > 0:
+        return str(raw)  # minutes
+    if isinstance(raw, str) and SLURM_TIME.match(raw.strip()):
+        return raw.strip()
+    if raw not in (None, ""):
+        r.fail(key, "expected a Slurm time limit: minutes, 'MM:SS', 'HH:MM:SS' or 'D-HH:MM:SS', got "
+                    f"{_show(raw)}")
+    return default  # type: ignore[no-any-return]
+
+
+def _read_mesh_axes(r: _Reader, key: str, s: FieldSpec, default: Any) -> tuple[tuple[str, int], ...]:
+    """The mesh's keys besides ``batch`` and ``model``: extra named axes with their sizes, in order."""
+    mesh = r.child(key)
+    axes: list[tuple[str, int]] = []
+    for name in list(mesh.data):
+        if name in (MESH_BATCH, MESH_MODEL):
+            continue
+        if not isinstance(name, str) or not _AXIS_NAME.fullmatch(name):
+            mesh.fail(_key_text(name), "expected a mesh axis name (lower-case letters, digits, '_') with its size, "
+                                       "e.g. feature: 2")
+            if isinstance(name, str):
+                mesh.seen.add(name)
+            continue
+        if len(axes) >= MAX_MESH_AXES:
+            mesh.fail(name, f"expected at most {MAX_MESH_AXES} axes besides 'batch' and 'model'")
+            continue
+        axes.append((name, mesh.int(name, 1, minimum=1, maximum=MAX_MESH_AXIS)))
+    return tuple(axes)
+
+
+def _read_steps(r: _Reader, key: str, s: FieldSpec, default: Any) -> int | None:
+    """Steps, unless epochs are given instead (neither: the default steps)."""
+    if not r.has(key):
+        r.raw(key)
+        return None if r.has("epochs") else default  # type: ignore[no-any-return]
+    return r.value(key, s, default)  # type: ignore[no-any-return]
+
+
+def _read_program_script(r: _Reader, key: str, s: FieldSpec, default: Any) -> str:
+    if not r.has(key):
+        r.fail(key, "expected the path of your training program (a Python file), got nothing")
+    return r.value(key, s, default)  # type: ignore[no-any-return]
+
+
+def _read_args(r: _Reader, key: str, s: FieldSpec, default: Any) -> tuple[str, ...]:
+    args = r.raw(key)
+    if isinstance(args, str):
+        try:
+            return tuple(shlex.split(args))
+        except ValueError as exc:
+            r.fail(key, f"expected arguments a shell can split, got {_show(args)} ({exc})")
+    elif isinstance(args, list) and len(args) <= 1024 and all(isinstance(a, (str, int, float)) and
+                                                              not isinstance(a, bool) for a in args):
+        return tuple(str(a) for a in args)
+    elif args is not None:
+        r.fail(key, f"expected a list of at most 1024 arguments, e.g. ['--epochs', '3'], got {_show(args)}")
+    return ()
+
+
+#: The readers of the fields whose YAML is special (each field names its own in ``parse``).
+_READERS: dict[str, CustomReader] = {
+    "port": _read_port, "options": _read_options, "slurm_memory": _read_slurm_memory,
+    "slurm_time": _read_slurm_time, "mesh_axes": _read_mesh_axes, "steps": _read_steps,
+    "program_script": _read_program_script, "args": _read_args,
+}
+#: ... and their writers, where the YAML differs from the attribute.
+_WRITERS: dict[str, CustomWriter] = {
+    "port": lambda port, _task: "auto" if port is None else port,
+    "mesh_axes": lambda _axes, p: dict(p.mesh_dims()),
+}
+
+
+def _read(cls: type[_T], r: _Reader, **defaults: Any) -> _T:
+    return cls(**read_fields(cls, r, _READERS, defaults=defaults))
+
+
+def _parse_host(h: _Reader, i: int, role_counts: dict[str, int]) -> Host:
+    values = read_fields(Host, h, _READERS, defaults={"name": f"host{i}"})
+    raw_tasks = h.items("tasks", "tasks", MAX_TASKS_PER_HOST, "tasks on one host")
+    tasks: list[Task] = []
+    for j, raw_task in enumerate(raw_tasks):
+        tr = _Reader(raw_task, f"{h.where('tasks')}[{j}]", h.problems)
+        role_guess = raw_task.get("role") if isinstance(raw_task, Mapping) else None
+        role_key = role_guess if isinstance(role_guess, str) else "worker"
+        task = _read(Task, tr, index=role_counts.get(role_key, 0))
+        role_counts[task.role] = role_counts.get(task.role, 0) + 1
+        tasks.append(task)
+    kind = values["kind"]
+    slurm = _parse_slurm(h.child("slurm")) if kind == "slurm" else None
+    if kind != "slurm" and h.has("slurm"):
+        h.fail("slurm", f"only a host of kind 'slurm' has a slurm block; expected kind: slurm, got {kind!r}")
+    return Host(**values, tasks=tuple(tasks), slurm=slurm)
+
+
+def _parse_cluster(r: _Reader) -> Cluster:
+    raw_hosts = r.items("hosts", "hosts", MAX_HOSTS, "hosts")
+    role_counts: dict[str, int] = {}
+    hosts = [_parse_host(_Reader(raw, f"{r.where('hosts')}[{i}]", r.problems), i, role_counts)
+             for i, raw in enumerate(raw_hosts)]
+    r.finish(("hosts",))
+    return Cluster(hosts=tuple(hosts))
+
+
 def _parse_slurm(r: _Reader) -> Slurm:
-    d = Slurm()
-    partition = r.str("partition", d.partition)
-    nodes = r.int("nodes", d.nodes, minimum=1, maximum=4096)
-    gpus_per_node = r.int("gpus_per_node", d.gpus_per_node, minimum=0, maximum=64)
-    cpus_per_task = r.int("cpus_per_task", d.cpus_per_task, minimum=1, maximum=4096)
-    mem_raw = r.raw("mem_per_task")
-    mem = d.mem_per_task
-    if isinstance(mem_raw, int) and not isinstance(mem_raw, bool) and mem_raw > 0:
-        mem = str(mem_raw)  # megabytes, as Slurm reads a bare number
-    elif isinstance(mem_raw, str) and SLURM_MEMORY.match(mem_raw.strip().upper()):
-        mem = mem_raw.strip().upper()
-    elif mem_raw not in (None, ""):
-        r.fail("mem_per_task", f"expected a memory size such as 4G, 512M or a number of megabytes, got "
-                               f"{_show(mem_raw)}")
-    time_raw = r.raw("time_limit")
-    time_limit = d.time_limit
-    if isinstance(time_raw, int) and not isinstance(time_raw, bool) and time_raw > 0:
-        time_limit = str(time_raw)  # minutes
-    elif isinstance(time_raw, str) and SLURM_TIME.match(time_raw.strip()):
-        time_limit = time_raw.strip()
-    elif time_raw not in (None, ""):
-        r.fail("time_limit", "expected a Slurm time limit: minutes, 'MM:SS', 'HH:MM:SS' or 'D-HH:MM:SS', got "
-                             f"{_show(time_raw)}")
-    slurm = Slurm(partition=partition.strip(), nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_task=cpus_per_task,
-                  mem_per_task=mem, time_limit=time_limit, account=r.str("account", d.account).strip(),
-                  qos=r.str("qos", d.qos).strip(), sbatch_options=_parse_options(r, "sbatch_options"),
-                  srun_options=_parse_options(r, "srun_options"))
+    slurm = _read(Slurm, r)
     for key in ("partition", "account", "qos"):
         value = getattr(slurm, key)
         if value and not re.fullmatch(r"[A-Za-z0-9_.,:+-]+", value):
             r.fail(key, f"expected a Slurm name (letters, digits, '_', '-', '.'), got {_show(value)}")
-    r.finish(("partition", "nodes", "gpus_per_node", "cpus_per_task", "mem_per_task", "time_limit", "account",
-              "qos", "sbatch_options", "srun_options"))
     return slurm
-
-
-def _parse_parallelism(r: _Reader) -> Parallelism:
-    d = Parallelism()
-    mode = r.str("mode", d.mode, choices=MODES)
-    mesh = r.child("mesh")
-    mesh_batch = mesh.int("batch", d.mesh_batch, minimum=1, maximum=4096)
-    mesh_model = mesh.int("model", d.mesh_model, minimum=1, maximum=4096)
-    axes: list[tuple[str, int]] = []
-    for key in list(mesh.data):
-        if key in ("batch", "model"):
-            continue
-        if not isinstance(key, str) or not _AXIS_NAME.fullmatch(key):
-            mesh.fail(_key_text(key), "expected a mesh axis name (lower-case letters, digits, '_') with its size, "
-                                      "e.g. feature: 2")
-            mesh.seen.add(key) if isinstance(key, str) else None
-            continue
-        if len(axes) >= MAX_MESH_AXES:
-            mesh.fail(key, f"expected at most {MAX_MESH_AXES} axes besides 'batch' and 'model'")
-            continue
-        axes.append((key, mesh.int(key, 1, minimum=1, maximum=4096)))
-    mesh.finish(("batch", "model", *(name for name, _ in axes)))
-    part = r.child("partitioner")
-    kind = part.str("kind", d.partitioner, choices=PARTITIONERS)
-    shards = part.int("shards", d.shards, minimum=1, maximum=1024)
-    min_shard_bytes = part.int("min_shard_bytes", d.min_shard_bytes, minimum=1, maximum=2**40)
-    part.finish(("kind", "shards", "min_shard_bytes"))
-    timeout = r.float("collective_timeout_s", d.collective_timeout_s, minimum=0)
-    r.finish(("mode", "mesh", "partitioner", "collective_timeout_s"))
-    return Parallelism(mode=mode, mesh_batch=mesh_batch, mesh_model=mesh_model, mesh_axes=tuple(axes),
-                       partitioner=kind,
-                       shards=shards, min_shard_bytes=min_shard_bytes, collective_timeout_s=timeout)
-
-
-def _parse_data(r: _Reader) -> Data:
-    d = Data()
-    data = Data(
-        source=r.str("source", d.source, choices=DATA_SOURCES),
-        shape=r.ints("shape", d.shape, minimum=1),
-        classes=r.int("classes", d.classes, minimum=2, maximum=1_000_000),
-        size=r.int("size", d.size, minimum=1, maximum=100_000_000),
-        path=r.str("path", d.path),
-        x_key=r.str("x_key", d.x_key, nonempty=True),
-        y_key=r.str("y_key", d.y_key, nonempty=True),
-        x_dtype=r.str("x_dtype", d.x_dtype, choices=TFRECORD_DTYPES),
-    )
-    r.finish(("source", "shape", "classes", "size", "path", "x_key", "y_key", "x_dtype"))
-    return data
-
-
-def _parse_model(r: _Reader) -> Model:
-    d = Model()
-    model = Model(name=r.str("name", d.name, choices=MODELS),
-                  hidden=r.ints("hidden", d.hidden, minimum=1, min_len=0),
-                  vocab_size=r.int("vocab_size", d.vocab_size, minimum=2, maximum=10_000_000),
-                  embed_dim=r.int("embed_dim", d.embed_dim, minimum=1, maximum=65_536),
-                  heads=r.int("heads", d.heads, minimum=1, maximum=1024),
-                  script=r.str("script", d.script))
-    r.finish(("name", "hidden", "vocab_size", "embed_dim", "heads", "script"))
-    return model
-
-
-def _parse_flag(r: _Reader, key: str, default: bool) -> bool:
-    value = r.raw(key)
-    if value is None:
-        return default
-    if not isinstance(value, bool):
-        r.fail(key, f"expected true or false, got {_show(value)}")
-        return default
-    return value
-
-
-def _parse_training(r: _Reader) -> Training:
-    d = Training()
-    steps: int | None = r.int("steps", 0, minimum=1, maximum=MAX_STEPS) if r.has("steps") else None
-    epochs: int | None = r.int("epochs", 0, minimum=1, maximum=1_000_000) if r.has("epochs") else None
-    if steps == 0:
-        steps = d.steps
-    if epochs == 0:
-        epochs = None
-    if steps is None and epochs is None:
-        steps = d.steps
-    training = Training(
-        global_batch_size=r.int("global_batch_size", d.global_batch_size, minimum=1, maximum=1_000_000),
-        steps=steps,
-        epochs=epochs,
-        optimizer=r.str("optimizer", d.optimizer, choices=OPTIMIZERS),
-        learning_rate=r.float("learning_rate", d.learning_rate, above=0),
-        seed=r.int("seed", d.seed, minimum=0, maximum=2**31 - 1),
-        checkpoint_every=r.int("checkpoint_every", d.checkpoint_every, minimum=0, maximum=MAX_STEPS),
-        restarts=r.int("restarts", d.restarts, minimum=0, maximum=100),
-        metrics_hz=r.float("metrics_hz", d.metrics_hz, above=0),
-        allow_oversubscribe=_parse_flag(r, "allow_oversubscribe", d.allow_oversubscribe),
-        progress_timeout_s=r.float("progress_timeout_s", d.progress_timeout_s, minimum=0),
-        steps_per_execution=r.int("steps_per_execution", d.steps_per_execution, minimum=1,
-                                  maximum=MAX_STEPS_PER_EXECUTION),
-    )
-    r.finish(("global_batch_size", "steps", "epochs", "optimizer", "learning_rate", "seed",
-              "checkpoint_every", "restarts", "metrics_hz", "progress_timeout_s", "steps_per_execution"))
-    return training
-
-
-def _parse_validation(r: _Reader) -> Validation:
-    d = Validation()
-    validation = Validation(split=r.float("split", d.split, minimum=0), path=r.str("path", d.path),
-                            every=r.int("every", d.every, minimum=0, maximum=MAX_STEPS),
-                            batches=r.int("batches", d.batches, minimum=0, maximum=1_000_000))
-    if validation.split >= 1:
-        r.fail("split", f"expected a fraction of the examples from 0 to below 1, got {validation.split:g}")
-    r.finish(("split", "path", "every", "batches"))
-    return validation
-
-
-def _parse_program(r: _Reader) -> Program:
-    script = r.str("script", "", nonempty=True)
-    if not r.has("script"):
-        r.fail("script", "expected the path of your training program (a Python file), got nothing")
-    args = r.raw("args")
-    words: tuple[str, ...] = ()
-    if isinstance(args, str):
-        try:
-            words = tuple(shlex.split(args))
-        except ValueError as exc:
-            r.fail("args", f"expected arguments a shell can split, got {_show(args)} ({exc})")
-    elif isinstance(args, list) and len(args) <= 1024 and all(isinstance(a, (str, int, float)) and
-                                                              not isinstance(a, bool) for a in args):
-        words = tuple(str(a) for a in args)
-    elif args is not None:
-        r.fail("args", f"expected a list of at most 1024 arguments, e.g. ['--epochs', '3'], got {_show(args)}")
-    r.finish(("script", "args"))
-    return Program(script=script, args=words)
 
 
 def from_dict(raw: Any, *, source: str = "", check: bool = True) -> RunConfig:
@@ -828,17 +756,17 @@ def from_dict(raw: Any, *, source: str = "", check: bool = True) -> RunConfig:
         schema = r.raw("schema")
         if not isinstance(schema, int) or isinstance(schema, bool) or schema != SCHEMA_VERSION:
             r.fail("schema", f"expected {SCHEMA_VERSION} (the version this ClusterDeck reads), got {_show(schema)}")
+    top = read_fields(RunConfig, r, _READERS, extra_keys=("schema",))
     config = RunConfig(
-        name=r.str("name", "run", nonempty=True),
+        **top,
         cluster=_parse_cluster(r.child("cluster")),
-        parallelism=_parse_parallelism(r.child("parallelism")),
-        data=_parse_data(r.child("data")),
-        model=_parse_model(r.child("model")),
-        training=_parse_training(r.child("training")),
-        validation=_parse_validation(r.child("validation")),
-        program=_parse_program(r.child("program")) if r.has("program") else None,
+        parallelism=_read(Parallelism, r.child("parallelism")),
+        data=_read(Data, r.child("data")),
+        model=_read(Model, r.child("model")),
+        training=_read(Training, r.child("training")),
+        validation=_read(Validation, r.child("validation")),
+        program=_read(Program, r.child("program")) if r.has("program") else None,
     )
-    r.finish(("schema", "name", "cluster", "parallelism", "data", "model", "training", "validation", "program"))
     if problems:
         raise ConfigError(problems, source)
     if check:
@@ -850,94 +778,20 @@ def from_dict(raw: Any, *, source: str = "", check: bool = True) -> RunConfig:
 
 def to_dict(config: RunConfig) -> dict[str, Any]:
     """A plain mapping that :func:`from_dict` reads back to an equal config."""
-    p, t = config.parallelism, config.training
-    training: dict[str, Any] = {
-        "global_batch_size": t.global_batch_size,
-        "optimizer": t.optimizer,
-        "learning_rate": t.learning_rate,
-        "seed": t.seed,
-        "checkpoint_every": t.checkpoint_every,
-        "restarts": t.restarts,
-        "metrics_hz": t.metrics_hz,
-    }
-    if t.progress_timeout_s != Training.progress_timeout_s:
-        training["progress_timeout_s"] = t.progress_timeout_s
-    if t.steps_per_execution != Training.steps_per_execution:
-        training["steps_per_execution"] = t.steps_per_execution
-    if t.allow_oversubscribe:
-        training["allow_oversubscribe"] = True
-    if t.steps is not None:
-        training["steps"] = t.steps
-    if t.epochs is not None:
-        training["epochs"] = t.epochs
     hosts = []
     for h in config.cluster.hosts:
-        host: dict[str, Any] = {"name": h.name, "address": h.address, "gpus": h.gpus}
-        if h.ssh_user:
-            host["ssh_user"] = h.ssh_user
-        if h.ssh_port != 22:
-            host["ssh_port"] = h.ssh_port
-        if h.python != "python3":
-            host["python"] = h.python
-        if h.ssh_host:
-            host["ssh_host"] = h.ssh_host
-        if h.kind != "machine":
-            host["kind"] = h.kind
+        host = write_fields(h, _WRITERS)
         if h.slurm is not None:
-            host["slurm"] = _slurm_dict(h.slurm)
-        host["tasks"] = [{"role": x.role, "index": x.index, "port": "auto" if x.port is None else x.port}
-                         for x in h.tasks]
+            host["slurm"] = write_fields(h.slurm, _WRITERS)
+        host["tasks"] = [write_fields(t, _WRITERS) for t in h.tasks]
         hosts.append(host)
-    out: dict[str, Any] = {
-        "schema": SCHEMA_VERSION,
-        "name": config.name,
-        "cluster": {"hosts": hosts},
-        "parallelism": {
-            "mode": p.mode,
-            "mesh": dict(p.mesh_dims()),
-            "partitioner": {"kind": p.partitioner, "shards": p.shards, "min_shard_bytes": p.min_shard_bytes},
-            "collective_timeout_s": p.collective_timeout_s,
-        },
-        "data": _data_dict(config.data),
-        "model": _model_dict(config.model),
-        "training": training,
-    }
-    v = config.validation
-    if v != Validation():
-        out["validation"] = {"split": v.split, "path": v.path, "every": v.every, "batches": v.batches}
+    out: dict[str, Any] = {"schema": SCHEMA_VERSION, **write_fields(config, _WRITERS), "cluster": {"hosts": hosts}}
+    for name in ("parallelism", "data", "model", "training"):
+        out[name] = write_fields(getattr(config, name), _WRITERS)
+    if config.validation != Validation():  # a config without validation stays short
+        out["validation"] = write_fields(config.validation, _WRITERS)
     if config.program is not None:
-        out["program"] = {"script": config.program.script, "args": list(config.program.args)}
-    return out
-
-
-def _slurm_dict(s: Slurm) -> dict[str, Any]:
-    out: dict[str, Any] = {"partition": s.partition, "nodes": s.nodes, "gpus_per_node": s.gpus_per_node,
-                           "cpus_per_task": s.cpus_per_task}
-    for key in ("mem_per_task", "time_limit", "account", "qos"):
-        if getattr(s, key):
-            out[key] = getattr(s, key)
-    for key in ("sbatch_options", "srun_options"):
-        if getattr(s, key):
-            out[key] = list(getattr(s, key))
-    return out
-
-
-def _data_dict(d: Data) -> dict[str, Any]:
-    out: dict[str, Any] = {"source": d.source, "shape": list(d.shape), "classes": d.classes, "size": d.size,
-                           "path": d.path}
-    # fields of file sources only where they differ from the default: configs of other sources stay short
-    default = Data()
-    for key in ("x_key", "y_key", "x_dtype"):
-        if getattr(d, key) != getattr(default, key):
-            out[key] = getattr(d, key)
-    return out
-
-
-def _model_dict(m: Model) -> dict[str, Any]:
-    out: dict[str, Any] = {"name": m.name, "hidden": list(m.hidden), "vocab_size": m.vocab_size,
-                           "embed_dim": m.embed_dim, "heads": m.heads}
-    if m.script:
-        out["script"] = m.script
+        out["program"] = write_fields(config.program, _WRITERS)
     return out
 
 
@@ -1176,6 +1030,7 @@ def validate(config: RunConfig) -> list[Problem]:
 
     if not config.name.strip():
         add("name", "expected a non-empty string, got ''")
+    _check_declared(config, add)
     _validate_cluster(config, add)
     _validate_mode(config, add)
     _validate_training(config, add)
@@ -1184,11 +1039,6 @@ def validate(config: RunConfig) -> list[Problem]:
     return problems
 
 
-#: Tasks one host may hold, and tasks in all: far beyond a real cluster drawn here, and they keep a bad
-#: preset (or an alias bomb) from starting thousands of processes.
-MAX_TASKS_PER_HOST = 256
-MAX_TASKS = 1024
-MAX_HOSTS = 256
 _HOST_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,252}")
 _USER_NAME = re.compile(r"[A-Za-z0-9_.][A-Za-z0-9_.@$-]{0,127}")
 HOST_NAME_RULE = "letters, digits, '.', '-', '_', not starting with '-'"
@@ -1212,6 +1062,27 @@ def _has_control(value: str) -> bool:
     return any(ord(c) < 32 or ord(c) == 127 for c in value)
 
 
+def field_problems(config: RunConfig) -> list[Problem]:
+    """Every declared field outside its declared bounds or choices (the bounds :func:`from_dict` reads with);
+    part of :func:`validate`."""
+    problems: list[Problem] = []
+    _check_declared(config, lambda where, message: problems.append(Problem(where, message)))
+    return problems
+
+
+def _check_declared(config: RunConfig, add: Any) -> None:
+    for name in ("parallelism", "data", "model", "training", "validation"):
+        check_fields(getattr(config, name), name, add)
+    for i, h in enumerate(config.cluster.hosts):
+        check_fields(h, f"cluster.hosts[{i}]", add)
+        if h.slurm is not None:
+            check_fields(h.slurm, f"cluster.hosts[{i}].slurm", add)
+        for j, t in enumerate(h.tasks):
+            check_fields(t, f"cluster.hosts[{i}].tasks[{j}]", add)
+            if t.port is not None and not 1 <= t.port <= 65535:
+                add(f"cluster.hosts[{i}].tasks[{j}].port", f"expected 'auto' or an integer from 1 to 65535, got {t.port}")
+
+
 def _validate_host_names(h: Host, where: str, add: Any) -> None:
     """Names that reach ssh's command line or TF_CONFIG: host names, not options or shell text."""
     address = h.address.strip()
@@ -1233,8 +1104,7 @@ def _validate_host_names(h: Host, where: str, add: Any) -> None:
 
 def _validate_slurm(h: Host, where: str, owners: tuple[str, ...], add: Any) -> None:
     """A Slurm group: its kind and block agree, GPUs asked per node, every node gets a task."""
-    if h.kind not in HOST_KINDS:
-        add(f"{where}.kind", f"expected one of {_choices(HOST_KINDS)}, got {_show(h.kind)}")
+    if h.kind not in HOST_KINDS:  # said by the declared choices
         return
     if h.kind != "slurm":
         add(f"{where}.slurm", f"only a host of kind 'slurm' has a slurm block; expected kind: slurm, got {h.kind!r}")
@@ -1246,16 +1116,10 @@ def _validate_slurm(h: Host, where: str, owners: tuple[str, ...], add: Any) -> N
     if h.gpus:
         add(f"{where}.gpus", f"a Slurm group asks for GPUs per node with slurm.gpus_per_node; expected 0 here, "
                              f"got {h.gpus}")
-    if s.nodes < 1:
-        add(f"{where}.slurm.nodes", f"expected an integer >= 1, got {s.nodes}")
-    elif len(h.tasks) < s.nodes:
+    if 1 <= s.nodes and len(h.tasks) < s.nodes:
         add(f"{where}.slurm.nodes", f"{s.nodes} nodes for {len(h.tasks)} task(s) would leave a node idle; expected "
                                     f"at most {max(1, len(h.tasks))} (tasks fill the nodes in drawn order, "
                                     f"{'one' if not h.tasks else -(-len(h.tasks) // s.nodes)} per node)")
-    if s.gpus_per_node < 0:
-        add(f"{where}.slurm.gpus_per_node", f"expected an integer >= 0, got {s.gpus_per_node}")
-    if s.cpus_per_task < 1:
-        add(f"{where}.slurm.cpus_per_task", f"expected an integer >= 1, got {s.cpus_per_task}")
     if s.mem_per_task and not SLURM_MEMORY.match(s.mem_per_task):
         add(f"{where}.slurm.mem_per_task", f"expected a memory size such as 4G, got {_show(s.mem_per_task)}")
     if s.time_limit and not SLURM_TIME.match(s.time_limit):
@@ -1292,8 +1156,6 @@ def _validate_cluster(config: RunConfig, add: Any) -> None:
             _validate_slurm(h, where, gpu_roles(config.parallelism.mode), add)
         if len(h.tasks) > MAX_TASKS_PER_HOST:
             add(f"{where}.tasks", f"expected at most {MAX_TASKS_PER_HOST} tasks on one host, got {len(h.tasks)}")
-        if h.gpus < 0:
-            add(f"{where}.gpus", f"expected an integer >= 0, got {h.gpus}")
         owners = gpu_roles(config.parallelism.mode)
         trainers = sum(1 for t in h.tasks if t.role in owners)
         if h.gpus > 0 and trainers > 1 and h.gpus % trainers:
@@ -1302,13 +1164,7 @@ def _validate_cluster(config: RunConfig, add: Any) -> None:
                                  f"of host {h.name!r}; expected a multiple of {trainers}")
         for j, t in enumerate(h.tasks):
             tw = f"{where}.tasks[{j}]"
-            if t.role not in ROLES:
-                add(f"{tw}.role", f"expected one of {_choices(ROLES)}, got {_show(t.role)}")
-            if t.index < 0:
-                add(f"{tw}.index", f"expected an integer >= 0, got {t.index}")
             if t.port is not None:
-                if not 1 <= t.port <= 65535:
-                    add(f"{tw}.port", f"expected 'auto' or an integer from 1 to 65535, got {t.port}")
                 key = (_canonical_address(h.address), t.port)
                 if h.is_slurm:  # the nodes are known once allocated: tasks of one node must differ
                     node = next((n for n, g in enumerate(h.node_tasks()) if t in g), 0)
@@ -1349,8 +1205,7 @@ def _validate_mode(config: RunConfig, add: Any) -> None:
     mode = config.parallelism.mode
     cluster = config.cluster
     count = {role: len(cluster.tasks_of(role)) for role in ROLES}
-    if mode not in MODES:
-        add("parallelism.mode", f"expected one of {_choices(MODES)}, got {_show(mode)}")
+    if mode not in MODES:  # said by the declared choices
         return
     if mode == "data":
         if count["chief"] + count["worker"] == 0:
@@ -1394,28 +1249,11 @@ def _validate_mode(config: RunConfig, add: Any) -> None:
 
 def _validate_training(config: RunConfig, add: Any) -> None:
     t = config.training
-    if t.global_batch_size < 1:
-        add("training.global_batch_size", f"expected an integer >= 1, got {t.global_batch_size}")
     if t.steps is not None and t.epochs is not None:
         add("training", f"expected either steps or epochs, got both (steps={t.steps}, epochs={t.epochs})")
     if t.steps is None and t.epochs is None:
         add("training.steps", "expected steps or epochs, got neither")
-    if t.steps is not None and t.steps < 1:
-        add("training.steps", f"expected an integer >= 1, got {t.steps}")
-    if t.epochs is not None and t.epochs < 1:
-        add("training.epochs", f"expected an integer >= 1, got {t.epochs}")
-    if not (t.learning_rate > 0 and math.isfinite(t.learning_rate)):
-        add("training.learning_rate", f"expected a number > 0, got {t.learning_rate}")
-    if t.optimizer not in OPTIMIZERS:
-        add("training.optimizer", f"expected one of {_choices(OPTIMIZERS)}, got {_show(t.optimizer)}")
-    if t.checkpoint_every < 0:
-        add("training.checkpoint_every", f"expected an integer >= 0, got {t.checkpoint_every}")
-    if t.restarts < 0:
-        add("training.restarts", f"expected an integer >= 0, got {t.restarts}")
-    if not 1 <= t.steps_per_execution <= MAX_STEPS_PER_EXECUTION:
-        add("training.steps_per_execution",
-            f"expected an integer from 1 to {MAX_STEPS_PER_EXECUTION}, got {t.steps_per_execution}")
-    elif t.for_mode(config.parallelism.mode) is not t:
+    if 1 <= t.steps_per_execution <= MAX_STEPS_PER_EXECUTION and t.for_mode(config.parallelism.mode) is not t:
         add("training.steps_per_execution",
             f"applies to parallelism {' and '.join(map(repr, STEPS_PER_EXECUTION_MODES))} only (one function "
             f"per group of steps); expected 1 for mode {config.parallelism.mode!r}, got {t.steps_per_execution}")
@@ -1438,13 +1276,7 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
     """Rules of data and model readable from the config alone; files are checked by ``engine.contract.datasets``."""
     d, m = config.data, config.model
     mode = config.parallelism.mode
-    if d.source not in DATA_SOURCES:
-        add("data.source", f"expected one of {_choices(DATA_SOURCES)}, got {_show(d.source)}")
-    if d.classes < 2:
-        add("data.classes", f"expected an integer >= 2, got {d.classes}")
-    shape_ok = bool(d.shape) and all(s >= 1 for s in d.shape)
-    if not shape_ok:
-        add("data.shape", f"expected a list of integers >= 1, got {list(d.shape)}")
+    shape_ok = bool(d.shape) and all(s >= 1 for s in d.shape)  # a bad shape is said by its declared bounds
     if d.size < config.training.global_batch_size:
         add("data.size", f"{d.size} examples are fewer than one global batch "
                          f"({config.training.global_batch_size}); expected at least that many")
@@ -1464,13 +1296,6 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
     if d.source == "image_folder" and shape_ok and (len(d.shape) != 3 or d.shape[2] not in (1, 3, 4)):
         add("data.shape", f"source 'image_folder' resizes images to [height, width, channels] with 1, 3 or 4 "
                           f"channels; got {list(d.shape)}")
-    if d.source in DATA_SOURCE_MODES and mode in MODES and mode not in DATA_SOURCE_MODES[d.source]:
-        add("data.source", f"source {d.source!r} is read in parallelism {_choices(DATA_SOURCE_MODES[d.source])} "
-                           f"only; got parallelism {mode!r}")
-    if m.name not in MODELS:
-        add("model.name", f"expected one of {_choices(MODELS)}, got {_show(m.name)}")
-    if any(h < 1 for h in m.hidden):
-        add("model.hidden", f"expected a list of integers >= 1, got {list(m.hidden)}")
     if m.name == "script" and not m.script.strip():
         builder = "build_sharded_model(config, mesh)" if mode == "model" else "build_model(config)"
         add("model.script", f"model 'script' is built by a Python file defining {builder}; "
@@ -1502,8 +1327,6 @@ def _validate_data_model(config: RunConfig, add: Any) -> None:
 
 def _validate_validation_program(config: RunConfig, add: Any) -> None:
     v = config.validation
-    if not 0 <= v.split < 1:
-        add("validation.split", f"expected a fraction of the examples from 0 to below 1, got {v.split:g}")
     if v.every and not (v.split > 0 or v.path.strip()):
         add("validation.every", f"validation every {v.every} steps needs held-out examples; expected "
                                 "validation.split > 0 or validation.path, got neither")
