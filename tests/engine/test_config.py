@@ -840,3 +840,44 @@ def test_training_for_mode_keeps_only_what_the_mode_takes(mode: str) -> None:
         with pytest.raises(ConfigError) as exc:
             from_dict(d)
         assert_problem(exc.value, "training.steps_per_execution", f"expected 1 for mode {mode!r}, got 8")
+
+
+# --------------------------------------------------------------------------- fields declared once
+
+
+def test_the_yaml_keeps_its_shape_fields_at_their_default_are_left_out_where_they_were() -> None:
+    written = to_dict(default_config())
+    assert list(written) == ["schema", "name", "cluster", "parallelism", "data", "model", "training"]
+    assert list(written["cluster"]["hosts"][0]) == ["name", "address", "gpus", "tasks"]
+    assert written["cluster"]["hosts"][0]["tasks"][0] == {"role": "worker", "index": 0, "port": "auto"}
+    assert written["parallelism"] == {"mode": "data", "mesh": {"batch": 1, "model": 2},
+                                      "partitioner": {"kind": "none", "shards": 2, "min_shard_bytes": 262144},
+                                      "collective_timeout_s": 0.0}
+    assert list(written["data"]) == ["source", "shape", "classes", "size", "path"]
+    assert list(written["model"]) == ["name", "hidden", "vocab_size", "embed_dim", "heads"]
+    assert list(written["training"]) == ["global_batch_size", "optimizer", "learning_rate", "seed",
+                                         "checkpoint_every", "restarts", "metrics_hz", "steps"]
+    axes = config_mod.replace(default_config().parallelism, mesh_axes=(("feature", 2),))
+    assert list(to_dict(config_mod.replace(default_config(), parallelism=axes))["parallelism"]["mesh"]) == [
+        "batch", "feature", "model"]
+
+
+def test_validate_applies_the_declared_bounds_the_loader_reads_with() -> None:
+    cfg = default_config()
+    big = config_mod.replace(cfg, training=config_mod.replace(cfg.training, steps=config_mod.MAX_STEPS + 1))
+    assert [str(p) for p in validate(big)] == ["training.steps: expected an integer <= 1000000000, got 1000000001"]
+    part = config_mod.replace(cfg.parallelism, min_shard_bytes=config_mod.MAX_SHARD_BYTES + 1)
+    assert [p.field for p in validate(config_mod.replace(cfg, parallelism=part))] == [
+        "parallelism.partitioner.min_shard_bytes"]
+    assert config_mod.field_problems(cfg) == []
+
+
+def test_field_spec_maps_yaml_paths_and_attributes() -> None:
+    spec = config_mod.field_spec("parallelism.mesh.batch")
+    assert spec.attr == "parallelism.mesh_batch" and (spec.minimum, spec.maximum) == (1, 4096)
+    assert config_mod.field_spec("parallelism.mesh_batch") is spec
+    assert spec.applies_to(config_mod.replace(default_config(), parallelism=Parallelism(mode="model")))
+    assert not spec.applies_to(default_config())
+    host = config_mod.field_spec("cluster.hosts[].slurm.nodes")
+    assert host.applies_to(Host(kind="slurm")) and not host.applies_to(Host())
+    assert config_mod.attribute_path("parallelism.partitioner.kind") == "parallelism.partitioner"
