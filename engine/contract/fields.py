@@ -341,11 +341,6 @@ class _Reader:
     def int(self, key: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
         return self.value(key, FieldSpec(kind="int", minimum=minimum, maximum=maximum), default)  # type: ignore[no-any-return]
 
-    def str(self, key: builtins.str, default: builtins.str, *, choices: Sequence[builtins.str] | None = None,
-            nonempty: bool = False) -> builtins.str:
-        s = FieldSpec(kind="str", choices=tuple(choices) if choices else None, nonempty=nonempty)
-        return self.value(key, s, default)  # type: ignore[no-any-return]
-
     def child(self, key: builtins.str) -> _Reader:
         self.seen.add(key)
         if key not in self.children:
