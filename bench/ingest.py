@@ -128,6 +128,29 @@ def pin(cpu: int) -> bool:
     return False
 
 
+def stored_rows(series: Path) -> dict[str, int]:
+    """Rows of the tiered store's raw level by group (read with pyarrow alone: a revision before the store
+    has no reader to import)."""
+    rows = {"step": 0, "device": 0}
+    if not (series / "raw").is_dir():
+        return rows
+    import pyarrow as pa
+    import pyarrow.ipc as ipc
+
+    for path in sorted((series / "raw").glob("*.arrows")):
+        group = path.name.split("-")[0]
+        rows[group] = rows.get(group, 0) + ipc.open_stream(pa.memory_map(str(path))).read_all().num_rows
+    return rows
+
+
+def folder_bytes(run_dir: Path) -> int:
+    """What the run wrote for its events: ``events.jsonl`` and the tiered store."""
+    total = os.path.getsize(run_dir / "events.jsonl")
+    for dirpath, _, files in os.walk(run_dir / "series"):
+        total += sum(os.path.getsize(Path(dirpath) / f) for f in files)
+    return total
+
+
 def run_ingest(work: Path, replicas: int, ticks: int, hz: float, tasks: int) -> dict[str, Any]:
     """The real launcher fed by the feeder; returns the figures."""
     feeder = work / "feeder.py"
@@ -165,6 +188,9 @@ def run_ingest(work: Path, replicas: int, ticks: int, hz: float, tasks: int) -> 
                 written["step"] += 1
             elif b'"kind":"device"' in line:
                 written["device"] += 1
+    written_store = stored_rows(run.run_dir / "series")  # the tiered store's raw rows (none before it)
+    written["step"] += written_store["step"]
+    written["device"] += written_store["device"]
     last_steps_ok = all(run.state.replicas[r].step == ticks for r in range(replicas) if r in run.state.replicas)
     seconds = end - marks.get("bulk_start", end)
     out = {"state": state, "sent": sent, "seconds": seconds, "events_per_s": sent / seconds if seconds > 0 else 0.0,
@@ -172,7 +198,7 @@ def run_ingest(work: Path, replicas: int, ticks: int, hz: float, tasks: int) -> 
            "folded": folded_step + folded_device, "written": written["step"] + written["device"],
            "lost_folded": sent - (folded_step + folded_device), "lost_written": sent - written["step"] - written["device"],
            "last_steps_ok": last_steps_ok and len(run.state.replicas) == replicas, "launcher_cpu_s": cpu,
-           "bytes": os.path.getsize(run.folder.events)}
+           "bytes": folder_bytes(run.run_dir)}
     shutil.rmtree(run.run_dir, ignore_errors=True)
     return out
 
