@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
 
 from engine.contract import config as config_mod
 from engine.contract.config import DATA_SOURCES, MODELS, MODES, OPTIMIZERS, PARTITIONERS, Problem, field_spec
+from engine.contract.fields import judge
 from gui import document as doc_ops
 from gui import theme
 from gui.document_model import DocumentModel
@@ -141,7 +142,7 @@ class SettingsPanel(QScrollArea):
         # -- model
         model_box, form = self._group("Model", outer)
         self.model_name = self._combo("model.name", MODELS, form, "Model")
-        self.hidden = self._ints("model.hidden", form, "Hidden sizes", allow_empty=True)
+        self.hidden = self._ints("model.hidden", form, "Hidden sizes")  # none: a linear model
         self.vocab_size = self._spin("model.vocab_size")
         form.addRow("Vocab size", self.vocab_size)
         self.embed_dim = self._spin("model.embed_dim")
@@ -284,17 +285,22 @@ class SettingsPanel(QScrollArea):
         self._rows[path] = row
         return edit
 
-    def _ints(self, path: str, form: QFormLayout, label: str, allow_empty: bool = False) -> QLineEdit:
+    def _ints(self, path: str, form: QFormLayout, label: str) -> QLineEdit:
+        """A list of integers, typed as ``256, 128``; committed only within the field's declared bounds."""
         edit = QLineEdit()
         self._register(path, edit)
         tip = self._tips[path]
+        spec = field_spec(path)
 
         def commit() -> None:
             values = parse_ints(edit.text())
-            if values is None or (not values and not allow_empty):
+            problem = judge(spec, list(values)) if values is not None else (
+                f"expected {spec.expected()}, got {edit.text()!r}")
+            if problem is not None:
                 edit.setStyleSheet(f"border: 2px solid {theme.PROBLEM_COLOR};")
-                edit.setToolTip(f"{tip}\n⚠ {path}: expected a list of integers >= 1, got {edit.text()!r}")
+                edit.setToolTip(f"{tip}\n⚠ {path}: {problem}")
                 return
+            assert values is not None
             self._set(path, values)
 
         edit.editingFinished.connect(commit)

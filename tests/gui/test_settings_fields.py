@@ -106,3 +106,18 @@ def test_a_preset_saved_at_any_value_the_editors_allow_loads_again(document: Doc
         config = config_mod.replace(config, cluster=config_mod.Cluster(hosts=(host,)))
     assert config_mod.field_problems(config) == []
     assert config_mod.loads(config_mod.dumps(config), check=False) == config
+
+
+def test_a_list_the_loader_would_refuse_is_never_committed(window: Any, qtbot: Any) -> None:
+    from tests.gui.test_settings_sections import type_into
+
+    panel: SettingsPanel = window.settings_panel
+    doc: DocumentModel = window.controller.document
+    before = doc.config.model.hidden
+    type_into(qtbot, panel.hidden, "2000000")  # past the declared 10**6: the app once saved it, the loader refused
+    assert doc.config.model.hidden == before
+    assert "model.hidden: expected a list of integers from 1 to 1000000, got [2000000]" in panel.hidden.toolTip()
+    type_into(qtbot, panel.hidden, "")  # no hidden layer is allowed; no example shape is not
+    assert doc.config.model.hidden == ()
+    type_into(qtbot, panel.shape, "")
+    assert doc.config.data.shape == (784,) and "data.shape: expected a list of integers" in panel.shape.toolTip()
