@@ -20,11 +20,14 @@ from PySide6.QtGui import (
     QBrush,
     QColor,
     QContextMenuEvent,
+    QFocusEvent,
     QFont,
     QFontMetricsF,
+    QKeyEvent,
     QKeySequence,
     QPainter,
     QPainterPath,
+    QPaintEvent,
     QPen,
     QResizeEvent,
     QWheelEvent,
@@ -45,7 +48,7 @@ from PySide6.QtWidgets import (
 
 from engine.contract.config import ROLES, Host, Problem, Task, split_gpus
 from engine.observe.telemetry import TaskState
-from gui import theme
+from gui import canvas_keys, theme
 from gui.document import CHIP_H, CHIP_W, COLUMNS, GPU_ROW_H, HEADER_H, HOST_W, PAD, host_height
 from gui.document_model import DocumentModel, Selection, problem_target
 from gui.run_session import RunSession
@@ -408,12 +411,62 @@ class ClusterView(QGraphicsView):
         self.setToolTip("")
 
     def contextMenuEvent(self, event: QContextMenuEvent) -> None:
+        if event.reason() == QContextMenuEvent.Reason.Keyboard:  # the Menu key: the selected item's menu
+            item = self.canvas.item_for(self.canvas.document.selection)
+            where = item.sceneBoundingRect().center() if item is not None else self.mapToScene(self.rect().center())
+            menu = self.canvas.context_menu(item, where)  # type: ignore[arg-type]
+            menu.exec(self.viewport().mapToGlobal(self.mapFromScene(where)))
+            return
         item = self.canvas.item_at(self.mapToScene(event.pos()))
         if item is not None and not item.isSelected():
             self.scene().clearSelection()
             item.setSelected(True)
         menu = self.canvas.context_menu(item, self.mapToScene(event.pos()))
         menu.exec(event.globalPos())
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        """Arrows walk through hosts and tasks; Ctrl+arrows move the selected task to a neighbouring host."""
+        step = canvas_keys.key_step(event.key())
+        if not step:
+            super().keyPressEvent(event)
+            return
+        doc = self.canvas.document
+        hosts = doc.config.cluster.hosts
+        if event.modifiers() & Qt.KeyboardModifier.ControlModifier:
+            target = canvas_keys.move_target(len(hosts), doc.selection, step)
+            if target is not None and doc.selection is not None:
+                i, j = doc.selection[1], doc.selection[2]  # type: ignore[misc]
+                _defer(lambda: doc.move_task(i, j, target))
+        else:
+            doc.select(canvas_keys.step_selection([len(h.tasks) for h in hosts], doc.selection, step))
+            item = self.canvas.item_for(doc.selection)
+            if item is not None:
+                self.ensureVisible(item)
+        event.accept()
+
+    def focusInEvent(self, event: QFocusEvent) -> None:
+        super().focusInEvent(event)
+        self.viewport().update()
+
+    def focusOutEvent(self, event: QFocusEvent) -> None:
+        super().focusOutEvent(event)
+        self.viewport().update()
+
+    def paintEvent(self, event: QPaintEvent) -> None:
+        super().paintEvent(event)
+        if not self.hasFocus():
+            return
+        painter = QPainter(self.viewport())  # the keyboard is here: a frame, and a dashed ring on the selection
+        color = self.palette().highlight().color()
+        painter.setPen(QPen(color, 2))
+        painter.drawRect(self.viewport().rect().adjusted(1, 1, -2, -2))
+        item = self.canvas.item_for(self.canvas.document.selection)
+        if item is not None:
+            ring = self.mapFromScene(item.sceneBoundingRect().adjusted(-4, -4, 4, 4)).boundingRect()
+            painter.setPen(QPen(color, 2, Qt.PenStyle.DashLine))
+            painter.setBrush(Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(ring, 8, 8)
+        painter.end()
 
     def wheelEvent(self, event: QWheelEvent) -> None:
         if event.modifiers() & Qt.KeyboardModifier.ControlModifier:
@@ -661,6 +714,7 @@ class ClusterCanvas(QWidget):
                 item.setSelected(True)
         finally:
             self._syncing = was
+        self.view.viewport().update()  # the keyboard's focus ring follows the selection
 
     # ------------------------------------------------------------------ menus
 

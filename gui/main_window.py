@@ -71,7 +71,8 @@ class MainWindow(QMainWindow):
 
         # where they go: the cluster above the plots; the inspector right; tasks, logs and messages below
         self.window_layout = WindowLayout(self, titled("Cluster", self.canvas, "Hosts and their tasks. Right-click "
-                                                       "to add, drag to move, Delete to remove."), self.plots)
+                                                       "(or the Menu key) to add, drag (or Ctrl+arrows) to move, "
+                                                       "arrows to select, Delete to remove."))
         self.splitter = self.window_layout.splitter
         self.settings_dock = add_dock(self, "Settings", "settingsDock", self._inspector(),
                                         Qt.DockWidgetArea.RightDockWidgetArea)
@@ -82,6 +83,9 @@ class MainWindow(QMainWindow):
         self.tabifyDockWidget(self.tasks_dock, self.logs_dock)
         self.tabifyDockWidget(self.logs_dock, self.messages_dock)
         self.tasks_dock.raise_()
+        # the plots join the window last: Tab goes from the cluster to the settings and the run's tables
+        # before it reaches the plots' many small buttons (Qt's focus chain follows the order widgets join)
+        self.window_layout.set_bottom(self.plots)
 
         # what the user does with them
         self.themes = ThemeSwitcher(self)

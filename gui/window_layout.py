@@ -50,7 +50,7 @@ class WindowLayout(QObject):
 
     modeChanged = Signal(str)  # "design" or "watch", before the splitter takes that layout's sizes
 
-    def __init__(self, window: QMainWindow, top: QWidget, bottom: QWidget) -> None:
+    def __init__(self, window: QMainWindow, top: QWidget, bottom: QWidget | None = None) -> None:
         super().__init__(window)
         self.window = window
         self.mode = "design"
@@ -60,11 +60,16 @@ class WindowLayout(QObject):
         self.splitter.setObjectName("centralSplitter")
         self.splitter.setChildrenCollapsible(False)
         self.splitter.addWidget(top)
+        if bottom is not None:
+            self.set_bottom(bottom)
+        self.splitter.splitterMoved.connect(lambda _pos, _index: self.remember())
+        window.setCentralWidget(self.splitter)
+
+    def set_bottom(self, bottom: QWidget) -> None:
+        """The lower pane (the plots); a window may add it after its docks, for their Tab order."""
         self.splitter.addWidget(bottom)
         self.splitter.setStretchFactor(0, 1)
         self.splitter.setStretchFactor(1, 1)
-        self.splitter.splitterMoved.connect(lambda _pos, _index: self.remember())
-        window.setCentralWidget(self.splitter)
 
     def set_mode(self, mode: str) -> None:
         """``design`` (the canvas large) or ``watch`` (the plots large); each keeps the user's sizes."""
