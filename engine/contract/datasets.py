@@ -19,12 +19,13 @@ import gzip
 import math
 import os
 import pickle
+import stat
 import struct
 import zipfile
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 
@@ -205,13 +206,49 @@ def prepare(config: RunConfig, arrays: Arrays, split: str = "train") -> tuple[np
     return x.reshape((n, *d.shape)), arrays.y[:n].reshape(n).astype(np.int32)
 
 
-def _existing_file(path: str, what: str) -> Path:
+def file_kind(mode: int) -> str:
+    """What a file that is not a regular one is, in words (``a FIFO (named pipe)``, ``a character device``)."""
+    for test, words in ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                        (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return words
+    return "not a regular file"
+
+
+def _mode(p: Path) -> int | None:
+    """``p``'s file type and mode (a symbolic link followed), or None where there is nothing (or a dangling link)."""
+    try:
+        return os.stat(p).st_mode
+    except OSError:
+        return None
+
+
+def _existing_file(path: str, what: str, field: str = "data.path") -> Path:
+    """``path`` resolved, where it is a regular file: a FIFO, a device, a socket or a folder is refused by its
+    type before anything opens it (a FIFO would block the reader for ever, ``/dev/zero`` never ends)."""
     p = resolve_path(path)
-    if not p.exists():
-        raise _fail("data.path", f"{str(p)!r}: no such file; expected {what}")
-    if not p.is_file():
-        raise _fail("data.path", f"{str(p)!r} is a folder; expected {what}")
+    mode = _mode(p)
+    if mode is None:
+        raise _fail(field, f"{str(p)!r}: no such file; expected {what}")
+    if not stat.S_ISREG(mode):
+        raise _fail(field, f"{str(p)!r} is {file_kind(mode)}, not a regular file; expected {what}")
     return p
+
+
+def open_regular(path: Path, field: str = "data.path", what: str = "a regular file") -> IO[bytes]:
+    """``path`` opened for reading where it is a regular file (checked on the descriptor, opened without
+    blocking: a FIFO put there after a check cannot hang the reader)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        raise _fail(field, f"{str(path)!r} cannot be opened ({exc.strerror or exc}); expected {what}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise _fail(field, f"{str(path)!r} is {file_kind(mode)}, not a regular file; expected {what}")
+    os.set_blocking(fd, True)
+    return os.fdopen(fd, "rb")
 
 
 def _npz_names(path: Path) -> list[str]:
@@ -387,8 +424,10 @@ def check_arrays(config: RunConfig, arrays: Arrays, *, sizes: bool = True) -> li
                 or not np.all(labels == np.round(labels)):
             bad = _first(~np.isfinite(labels) | (labels != np.round(labels))) if \
                 np.issubdtype(labels.dtype, np.number) else 0
+            value = labels[bad].item() if hasattr(labels[bad], "item") else labels[bad]
+            kind = "" if np.issubdtype(labels.dtype, np.number) else f" ({labels.dtype.kind == 'U' and 'text' or labels.dtype})"
             return [Problem("data.path", f"{f}: labels in {arrays.y_name} must be whole class ids; got "
-                                         f"{labels[bad]!r} (example {bad})")]
+                                         f"{value!r}{kind} (example {bad})")]
     if n:
         low, high = labels.min(), labels.max()
         if low < 0 or high >= d.classes:
@@ -502,13 +541,18 @@ def require(config: RunConfig) -> None:
 def tfrecord_files(path: str) -> list[Path]:
     """The TFRecord files of ``data.path``: the file itself, or a folder's files ending in .tfrecord(s)/.tfrec."""
     p = resolve_path(path)
-    if p.is_dir():
+    mode = _mode(p)
+    if mode is not None and not stat.S_ISDIR(mode) and not stat.S_ISREG(mode):
+        raise _fail("data.path", f"{str(p)!r} is {file_kind(mode)}, not a regular file; expected a TFRecord file "
+                                 "(or a folder of them)")
+    if mode is not None and stat.S_ISDIR(mode):
+        # regular files only (is_file follows links and is False for a FIFO or a device)
         files = sorted(f for f in p.iterdir() if f.is_file() and f.name.endswith(TFRECORD_EXTENSIONS))
         if not files:
             raise _fail("data.path", f"{str(p)!r} is a folder without TFRecord files; expected files ending in "
                                      f"{', '.join(TFRECORD_EXTENSIONS)}")
         return files
-    if not p.exists():
+    if mode is None:
         raise _fail("data.path", f"{str(p)!r}: no such file; expected a TFRecord file (or a folder of them)")
     return [p]
 
@@ -524,8 +568,8 @@ def read_tfrecords(path: Path, read: int | None = None) -> Iterator[bytes]:
 
     After ``read`` records the rest are only counted: they come as empty ``bytes``.
     """
-    size = path.stat().st_size
-    with open(path, "rb") as fh:
+    with open_regular(path, what="a TFRecord file") as fh:
+        size = os.fstat(fh.fileno()).st_size
         count = 0
         while True:
             head = fh.read(12)
@@ -565,7 +609,7 @@ def check_tfrecord(config: RunConfig) -> list[Problem]:
                 continue
             try:
                 features = parse_example(record)
-            except ValueError as exc:
+            except (ValueError, struct.error) as exc:  # a corrupted record: named, never a traceback
                 return [Problem("data.path", f"{f} record {count - 1} is not a tf.train.Example ({exc})")]
             where = f"{f} record {count - 1}"
             for key, field in ((d.x_key, "data.x_key"), (d.y_key, "data.y_key")):
@@ -663,16 +707,19 @@ def parse_example(record: bytes) -> dict[str, tuple[str, list[Any]]]:
                     if n5 != 1:
                         continue
                     if kind == "float32":
-                        values += list(struct.unpack(f"<{len(item) // 4}f", item)) if w5 == 2 else \
-                            list(struct.unpack("<f", item))
+                        if (w5 == 2 and len(item) % 4) or (w5 != 2 and len(item) != 4):
+                            raise ValueError(f"a float list of {len(item)} bytes, not whole 4-byte floats")
+                        values += list(struct.unpack(f"<{len(item) // 4}f", item))
                     elif kind == "int64":
                         if w5 == 2:
                             j = 0
                             while j < len(item):
                                 x, j = _varint(item, j)
                                 values.append(_signed64(x))
-                        else:
+                        elif isinstance(item, int):
                             values.append(_signed64(item))
+                        else:
+                            raise ValueError(f"an int64 list holding {len(item)} raw bytes")
                     else:
                         values.append(item)
             out[key] = (kind, values)
@@ -684,23 +731,56 @@ def parse_example(record: bytes) -> dict[str, tuple[str, list[Any]]]:
 
 def image_folder_classes(path: str) -> list[tuple[str, int]]:
     """``(class folder, image count)`` in label order (sorted names, as Keras infers labels)."""
+    return [(sub.name, len(files)) for sub, files in _image_files(path)]
+
+
+def _image_files(path: str) -> list[tuple[Path, list[Path]]]:
+    """Each class folder (sorted) with its image files (by extension, whatever their type)."""
     p = resolve_path(path)
-    if not p.exists():
+    mode = _mode(p)
+    if mode is None:
         raise _fail("data.path", f"{str(p)!r}: no such folder; expected a folder with one subfolder of images "
                                  f"per class")
-    if not p.is_dir():
-        raise _fail("data.path", f"{str(p)!r} is a file; expected a folder with one subfolder of images per class")
-    out = []
-    for sub in sorted(s for s in p.iterdir() if s.is_dir()):
-        count = sum(1 for root, _, names in os.walk(sub) for n in names if n.lower().endswith(IMAGE_EXTENSIONS))
-        out.append((sub.name, count))
-    return out
+    if not stat.S_ISDIR(mode):
+        what = "a file" if stat.S_ISREG(mode) else file_kind(mode)
+        raise _fail("data.path", f"{str(p)!r} is {what}; expected a folder with one subfolder of images per class")
+    return [(sub, [Path(root) / n for root, _, names in os.walk(sub) for n in sorted(names)
+                   if n.lower().endswith(IMAGE_EXTENSIONS)])
+            for sub in sorted(s for s in p.iterdir() if s.is_dir())]
+
+
+#: The first bytes of each image format the image-folder reader decodes (TensorFlow's decode_image).
+IMAGE_MAGIC = (b"\x89PNG\r\n\x1a\n", b"\xff\xd8\xff", b"GIF87a", b"GIF89a", b"BM")
+#: At most this many image files are opened to check their type (the rest by name and type only).
+IMAGE_FILES_CHECKED = 20_000
+
+
+def _image_file_problem(files: list[Path]) -> Problem | None:
+    """The first image file that is not a regular file, or whose bytes are no image (text saved as .png)."""
+    for i, f in enumerate(files):
+        mode = _mode(f)
+        if mode is None or not stat.S_ISREG(mode):
+            what = "a dangling link" if mode is None else file_kind(mode)
+            return Problem("data.path", f"{str(f)!r} is {what}; expected an image file")
+        if i >= IMAGE_FILES_CHECKED:
+            continue
+        try:
+            with open_regular(f, what="an image file") as fh:
+                head = fh.read(16)
+        except DataFileError as exc:
+            return exc.problem
+        if not head.startswith(IMAGE_MAGIC):
+            sample = head[:8].decode("ascii", "replace").encode("unicode_escape").decode("ascii")
+            return Problem("data.path", f"{str(f)!r} is not an image (it starts with {sample!r}); expected a PNG, "
+                                        "JPEG, GIF or BMP file")
+    return None
 
 
 def check_image_folder(config: RunConfig) -> list[Problem]:
     d = config.data
     folder = repr(str(resolve_path(d.path)))
-    classes = image_folder_classes(d.path)
+    found = _image_files(d.path)
+    classes = [(sub.name, len(files)) for sub, files in found]
     if not classes:
         return [Problem("data.path", f"{folder} has no subfolders; expected one subfolder of images per class")]
     if len(classes) > d.classes:
@@ -710,6 +790,9 @@ def check_image_folder(config: RunConfig) -> list[Problem]:
     if total == 0:
         return [Problem("data.path", f"{folder} holds no images; expected files ending in "
                                      f"{', '.join(IMAGE_EXTENSIONS)} in its class subfolders")]
+    bad = _image_file_problem([f for _, files in found for f in files])
+    if bad is not None:
+        return [bad]
     return _size_problems(config, total, folder)
 
 
