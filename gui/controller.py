@@ -22,6 +22,7 @@ from engine.control.launcher import launch_problems
 from engine.observe.telemetry import RunState
 from gui.document_model import DocumentModel, Selection, problem_target
 from gui.launch_checks import Checker, LaunchChecks, deep_problems
+from gui.pre_run_problems import FileChecker, PreRunProblems, file_problems
 from gui.run_session import RunSession, WatchedRun
 
 __all__ = ["Controller", "Selection", "problem_target"]
@@ -35,13 +36,17 @@ class Controller(QObject):
     message = Signal(str)  # for the status bar
 
     def __init__(self, config: RunConfig | None = None, *, runs_root: Path | None = None,
-                 checker: Checker = deep_problems, parent: QObject | None = None) -> None:
+                 checker: Checker = deep_problems, file_checker: FileChecker = file_problems,
+                 parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.document = DocumentModel(config, self)
         root = Path(runs_root) if runs_root is not None else default_runs_root()
         self.session = RunSession(root, self.document.config, self)
         self.checks = LaunchChecks(checker, self)
+        self.pre_run = PreRunProblems(file_checker, self)
         self.document.changed.connect(lambda: self.session.follow_config(self.document.config))
+        self.document.changed.connect(lambda: self.pre_run.config_changed(self.document.config))
+        self.pre_run.config_changed(self.document.config)
         self.document.message.connect(self.message)
         self.session.message.connect(self.message)
         self.session.runStateChanged.connect(self.runStateChanged)
@@ -137,22 +142,39 @@ class Controller(QObject):
             self.runStateChanged.emit("checking")
             self.message.emit("Checking your script before the run starts…")
             return None
-        return self.session.launch(self.config, checked=False)
+        try:
+            return self.session.launch(self.config, checked=False)
+        except ConfigError as exc:
+            self._not_started(exc.problems)
+            raise
 
     def _checked(self, config: RunConfig, problems: list[Problem]) -> None:
         if problems:
+            self._not_started(problems, config)
             self.runStateChanged.emit("idle")
             self.startFailed.emit(problems)
             return
         try:
             self.session.launch(config, checked=True)
         except ConfigError as exc:
+            self._not_started(exc.problems, config)
             self.runStateChanged.emit("idle")
             self.startFailed.emit(exc.problems)
+
+    def _not_started(self, problems: list[Problem], config: RunConfig | None = None) -> None:
+        """A launch refused before any task started: its problems join the config's, the previous run's
+        state leaves the screen, and the status bar says so (not "Checking…" any more)."""
+        if config is None or config == self.document.config:  # not of a config edited since
+            self.pre_run.found(problems)
+        self.session.show_config(self.config)
+        n = len(problems)
+        self.message.emit(f"Run not started: {n} problem{'s' if n != 1 else ''} found before the launch "
+                          "(listed under Settings)")
 
     def stop_run(self) -> None:
         """Stop the run (or forget its pending check); returns at once."""
         if self.checks.cancel():
+            self.session.show_config(self.config)  # the previous run's state does not come back
             self.runStateChanged.emit("idle")
             self.message.emit("Run cancelled before it started")
             return
@@ -165,4 +187,5 @@ class Controller(QObject):
     def shutdown(self) -> None:
         """Stop timers and checks, and the run if any (without waiting for it)."""
         self.checks.shutdown()
+        self.pre_run.shutdown()
         self.session.shutdown()

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QCloseEvent, QIcon, QShowEvent
 from PySide6.QtWidgets import QGroupBox, QMainWindow, QVBoxLayout, QWidget
 
@@ -66,7 +66,7 @@ class MainWindow(QMainWindow):
         self.task_table = TaskTable(session, stragglers=self.stragglers)
         self.logs = LogView(session)
         self.messages = RunMessages(session)
-        self.run_status = RunStatus(session, c.checks, doc)
+        self.run_status = RunStatus(session, c.checks, doc, pre_run=c.pre_run)
         self.scaling_dialog: ScalingDialog | None = None
 
         # where they go: the cluster above the plots; the inspector right; tasks, logs and messages below
@@ -127,6 +127,7 @@ class MainWindow(QMainWindow):
         self.runs.closeReady.connect(self.close)
         session.comparisonsChanged.connect(self._update_actions)
         self.problems.fieldActivated.connect(self._focus_field)
+        c.pre_run.changed.connect(self.problems.set_pre_run)
         self.plots.compareRequested.connect(files.compare_with_run)
         self.messages.warning.connect(status.warn)
         files.message.connect(status.show)
@@ -269,6 +270,11 @@ class MainWindow(QMainWindow):
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         self.window_layout.shown()
+
+    def changeEvent(self, event: QEvent) -> None:  # noqa: N802 - Qt's name
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.ActivationChange and self.isActiveWindow():
+            self.controller.pre_run.recheck()  # a data file may have been put in place meanwhile
 
     def save_settings(self) -> None:
         settings = app_settings()

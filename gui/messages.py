@@ -11,6 +11,7 @@ from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
 from gui import theme
+from gui.failure_text import headline
 from gui.metric_series import describe_training
 from gui.run_session import RunSession
 
@@ -31,12 +32,15 @@ class RunMessages(QWidget):
         layout.setContentsMargins(0, 0, 0, 0)
         layout.addWidget(self.list)
         self._shown = 0
+        self._failure_said = False
         session.runLoaded.connect(self.reload)
         session.runUpdated.connect(self.update_messages)
+        session.runStateChanged.connect(lambda _state: self.update_messages())
 
     def reload(self) -> None:
         self.list.clear()
         self._shown = 0
+        self._failure_said = False
         self.update_messages()
 
     def update_messages(self) -> None:
@@ -61,8 +65,27 @@ class RunMessages(QWidget):
             item.setData(Qt.ItemDataRole.UserRole, bool(is_warning))
             self.list.addItem(item)
         self._shown = len(infos)
+        self._say_failure()
         if self.list.count():
             self.list.scrollToBottom()
+
+    def _say_failure(self) -> None:
+        """One line when the run failed: which task, and why in the user's words where there are some."""
+        s = self.session.state
+        if s.state != "failed" or self._failure_said:
+            return
+        self._failure_said = True
+        task = s.tasks.get(s.failed_task)
+        reason = s.reason
+        while s.failed_task and reason.startswith(f"{s.failed_task}: "):
+            reason = reason[len(s.failed_task) + 2:]
+        said = headline(reason, task.log_tail if task is not None else ()) or reason or "see the task table"
+        stamp = time.strftime("%H:%M:%S", time.localtime(s.ended_at or time.time()))
+        item = QListWidgetItem(f"✖ {stamp}  run failed: {s.failed_task or 'a task'}: {said}")
+        item.setToolTip(s.reason or said)
+        item.setForeground(QBrush(QColor(theme.PROBLEM_COLOR)))
+        item.setData(Qt.ItemDataRole.UserRole, True)
+        self.list.addItem(item)
 
     def texts(self) -> list[str]:
         return [self.list.item(i).text() for i in range(self.list.count())]

@@ -1,4 +1,7 @@
-"""The visible list of what stops a launch, with a one-line summary; a click shows the culprit."""
+"""The visible list of what stops a launch, with a one-line summary; a click shows the culprit.
+
+Two sources: the config's own rules (the document's problems) and what was found of its files or
+script before a launch (:mod:`gui.pre_run_problems`), so a failed check never leaves "Ready to run"."""
 
 from __future__ import annotations
 
@@ -40,20 +43,32 @@ class ProblemsList(QWidget):
         layout.addStretch(0)  # keeps the summary at the top while the list is hidden
         self.list.itemClicked.connect(self._clicked)
         self.list.itemActivated.connect(self._clicked)  # Enter, as a click
+        self._pre_run: list[Problem] = []
         document.problemsChanged.connect(self.refresh)
         self.refresh(document.problems)
 
+    def set_pre_run(self, problems: list[Problem]) -> None:
+        """What the files or the last pre-launch check showed (after the config's own problems)."""
+        self._pre_run = list(problems)
+        self.refresh(self.document.problems)
+
     def refresh(self, problems: list[Problem]) -> None:
+        own = len(problems)
+        problems = list(problems) + [p for p in self._pre_run if str(p) not in {str(q) for q in problems}]
         self.list.clear()
         for p in problems:
             item = QListWidgetItem(f"⚠ {p}")
             item.setData(Qt.ItemDataRole.UserRole, p.field)
             item.setToolTip(str(p))
             self.list.addItem(item)
-        if problems:
+        if own:
             n = len(problems)
             self.summary.setText(f"<b style='color:{theme.PROBLEM_COLOR}'>{n} problem{'s' if n > 1 else ''}</b>"
                                  " — Run is disabled until fixed")
+        elif problems:
+            n = len(problems)
+            self.summary.setText(f"<b style='color:{theme.PROBLEM_COLOR}'>{n} problem{'s' if n > 1 else ''} "
+                                 "found before the launch</b> — the run will not start until fixed")
         else:
             self.summary.setText(f"<b style='color:{theme.STATE_COLORS['running']}'>✓ Ready to run</b>")
         self.list.setVisible(bool(problems))
@@ -63,7 +78,11 @@ class ProblemsList(QWidget):
 
     def _fit_height(self) -> None:
         """The list is as tall as its problems (one line takes one line, not a box), at most ``MOST_HEIGHT``."""
-        rows = sum(max(self.list.sizeHintForRow(i), self.list.fontMetrics().height())
+        metrics = self.list.fontMetrics()
+        width = max(40, self.list.viewport().width() - 8)
+        flags = int(Qt.TextFlag.TextWordWrap.value | Qt.TextFlag.TextWrapAnywhere.value)
+        rows = sum(max(self.list.sizeHintForRow(i), metrics.height(),  # a long path wraps: all its lines show
+                       metrics.boundingRect(0, 0, width, 10_000, flags, self.list.item(i).text()).height() + 4)
                    for i in range(self.list.count()))
         self.list.setFixedHeight(min(MOST_HEIGHT, rows + 2 * self.list.frameWidth() + 4))
 

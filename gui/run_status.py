@@ -13,6 +13,7 @@ from gui.document_model import DocumentModel
 from gui.elided_label import ElidedLabel
 from gui.failure_text import headline
 from gui.launch_checks import LaunchChecks
+from gui.pre_run_problems import PreRunProblems
 from gui.run_session import RunSession
 
 STATE_TEXT = {
@@ -57,11 +58,12 @@ class RunStatus(QWidget):
     size, the line of figures is cut with "…" (its whole text in the tooltip)."""
 
     def __init__(self, session: RunSession, checks: LaunchChecks, document: DocumentModel,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, pre_run: PreRunProblems | None = None) -> None:
         super().__init__(parent)
         self.session = session
         self.checks = checks
         self.document = document
+        self.pre_run = pre_run
         self.badge = QLabel()
         self.badge.setObjectName("runState")
         self.badge.setMinimumWidth(90)
@@ -91,6 +93,8 @@ class RunStatus(QWidget):
         session.runStateChanged.connect(self._state_changed)
         checks.busyChanged.connect(self._state_changed)
         document.problemsChanged.connect(self.refresh)
+        if pre_run is not None:
+            pre_run.changed.connect(self.refresh)
         self.refresh()
 
     def _state_changed(self, *_args: object) -> None:
@@ -172,7 +176,13 @@ class RunStatus(QWidget):
                          "waiting in the scheduler's queue")
         elif state == "ready":
             n = len(self.document.problems)
-            parts.append(f"{n} problem{'s' if n > 1 else ''} — fix them to run" if n else "press Run (F5) to launch")
+            found = len(self.pre_run.problems) if self.pre_run is not None else 0
+            if n:
+                parts.append(f"{n} problem{'s' if n > 1 else ''} — fix them to run")
+            elif found:
+                parts.append(f"{found} problem{'s' if found > 1 else ''} found before the launch — see Settings")
+            else:
+                parts.append("press Run (F5) to launch")
         if session.run_dir is not None and state != "ready":
             parts.append(f"[{session.run_dir.name}]")
         self._set_detail(" · ".join(parts))
