@@ -48,7 +48,7 @@ from PySide6.QtWidgets import (
 
 from engine.contract.config import ROLES, Host, Problem, Task, split_gpus
 from engine.observe.telemetry import TaskState
-from gui import canvas_keys, theme
+from gui import canvas_keys, gpu_notice, theme
 from gui.document import CHIP_H, CHIP_W, COLUMNS, GPU_ROW_H, HEADER_H, HOST_W, PAD, host_height
 from gui.document_model import DocumentModel, Selection, problem_target
 from gui.run_session import RunSession
@@ -116,6 +116,7 @@ class ChipItem(QGraphicsObject):
         self.gpus: list[int] = []  # the host's GPU ids this task owns
         self.gpu_color: QColor | None = None  # the colour of its GPUs on the host's GPU row
         self.node: int | None = None  # a Slurm group's task: the node of the allocation it runs on
+        self.emulated = False  # its GPUs are logical CPU devices (no GPU on the machine)
         self.home = QPointF()
         self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
         self.setCursor(Qt.CursorShape.OpenHandCursor)
@@ -135,7 +136,8 @@ class ChipItem(QGraphicsObject):
         if self.node is not None:
             lines.append(f"On node {self.node} of the Slurm allocation (tasks fill the nodes in drawn order)")
         if self.gpus:
-            lines.append(f"GPU {gpu_list(self.gpus)} of its {'node' if self.node is not None else 'host'}")
+            lines.append(f"GPU {gpu_list(self.gpus)} of its {'node' if self.node is not None else 'host'}"
+                         + (" — emulated as logical CPU devices (no GPU here)" if self.emulated else ""))
         lines.append("Drag onto another host to move it; right-click for more.")
         if self.run_state is not None and self.run_state.state != "pending":
             s = self.run_state
@@ -174,7 +176,7 @@ class ChipItem(QGraphicsObject):
         font.setPointSizeF(8)
         painter.setFont(font)
         port = "port auto" if self.task.port is None else f"port {self.task.port}"
-        where = f"GPU {gpu_list(self.gpus)}" if self.gpus else port
+        where = (f"GPU {gpu_list(self.gpus)}" + (" (emulated)" if self.emulated else "")) if self.gpus else port
         state = self.run_state.state if self.run_state is not None else ""
         if self.node is not None:
             where = f"node {self.node} · {where}"
@@ -686,13 +688,26 @@ class ClusterCanvas(QWidget):
         self.banner.setText("\n".join(f"⚠ {m}" for m in general))
         self.banner.setVisible(bool(general))
 
+    def emulated_tasks(self) -> set[str]:
+        """Tasks whose GPUs are emulated: as the shown run's tasks said, or as a run here would."""
+        s = self.session
+        names = set(gpu_notice.emulated_by_task(s.state.infos))
+        if not s.shows_run or s.is_running:
+            config = s.config if s.shows_run else self.document.config
+            if gpu_notice.emulated_here(config):
+                names |= set(gpu_notice.assigned_gpus(config))
+        return names
+
     def refresh_states(self) -> None:
         tasks = self.session.state.tasks
+        emulated = self.emulated_tasks()
         for host in self.hosts:
             for chip in host.chips:
                 state = tasks.get(chip.task.name)
-                if state is not chip.run_state or (state is not None):
+                fake = chip.task.name in emulated
+                if state is not chip.run_state or (state is not None) or fake != chip.emulated:
                     chip.run_state = state
+                    chip.emulated = fake
                     chip.update_tooltip()
                     chip.update()
 

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
 
 from engine.contract.run_folder import RunFolder
 from engine.contract.task_logs import is_noise
+from gui import gpu_notice
 from gui.run_session import RunSession
 
 TAIL_INTERVAL_MS = 300
@@ -60,7 +61,8 @@ class LogTail:
         new = []
         for raw in chunks:
             text = raw.decode("utf-8", "replace").rstrip("\r")
-            new.append((is_noise(text), text))
+            # TensorFlow's "GPU will not be used" stays in sight: it may be the only word on the GPUs
+            new.append((is_noise(text) and not gpu_notice.is_gpu_word(text), text))
         self.lines.extend(new)
         if len(self.lines) > MAX_LINES:
             del self.lines[: len(self.lines) - MAX_LINES]

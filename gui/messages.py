@@ -10,7 +10,7 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QListWidget, QListWidgetItem, QVBoxLayout, QWidget
 
-from gui import theme
+from gui import gpu_notice, theme
 from gui.failure_text import headline
 from gui.metric_series import describe_training
 from gui.run_session import RunSession
@@ -33,6 +33,8 @@ class RunMessages(QWidget):
         layout.addWidget(self.list)
         self._shown = 0
         self._failure_said = False
+        self._gpu_item: QListWidgetItem | None = None  # the one notice of emulated GPUs
+        self._gpus: dict[str, int] = {}
         session.runLoaded.connect(self.reload)
         session.runUpdated.connect(self.update_messages)
         session.runStateChanged.connect(lambda _state: self.update_messages())
@@ -41,11 +43,20 @@ class RunMessages(QWidget):
         self.list.clear()
         self._shown = 0
         self._failure_said = False
+        self._gpu_item = None
+        self._gpus = {}
+        config = self.session.config
+        if self.session.is_running and gpu_notice.emulated_here(config):  # said at once, in every mode
+            self._gpu_notice(gpu_notice.assigned_gpus(config))
         self.update_messages()
 
     def update_messages(self) -> None:
         infos = self.session.state.infos
         for event in infos[self._shown:]:
+            reported = gpu_notice.emulated_by_task([event])
+            if reported:  # every task says it; one line says it for the run
+                self._gpu_notice({**self._gpus, **reported})
+                continue
             message = str(event.get("message", "")).strip()
             trained = describe_training(event.get("training"))
             if trained:  # what trained, in the same words wherever it is shown; the task's own words in the tooltip
@@ -68,6 +79,21 @@ class RunMessages(QWidget):
         self._say_failure()
         if self.list.count():
             self.list.scrollToBottom()
+
+    def _gpu_notice(self, by_task: dict[str, int]) -> None:
+        self._gpus = dict(by_task)
+        text = gpu_notice.notice(by_task)
+        tip = (f"{text}.\nThis machine has no NVIDIA GPU (or no driver): each task's GPUs are logical CPU "
+               "devices, so the run shows the strategy, not GPU speed.\n"
+               + "\n".join(f"{task}: {n} GPU(s) emulated" for task, n in sorted(by_task.items())))
+        if self._gpu_item is None:
+            self._gpu_item = QListWidgetItem()
+            self._gpu_item.setForeground(QBrush(QColor(theme.PROBLEM_COLOR)))
+            self._gpu_item.setData(Qt.ItemDataRole.UserRole, True)
+            self.list.addItem(self._gpu_item)
+            self.warning.emit(text)
+        self._gpu_item.setText(f"⚠ {time.strftime('%H:%M:%S')}  {text}")
+        self._gpu_item.setToolTip(tip)
 
     def _say_failure(self) -> None:
         """One line when the run failed: which task, and why in the user's words where there are some."""
