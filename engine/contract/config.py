@@ -57,6 +57,8 @@ MAX_MESH_AXES = 4
 _AXIS_NAME = re.compile(r"[a-z][a-z0-9_]{0,31}")
 OPTIMIZERS = ("sgd", "momentum", "adam", "adamw", "rmsprop")
 PARTITIONERS = ("none", "min_size", "fixed")
+#: What a NaN or infinite loss does (``training.on_nan``).
+NAN_POLICIES = ("fail", "warn")
 #: Where examples come from: generated, shipped with ClusterDeck, Keras' local cache, the user's files or script.
 DATA_SOURCES = ("synthetic", "digits", "mnist", "fashion_mnist", "cifar10", "npz", "csv", "tfrecord",
                 "image_folder", "script")
@@ -404,6 +406,10 @@ class Training:
     progress_timeout_s: float = spec(60.0, minimum=0, write="changed",
                                      help="Seconds without a step before the run fails naming the task that hangs "
                                           "(async: the worker is restarted); the first step gets 3x as long; 0: never")
+    # a NaN or infinite loss fails the run naming the replica and step (Keras' TerminateOnNaN), or is warned of
+    on_nan: str = spec("fail", choices=NAN_POLICIES, write="changed",
+                       help="A NaN or infinite loss: fail the run naming the replica and step ('fail'), or warn "
+                            "once and go on ('warn')")
     # data and async: training steps per function (Keras' steps_per_execution): one dispatch (async: one
     # schedule from the chief) per this many steps; figures and stops come per such group
     steps_per_execution: int = spec(
