@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import QTimer
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtGui import QCloseEvent, QShowEvent
 from PySide6.QtWidgets import (
     QCheckBox,
     QDialog,
@@ -27,12 +27,30 @@ from PySide6.QtWidgets import (
 )
 
 from engine.contract.config import ConfigError
-from engine.control.scaling import ScalingProgress, ScalingReport, ScalingSession, parse_workers, write_csv
+from engine.control.scaling import (
+    REFUSED,
+    SCALED_MODES,
+    ScalingProgress,
+    ScalingReport,
+    ScalingSession,
+    parse_workers,
+    write_csv,
+)
 from gui.controller import Controller
 from gui.scaling_plot import ScalingPlot
 
 POLL_INTERVAL_MS = 100
 DEFAULT_STEPS = 200
+
+
+def what_runs(mode: str) -> str:
+    """What each worker count runs, said before the report starts (or why it cannot)."""
+    if mode == "async":
+        return ("Each worker count runs the current config as its own asynchronous run: the chief and the "
+                "parameter servers stay, the workers are 1, 2, 4, … local processes.")
+    if mode in SCALED_MODES:
+        return "Each worker count runs the current config as local data-parallel workers."
+    return f"A {mode}-parallel config cannot be scaled by workers: {REFUSED.get(mode, '')}"
 
 
 def format_eta(seconds: float | None) -> str:
@@ -101,7 +119,7 @@ class ScalingDialog(QDialog):
         self.progress.setObjectName("scalingProgress")
         self.progress.setRange(0, 1000)
         self.progress.setToolTip("Progress over all the runs of the report")
-        self.status = QLabel("Each worker count runs the current config as local data-parallel workers.")
+        self.status = QLabel(what_runs(controller.config.parallelism.mode))
         self.status.setObjectName("scalingStatus")
         self.status.setWordWrap(True)
         self.plot = ScalingPlot()
@@ -242,6 +260,11 @@ class ScalingDialog(QDialog):
         return out
 
     # ------------------------------------------------------------------ closing
+
+    def showEvent(self, event: QShowEvent) -> None:  # noqa: N802 - Qt's name
+        super().showEvent(event)
+        if not self.running and self.report is None:  # the config may be another one since it last showed
+            self.status.setText(what_runs(self.controller.config.parallelism.mode))
 
     def closeEvent(self, event: QCloseEvent) -> None:
         """Closing stops the report: the run in progress is told to stop, and the timer ends."""

@@ -56,10 +56,12 @@ class ScalingPlot(QWidget):
                 axis = item.getAxis(name)
                 axis.setPen(pg.mkPen("#9aa0a6"))
                 axis.setTextPen(pg.mkPen(FOREGROUND))
-        self.throughput_legend = self.throughput.addLegend(offset=(8, 8), labelTextColor=FOREGROUND,
-                                                           brush=pg.mkBrush(255, 255, 255, 220))
-        self.efficiency_legend = self.efficiency.addLegend(offset=(-8, -8), labelTextColor=FOREGROUND,
-                                                           brush=pg.mkBrush(255, 255, 255, 220))
+        # the legends sit under the plots, never over a point (the last worker count's efficiency is low
+        # and right, where a legend inside the plot would hide it)
+        self.throughput_legend = pg.LegendItem(labelTextColor=FOREGROUND, colCount=2)
+        self.efficiency_legend = pg.LegendItem(labelTextColor=FOREGROUND, colCount=3)
+        self.canvas.addItem(self.throughput_legend, row=3, col=0)
+        self.canvas.addItem(self.efficiency_legend, row=3, col=1)
         # curves are created once; a new report only sets their data
         self.tp_ideal = self.throughput.plot([], [], pen=pg.mkPen(IDEAL, width=2, style=Qt.PenStyle.DashLine),
                                              name="ideal (n × 1 worker)")
@@ -72,6 +74,10 @@ class ScalingPlot(QWidget):
             name=f"Horovod, published ({HOROVOD_EFFICIENCY:.0%})".replace("%", " %"))
         self.eff_measured = self.efficiency.plot([], [], pen=pg.mkPen(MEASURED, width=2.5), symbol="o",
                                                  symbolSize=9, symbolBrush=MEASURED, symbolPen=None, name="measured")
+        for legend, curves in ((self.throughput_legend, (self.tp_ideal, self.tp_measured)),
+                               (self.efficiency_legend, (self.eff_ideal, self.eff_horovod, self.eff_measured))):
+            for curve in curves:
+                legend.addItem(curve, curve.name())
         self._labels: list[tuple[pg.PlotItem, pg.TextItem]] = []
         self.report: ScalingReport | None = None
         layout = QVBoxLayout(self)

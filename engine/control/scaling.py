@@ -1,7 +1,10 @@
 """Scaling report: run one config at 1, 2, 4, … local workers and measure how throughput scales.
 
-Each worker count becomes its own data-parallel run (``MultiWorkerMirroredStrategy`` across local
-worker processes), launched one after the other through :class:`~engine.control.launcher.Run`. A run's
+Each worker count becomes its own run of the config's own mode, launched one after the other through
+:class:`~engine.control.launcher.Run`: a data-parallel config runs ``MultiWorkerMirroredStrategy`` across
+local worker processes; an asynchronous one keeps its chief and parameter servers and adds workers
+(``ParameterServerStrategy``). A model-parallel config is refused, saying why (its scale is its mesh,
+not a worker count). A run's
 throughput is its steady state: the examples/s the trainers measured themselves after a warm-up
 (``window_examples_per_sec`` of their ``finished`` status), or, where a run reports none, the pace of
 its step events after the same warm-up. Scaling efficiency is ``tp(n) / (n * tp(1))``.
@@ -46,10 +49,16 @@ __all__ = [
 #: Horovod's published scaling efficiency (Inception V3 and ResNet-101 on up to 512 GPUs): a reference line.
 HOROVOD_EFFICIENCY = 0.90
 DEFAULT_WORKERS = (1, 2, 4)
+#: The modes a scaling report measures (by adding workers), and what it says of the others.
+SCALED_MODES = ("data", "async")
+REFUSED = {
+    "model": "model parallelism splits one model over a fixed device mesh (parallelism.mesh); its scale is the "
+             "mesh, not a number of workers — compare mesh shapes with separate runs instead",
+}
 MAX_WORKERS = 256
 CSV_COLUMNS = ("workers", "replicas", "global_batch_size", "batch_per_replica", "steps", "examples_per_sec",
                "ideal_examples_per_sec", "efficiency", "step_time_ms", "source", "state", "duration_s", "reason",
-               "run_dir", "preset", "scaling", "cpu_count")
+               "run_dir", "preset", "scaling", "cpu_count", "mode")
 
 
 # --------------------------------------------------------------------------- configs
@@ -80,8 +89,12 @@ def parse_workers(text: str | Iterable[int]) -> tuple[int, ...]:
 
 
 def _devices_per_worker(config: RunConfig) -> int:
-    """Devices (real or emulated GPUs) each worker of the scaled runs gets: as the config's first trainer."""
-    for host, task in config.trainer_tasks():
+    """Devices (real or emulated GPUs) each worker of the scaled runs gets: as the config's first trainer
+    (in async mode its first worker: the chief trains nothing there)."""
+    trainers = config.trainer_tasks()
+    if config.parallelism.mode == "async":
+        trainers = [(h, t) for h, t in trainers if t.role == "worker"]
+    for host, task in trainers:
         if host.gpus > 0:
             return config.devices_of(host, task)
         return 1
@@ -103,8 +116,16 @@ def scaling_configs(config: RunConfig, workers: Iterable[int] | str = DEFAULT_WO
     counts = parse_workers(workers)
     if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
         raise ConfigError([Problem("steps", f"expected an integer >= 1, got {steps!r}")])
+    mode = config.parallelism.mode
+    if mode not in SCALED_MODES:
+        reason = REFUSED.get(mode, f"expected a mode of {', '.join(SCALED_MODES)}")
+        raise ConfigError([Problem("parallelism.mode", f"a scaling report measures {' or '.join(SCALED_MODES)} "
+                                                       f"parallelism, not {mode!r}: {reason}")])
     devices = _devices_per_worker(config)
     uses_gpus = any(h.gpus > 0 for h, _ in config.trainer_tasks())
+    # async: the chief and the parameter servers stay (at least one ps), only the workers are counted
+    servers = max(1, len(config.cluster.tasks_of("ps"))) if mode == "async" else 0
+    others = ((Task("chief", 0),) + tuple(Task("ps", i) for i in range(servers))) if mode == "async" else ()
     per_replica = _batch_per_replica(config)
     base_host = next((h for h in config.cluster.hosts if h.is_local), None)
     out: list[RunConfig] = []
@@ -120,15 +141,14 @@ def scaling_configs(config: RunConfig, workers: Iterable[int] | str = DEFAULT_WO
             global_batch = per_replica * replicas
         host = Host(name=base_host.name if base_host is not None else "local", address="localhost",
                     gpus=devices * n if uses_gpus else 0,
-                    tasks=tuple(Task("worker", i) for i in range(n)),
+                    tasks=others[:1] + tuple(Task("worker", i) for i in range(n)) + others[1:],
                     python=base_host.python if base_host is not None else "python3")
-        training = config_mod.replace(config.training.for_mode("data"), global_batch_size=global_batch,
+        training = config_mod.replace(config.training.for_mode(mode), global_batch_size=global_batch,
                                       checkpoint_every=0, restarts=0,
                                       **({"steps": steps, "epochs": None} if steps is not None else {}))
         scaled = config_mod.replace(
             config, name=f"{config.name}-scaling-{n}w",
             cluster=config_mod.replace(config.cluster, hosts=(host,)),
-            parallelism=config_mod.replace(config.parallelism, mode="data"),
             training=training)
         problems = config_mod.validate(scaled)
         if problems:
@@ -172,6 +192,7 @@ class ScalingReport:
     scaling: str  # "weak" or "strong"
     cpu_count: int
     points: tuple[ScalingPoint, ...] = ()
+    mode: str = ""  # the parallelism every run used ("data", "async"); "" when not known (an old CSV)
 
     def _baseline(self) -> ScalingPoint | None:
         """The 1-worker point (or the fewest workers measured) that ideal scaling extrapolates from."""
@@ -200,6 +221,9 @@ class ScalingReport:
 def describe(report: ScalingReport) -> str:
     """One line saying what was measured and on what (the plot's subtitle)."""
     parts = [report.preset]
+    if report.mode:
+        parts.append({"data": "data parallel (synchronous)", "async": "asynchronous, parameter servers"}
+                     .get(report.mode, report.mode))
     if report.points:
         p = report.points[0]
         if report.scaling == "strong":
@@ -231,7 +255,7 @@ def write_csv(report: ScalingReport, path: str | os.PathLike[str]) -> Path:
             writer.writerow([p.workers, p.replicas, p.global_batch_size, p.batch_per_replica, p.steps,
                              format_number(p.examples_per_sec, 2), format_number(report.ideal(p), 2), format_number(report.efficiency(p)),
                              format_number(p.step_time_ms, 3), p.source, p.state, format_number(p.duration_s, 2), p.reason,
-                             p.run_dir, report.preset, report.scaling, report.cpu_count])
+                             p.run_dir, report.preset, report.scaling, report.cpu_count, report.mode])
     return path
 
 
@@ -268,7 +292,8 @@ def read_csv(path: str | os.PathLike[str]) -> ScalingReport:
     first = rows[0] if rows else {}
     cpus = number(first.get("cpu_count"))
     return ScalingReport(preset=first.get("preset") or Path(path).stem, scaling=first.get("scaling") or "weak",
-                         cpu_count=int(cpus) if cpus else (os.cpu_count() or 1), points=tuple(points))
+                         cpu_count=int(cpus) if cpus else (os.cpu_count() or 1), points=tuple(points),
+                         mode=first.get("mode") or "")
 
 
 # --------------------------------------------------------------------------- measuring
@@ -294,11 +319,14 @@ def measure(events: Sequence[dict[str, Any]], config: RunConfig) -> tuple[float 
         if e.get("kind") == "step" and isinstance(e.get("step"), int) and _positive(e.get("t")):
             if e["step"] >= warm and isinstance(e.get("replica"), int):
                 by_replica.setdefault(e["replica"], []).append((float(e["t"]), int(e["step"])))
+    batch = config.training.global_batch_size
+    if config.parallelism.mode == "async":  # a step there is one worker's batch, not a global one
+        batch = max(1, batch // max(1, len(config.cluster.tasks_of("worker"))))
     rates = []
     for samples in by_replica.values():
         (t0, s0), (t1, s1) = min(samples), max(samples)
         if t1 > t0 and s1 > s0:
-            rates.append((s1 - s0) * config.training.global_batch_size / (t1 - t0))
+            rates.append((s1 - s0) * batch / (t1 - t0))
     if rates:
         return statistics.fmean(rates), "steps"
     return None, ""
@@ -459,7 +487,8 @@ class ScalingSession:
 
     def report(self) -> ScalingReport:
         return ScalingReport(preset=self.base.name, scaling="strong" if self.strong else "weak",
-                             cpu_count=os.cpu_count() or 1, points=tuple(self.points))
+                             cpu_count=os.cpu_count() or 1, points=tuple(self.points),
+                             mode=self.base.parallelism.mode)
 
 
 def run_scaling(config: RunConfig, workers: Iterable[int] | str = DEFAULT_WORKERS, steps: int | None = None,

@@ -53,11 +53,29 @@ def test_strong_scaling_keeps_the_global_batch_and_names_the_field_when_it_canno
         scaling.scaling_configs(preset(), (3,), strong=True)
 
 
-def test_async_and_chief_configs_become_data_parallel_workers() -> None:
-    configs = scaling.scaling_configs(preset("async-1ps"), (1, 2))
+def test_an_async_preset_scales_as_async_runs_with_its_chief_and_servers() -> None:
+    base = preset("async-1ps")  # chief, 2 workers, 1 ps; 16 steps per function
+    configs = scaling.scaling_configs(base, (1, 2, 4), steps=40)
+    assert [len(c.cluster.tasks_of("worker")) for c in configs] == [1, 2, 4]
     for c in configs:
-        roles = {t.role for _, t in c.cluster.tasks()}
-        assert roles == {"worker"} and c.parallelism.mode == "data"
+        assert c.parallelism == base.parallelism and c.parallelism.mode == "async"
+        assert len(c.cluster.tasks_of("chief")) == 1 and len(c.cluster.tasks_of("ps")) == 1
+        assert c.training.steps_per_execution == base.training.steps_per_execution  # async keeps its groups
+        assert config_mod.validate(c) == []
+    report = scaling.ScalingSession(base, (1, 2), steps=40).report()
+    assert report.mode == "async" and "asynchronous" in scaling.describe(report)
+
+
+def test_a_model_parallel_preset_is_refused_with_the_reason() -> None:
+    with pytest.raises(ConfigError, match=r"parallelism.mode: .*not 'model': .*mesh"):
+        scaling.scaling_configs(preset("model-2x2"), (1, 2))
+
+
+def test_a_chief_of_a_data_preset_becomes_a_worker() -> None:
+    hosts = (Host(name="local", tasks=(Task("chief", 0), Task("worker", 0))),)
+    configs = scaling.scaling_configs(replace(preset(), cluster=Cluster(hosts=hosts)), (1, 2))
+    for c in configs:
+        assert {t.role for _, t in c.cluster.tasks()} == {"worker"} and c.parallelism.mode == "data"
 
 
 def test_emulated_gpus_per_worker_are_kept() -> None:
