@@ -8,10 +8,9 @@ from typing import Any
 import pytest
 
 from engine.contract import config as config_mod
+from engine.runtime import async_ps
 from engine.runtime.context import TaskContext
 from engine.runtime.emitter import Emitter
-
-async_ps = pytest.importorskip("engine.runtime.async_ps")
 
 
 def reporter(tmp_path: Path, hz: float = 0.0) -> tuple[Any, list[dict[str, Any]]]:

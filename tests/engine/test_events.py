@@ -12,11 +12,11 @@ import pytest
 
 from engine.contract import events
 from engine.contract.events import MAX_LINE_BYTES, EventWriter, ReadStats, decode, encode, make, parse_lines, read_file
+from tests import kit
 
 
 def step(step: int = 1, replica: int = 0, **fields: Any) -> dict[str, Any]:
-    figures: dict[str, Any] = {"loss": 0.5, "examples_per_sec": 100.0, "step_time": 0.01}
-    return make("step", "worker:0", replica=replica, step=step, **(figures | fields))
+    return kit.step(replica, step, task="worker:0", **fields)
 
 
 def line_of(**fields: Any) -> str:

@@ -1,0 +1,49 @@
+"""The shared test kit: events built from the contract's records, so that no test feeds a view an event the
+real decoder would reject.
+
+Every builder makes the event with :func:`engine.contract.events.make` and checks it against the records
+(:mod:`engine.contract.records`) by a round trip through the real encoder and decoder; a builder given a
+field of the wrong type fails the test at once instead of testing a view with an impossible event.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from engine.contract import events
+
+
+def checked(event: dict[str, Any]) -> dict[str, Any]:
+    """``event`` as the real decoder reads it back (it must read it back)."""
+    decoded = events.decode(events.encode(event))
+    assert decoded is not None, f"the contract refuses this event: {event}"
+    return decoded
+
+
+def event(kind: str, task: str = "worker:0", *, t: float | None = None, **fields: Any) -> dict[str, Any]:
+    """Any event kind, checked; ``t`` replaces the wall time where a test needs its own clock."""
+    made = events.make(kind, task, **fields)
+    if t is not None:
+        made["t"] = t
+    return checked(made)
+
+
+def step(replica: int = 0, n: int = 1, *, task: str | None = None, t: float | None = None, loss: float | None = 0.5,
+         examples_per_sec: float | None = 100.0, step_time: float | None = 0.01, **fields: Any) -> dict[str, Any]:
+    """A step event of replica ``replica`` at step ``n`` (task ``worker:<replica>`` unless given)."""
+    return event("step", task or f"worker:{replica}", t=t, replica=replica, step=n, loss=loss,
+                 examples_per_sec=examples_per_sec, step_time=step_time, **fields)
+
+
+def evaluation(n: int, loss: float | None, *, task: str = "worker:0", t: float | None = None,
+               **metrics: float | None) -> dict[str, Any]:
+    """A held-out evaluation at step ``n`` with its metrics."""
+    return event("eval", task, t=t, step=n, loss=loss, metrics=metrics)
+
+
+def status(task: str, state: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:
+    return event("status", task, t=t, state=state, **fields)
+
+
+def run_state(state: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:
+    return event("run", "launcher", t=t, state=state, **fields)
