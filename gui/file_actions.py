@@ -213,7 +213,7 @@ class FileActions(QObject):
                 return []
             image = text.strip()
         try:
-            paths = export.write_export(self.controller.document.config, folder, image=image or None)
+            report = export.write_export_report(self.controller.document.config, folder, image=image or None)
         except ConfigError as exc:
             QMessageBox.critical(self.window, "Cannot export the config", str(exc))
             return []
@@ -221,7 +221,16 @@ class FileActions(QObject):
             QMessageBox.critical(self.window, "Cannot export the config", f"{folder}: {exc.strerror or exc}")
             return []
         self.remember_dir(Path(folder))
-        self.message.emit(f"Exported {len(paths)} files to {folder}", 8000)
+        paths = report.paths
+        if report.skipped:  # what could be written is; the TFJob's reason is said, and kept in the folder
+            reasons = "\n".join(f"• {p}" for p in report.skipped)
+            QMessageBox.warning(self.window, "Exported without a TFJob",
+                                f"Wrote the TF_CONFIG files and launch scripts to {folder}, but no Kubeflow TFJob:\n"
+                                f"{reasons}\n(The reason is also in {export.SKIPPED_NOTE} there.)")
+            self.message.emit(f"Exported {len(paths)} files to {folder} — TFJob skipped: {report.skipped[0].message}",
+                              12000)
+        else:
+            self.message.emit(f"Exported {len(paths)} files to {folder}", 8000)
         return paths
 
     # ------------------------------------------------------------------ menus that fill as they open

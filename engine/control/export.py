@@ -44,6 +44,7 @@ import re
 import shlex
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -582,16 +583,48 @@ _ManifestDumper.add_representer(str, _represent_str)
 # --------------------------------------------------------------------------- files
 
 
-def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: str | None = None,
-                 python: str = "python3", workdir: str | None = None, run_dir: str | None = None,
-                 namespace: str = "default", pvc: str = "", pvc_size: str = "") -> list[Path]:
+#: Written in place of the Kubernetes files when they cannot be made: why, in the export folder itself.
+SKIPPED_NOTE = "tfjob-skipped.txt"
+
+
+@dataclass(frozen=True)
+class ExportReport:
+    """What an export wrote, and why the Kubernetes files (TFJob, Dockerfile) were skipped, if they were."""
+
+    paths: list[Path]
+    skipped: list[Problem] = field(default_factory=list)
+
+
+def _kubernetes_files(config: RunConfig, image: str, python: str, namespace: str, pvc: str,
+                      pvc_size: str) -> tuple[dict[str, str], dict[str, Path]]:
+    """The TFJob's files and the folders copied into its image's build folder (ConfigError when impossible)."""
+    files = {"tfjob.yaml": tfjob_yaml(config, image=image, namespace=namespace, pvc=pvc, python=python),
+             "Dockerfile": dockerfile(config, python=python)}
+    if pvc and pvc_size:
+        files["pvc.yaml"] = _yaml(pvc_manifest(pvc, namespace=namespace, size=pvc_size))
+    copies: dict[str, Path] = {"clusterdeck/engine": Path(__file__).resolve().parents[1]}
+    for local, in_image in user_files(config).items():
+        source = Path(local).expanduser()
+        if not source.exists():
+            raise ConfigError([Problem("data.path" if local == config.data.path else "model.script",
+                                       f"{local!r} does not exist; the image needs it")], "export")
+        copies[f"user/{Path(in_image).name}"] = source
+    return files, copies
+
+
+def write_export_report(config: RunConfig, out_dir: str | os.PathLike[str], *, image: str | None = None,
+                        python: str = "python3", workdir: str | None = None, run_dir: str | None = None,
+                        namespace: str = "default", pvc: str = "", pvc_size: str = "") -> ExportReport:
     """Write ``config.yaml`` (ports fixed), ``tf_config/<role>-<index>.json``, ``launch-<host>.sh``
     (executable) into ``out_dir``; given an ``image``, also Kubernetes' files: ``tfjob.yaml`` (the run
     folder on claim ``pvc`` when named), ``Dockerfile`` with its build folder (``clusterdeck/engine``,
     ``user/`` with the run's script and data files) and, with ``pvc_size``, ``pvc.yaml`` creating the
     claim. Return the paths written (a copied folder counts as one).
 
-    Everything is computed before the first file is written, so an invalid config writes nothing.
+    Everything is computed before the first file is written, so an invalid config writes nothing. What
+    only a TFJob cannot have (unequal GPU counts per role, a file its image needs that is missing, a bad
+    image or claim name) skips the Kubernetes files alone: the rest is written, with the reason in the
+    report and in :data:`SKIPPED_NOTE`.
     """
     resolved = _resolved(config)
     files: dict[str, str] = {"config.yaml": config_mod.dumps(resolved)}
@@ -600,18 +633,16 @@ def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: s
     scripts = launch_scripts(config, python=python, workdir=workdir, run_dir=run_dir)
     files.update(scripts)
     copies: dict[str, Path] = {}
+    skipped: list[Problem] = []
     if image is not None:
-        files["tfjob.yaml"] = tfjob_yaml(config, image=image, namespace=namespace, pvc=pvc, python=python)
-        files["Dockerfile"] = dockerfile(config, python=python)
-        if pvc and pvc_size:
-            files["pvc.yaml"] = _yaml(pvc_manifest(pvc, namespace=namespace, size=pvc_size))
-        copies["clusterdeck/engine"] = Path(__file__).resolve().parents[1]
-        for local, in_image in user_files(config).items():
-            source = Path(local).expanduser()
-            if not source.exists():
-                raise ConfigError([Problem("data.path" if local == config.data.path else "model.script",
-                                           f"{local!r} does not exist; the image needs it")], "export")
-            copies[f"user/{Path(in_image).name}"] = source
+        try:
+            kube, copies = _kubernetes_files(config, image, python, namespace, pvc, pvc_size)
+            files.update(kube)
+        except ConfigError as exc:
+            skipped = list(exc.problems)
+            files[SKIPPED_NOTE] = ("No TFJob, Dockerfile or image build folder was written: a Kubeflow TFJob of this "
+                                   "config is not possible.\n" + "".join(f"- {p}\n" for p in skipped)
+                                   + "The TF_CONFIG files and launch scripts beside this note run it on machines.\n")
     out = Path(out_dir)
     paths = []
     for rel, text in files.items():
@@ -630,11 +661,20 @@ def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: s
         else:
             shutil.copy2(source, target)
         paths.append(target)
-    return paths
+    return ExportReport(paths, skipped)
+
+
+def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: str | None = None,
+                 python: str = "python3", workdir: str | None = None, run_dir: str | None = None,
+                 namespace: str = "default", pvc: str = "", pvc_size: str = "") -> list[Path]:
+    """:func:`write_export_report`'s paths (a skipped TFJob leaves :data:`SKIPPED_NOTE` among them)."""
+    return write_export_report(config, out_dir, image=image, python=python, workdir=workdir, run_dir=run_dir,
+                               namespace=namespace, pvc=pvc, pvc_size=pvc_size).paths
 
 
 __all__ = [
-    "DEFAULT_BASE_PORT", "TFJOB_PORT", "config_in_image", "default_command", "dns1123_name", "dockerfile",
+    "DEFAULT_BASE_PORT", "SKIPPED_NOTE", "TFJOB_PORT", "ExportReport", "config_in_image", "default_command",
+    "dns1123_name", "dockerfile",
     "export_ports", "launch_scripts", "primary_roles", "pvc_manifest", "script_names", "tf_configs",
-    "tfjob_manifest", "tfjob_yaml", "user_files", "write_export",
+    "tfjob_manifest", "tfjob_yaml", "user_files", "write_export", "write_export_report",
 ]

@@ -649,8 +649,28 @@ def test_the_image_holds_clusterdeck_and_the_user_s_script(tmp_path: Path) -> No
     assert config_mod.loads(env["CLUSTERDECK_CONFIG"]).model.script == f"{export.IMAGE_USER_DIR}/my-model.py"
     assert yaml.safe_load((out / "pvc.yaml").read_text())["metadata"]["name"] == "team-runs"
     missing = config_mod.replace(cfg, model=config_mod.replace(cfg.model, script=str(tmp_path / "gone.py")))
-    with pytest.raises(ConfigError, match="gone.py"):
-        export.write_export(missing, tmp_path / "other", image="img:1")
+    report = export.write_export_report(missing, tmp_path / "other", image="img:1")  # the image cannot be built
+    assert [p.field for p in report.skipped] == ["model.script"] and "gone.py" in str(report.skipped[0])
+    assert not (tmp_path / "other" / "tfjob.yaml").exists() and not (tmp_path / "other" / "Dockerfile").exists()
+    assert (tmp_path / "other" / "config.yaml").is_file()  # the rest is written
+
+
+def test_a_tfjob_that_cannot_be_made_is_skipped_and_the_rest_written(tmp_path: Path) -> None:
+    cfg = make([
+        {"name": "a", "address": "10.0.0.1", "gpus": 2, "tasks": [{"role": "worker", "index": 0}]},
+        {"name": "b", "address": "10.0.0.2", "gpus": 0, "tasks": [{"role": "worker", "index": 1}]},
+    ], global_batch_size=129)
+    out = tmp_path / "export"
+    report = export.write_export_report(cfg, out, image="img:1")
+    assert len(report.skipped) == 1 and "different GPU counts" in str(report.skipped[0])
+    names = sorted(str(p.relative_to(out)) for p in report.paths)
+    assert names == sorted(["config.yaml", "tf_config/worker-0.json", "tf_config/worker-1.json", "launch-a.sh",
+                            "launch-b.sh", export.SKIPPED_NOTE])
+    assert "different GPU counts" in (out / export.SKIPPED_NOTE).read_text()
+    assert not (out / "tfjob.yaml").exists() and not (out / "Dockerfile").exists() and not (out / "clusterdeck").exists()
+    assert json.loads((out / "tf_config" / "worker-1.json").read_text())["task"] == {"type": "worker", "index": 1}
+    again = export.write_export(cfg, tmp_path / "again", image="img:1")  # the paths alone, as the CLI prints them
+    assert sorted(str(p.relative_to(tmp_path / "again")) for p in again) == names
 
 
 def test_a_slurm_group_exports_a_tfjob_but_no_launch_script() -> None:
