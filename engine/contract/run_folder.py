@@ -29,6 +29,7 @@ import json
 import os
 import re
 import socket
+import stat
 import threading
 import time
 from collections.abc import Iterator
@@ -179,16 +180,44 @@ LIVE_STATES = ("pending", "starting", "running", "restarting", "stopping")
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` in one step (a temporary file in the same folder, then rename)."""
+    """Replace ``path`` with ``text`` in one step (a temporary file in the same folder, then rename). The temporary
+    file is created new (``O_EXCL``, never through a link planted at its name), and the rename replaces whatever
+    ``path`` was (a planted link too) without following it."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        tmp.unlink(missing_ok=True)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
         os.replace(tmp, path)
     finally:
         try:
             tmp.unlink()
         except FileNotFoundError:
             pass
+
+
+def untrusted_folder(path: Path) -> str | None:
+    """Why the folder at ``path`` cannot be a run folder of this user (None: it can): a symbolic link, not a
+    folder, another user's, or writable by others (a folder of this user's that others may write is made
+    private first)."""
+    try:
+        info = os.lstat(path)
+    except OSError as exc:
+        return f"cannot be read ({exc.strerror or exc})"
+    if stat.S_ISLNK(info.st_mode):
+        return "is a symbolic link; expected a folder of its own"
+    if not stat.S_ISDIR(info.st_mode):
+        return "is not a folder"
+    if hasattr(os, "getuid") and info.st_uid != os.getuid():
+        return (f"belongs to another user (uid {info.st_uid}, you are {os.getuid()}); a run never uses a folder "
+                "someone else made")
+    if info.st_mode & 0o022:
+        try:
+            os.chmod(path, stat.S_IMODE(info.st_mode) & ~0o022)
+        except OSError as exc:
+            return f"can be written by other users and cannot be made private ({exc.strerror or exc})"
+    return None
 
 
 class RunFolder:
@@ -214,7 +243,7 @@ class RunFolder:
         for n in range(1000):
             candidate = base / (f"{stamp}-{slug}" + (f"-{n}" if n else ""))
             try:
-                candidate.mkdir(exist_ok=False)
+                candidate.mkdir(mode=0o700, exist_ok=False)  # fresh and private: nothing planted in it
                 return cls(candidate)
             except FileExistsError:
                 continue
@@ -251,6 +280,34 @@ class RunFolder:
     def tensorboard(self) -> Path:
         """TensorBoard's log folder: a run (sub-folder) per replica and one for validation."""
         return self.path / "tensorboard"
+
+    def claim(self) -> str | None:
+        """Make sure this run folder is this user's own (created, private, where missing); why not, or None.
+        A supervisor claims its run folder before it writes anything in it (a folder another user made in its
+        place, with a planted ``config.yaml`` or a ``log.txt`` linked to a victim file, is refused)."""
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.mkdir(mode=0o700, exist_ok=True)
+        except OSError as exc:
+            return f"cannot be created ({exc.strerror or exc})"
+        return untrusted_folder(self.path)
+
+    def private_dir(self, path: Path) -> Path:
+        """``path`` (inside the run folder) made where missing, refusing a symbolic link or a non-folder on the
+        way (a planted ``tasks/worker-0`` link never redirects what is written there). Raises ``OSError``."""
+        relative = path.relative_to(self.path)
+        current = self.path
+        for part in relative.parts:
+            current = current / part
+            try:
+                current.mkdir(mode=0o700)
+            except FileExistsError:
+                pass
+            info = os.lstat(current)
+            if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+                raise OSError(f"{current} is {'a symbolic link' if stat.S_ISLNK(info.st_mode) else 'not a folder'} "
+                              "inside the run folder; refusing to write through it")
+        return path
 
     def stop_marker(self, task: str) -> Path:
         """Created by the supervisor before it stops ``task`` (SIGTERM): a SIGTERM without it is not ClusterDeck's

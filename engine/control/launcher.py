@@ -36,7 +36,7 @@ from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
 from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder, default_runs_root, launcher_identity
-from engine.control import background, netns, preflight, transports
+from engine.control import background, netns, preflight, transports, unchosen_code
 from engine.control import lifecycle as lc
 from engine.control.run_record import FLUSH_S as FLUSH_S  # the record's flush cadence, also read from here
 from engine.control.run_record import RunRecord
@@ -65,6 +65,8 @@ def launch_problems(config: RunConfig, *, deep: bool = False) -> list[Problem]:
     re-checks on every edit with the quick ones; the launcher runs them all.
     """
     problems = config_mod.validate(config)
+    if not problems and not deep:  # code a shared preset would run unchosen is refused on every path to a launch
+        problems = unchosen_code.problems(config)
     if deep and not problems:
         problems = preflight.preflight(datasets.absolute_paths(config))
     return problems

@@ -44,7 +44,7 @@ from typing import Any
 from engine.contract import events
 from engine.contract.config import Cluster, ConfigError, Host, Problem, RunConfig, replace
 from engine.contract.plan import bind_ports, slurm_placement, slurm_tasks_per_node
-from engine.control import transports
+from engine.control import transports, unchosen_code
 
 #: Slurm job states of a job that has not started yet.
 PENDING_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "RESV_DEL_HOLD", "SUSPENDED",
@@ -248,6 +248,9 @@ def check_config(config: RunConfig) -> list[Problem]:
     slurm_hosts = [(i, h) for i, h in enumerate(config.cluster.hosts) if h.is_slurm]
     if not slurm_hosts:
         return []
+    unchosen = unchosen_code.slurm_problems(config)  # options that run programs: refused before any salloc
+    if unchosen:
+        return unchosen
     parts = partitions()
     return [p for i, h in slurm_hosts for p in request_problems(h, f"cluster.hosts[{i}]", parts)]
 

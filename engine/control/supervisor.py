@@ -131,9 +131,11 @@ class Supervisor:
     def __init__(self, spec: dict[str, Any], out: Any = None) -> None:
         self.run_dir = Path(spec["run_dir"])
         self.folder = RunFolder(self.run_dir)
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        if spec.get("config_yaml") and not self.folder.config_yaml.exists():
-            self.folder.write_config_text(spec["config_yaml"])  # a remote host has no copy of the run folder
+        refused = self.folder.claim()  # this user's own folder, or nothing is written in it
+        if refused:
+            raise FolderRefused(f"the run folder {str(self.run_dir)!r} on this host {refused}")
+        if spec.get("config_yaml"):  # always the launcher's: a config.yaml found in the folder is never used
+            self.folder.write_config_text(spec["config_yaml"])
         self.host = spec.get("host", "local")
         self.python = spec.get("python") or sys.executable
         self.extra_env: dict[str, str] = dict(spec.get("env", {}))
@@ -221,7 +223,7 @@ class Supervisor:
         if not self.subreaper:
             return
         log = self.folder.supervisor_log(self.host)
-        log.parent.mkdir(parents=True, exist_ok=True)
+        self.folder.private_dir(log.parent)
         self.template = Template(self.python, self.run_dir, template_env(env), log, start_arguments(()),
                                  gpu_driver=gpu_driver)
         if self.template.error:
@@ -276,8 +278,7 @@ class Supervisor:
 
     def start_task(self, tp: TaskProcess) -> None:
         plan = tp.plan
-        tdir = self.task_dir(plan.name)
-        tdir.mkdir(parents=True, exist_ok=True)
+        tdir = self.folder.private_dir(self.task_dir(plan.name))  # never through a planted link
         self.folder.stop_marker(plan.name).unlink(missing_ok=True)  # a new life: no stop asked of it yet
         ev_r, ev_w = os.pipe()
         life_r, life_w = os.pipe()
@@ -289,7 +290,7 @@ class Supervisor:
                 env.setdefault(key, value)
         cores = share.cores if share else ()
         args = ["--run-dir", str(self.run_dir)]
-        with open(tdir / "log.txt", "ab") as log:
+        with os.fdopen(open_log(tdir / "log.txt"), "ab") as log:
             warm = self.template is not None and self.template.can_fork(env)
             if self.template is not None and self.template.error:  # it ended since the last task
                 self.template_failed(self.template.error)
@@ -637,6 +638,25 @@ class Supervisor:
         return 0
 
 
+def open_log(path: Path) -> int:
+    """A task's log opened for appending, never through a symbolic link: a link planted at its name is replaced
+    by a file of the run's own (and the log says so)."""
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW
+    try:
+        return os.open(path, flags, 0o600)
+    except OSError:
+        if not path.is_symlink():
+            raise
+    path.unlink()
+    fd = os.open(path, flags | os.O_EXCL, 0o600)
+    os.write(fd, b"--- clusterdeck: this log was a symbolic link (planted in the run folder): replaced, never followed\n")
+    return fd
+
+
+class FolderRefused(Exception):
+    """The run folder on this host is not this user's own (``RunFolder.claim``)."""
+
+
 def mark_stop(marker: Path) -> None:
     """Create a task's stop marker (best effort: without it the task reports the SIGTERM as not ours)."""
     try:  # never a folder made for it: a run folder that vanished stays gone
@@ -705,7 +725,11 @@ def main() -> int:
         first += chunk
     spec = json.loads(first)
     background.yield_to_training()  # its wake-ups never preempt a task (the tasks get the normal policy back)
-    sup = Supervisor(spec)
+    try:
+        sup = Supervisor(spec)
+    except FolderRefused as exc:  # its stderr is what the launcher quotes (supervisor@<host>)
+        print(f"supervisor: {exc}", file=sys.stderr)
+        return 4
     try:
         return sup.run(stdin_fd)
     except SystemExit:

@@ -96,6 +96,7 @@ class TrainingLoop:
         self.done = 0  # the last step known to have finished
         self.window_eps: float | None = None
         self.elapsed = 0.0
+        self.cause_why: str | None = None  # what a peer whose SIGTERM was not ClusterDeck's said of it
 
     def run(self) -> dict[str, Any]:
         ctx, adapter = self.ctx, self.adapter
@@ -129,8 +130,7 @@ class TrainingLoop:
                 # proposal is read where a group starts (it cannot be one this task has begun: the proposer
                 # writes it before it runs that group, which this task cannot finish without it)
                 if step == groups.first or ctx.stop.requested:
-                    target = agreement.stop_after(ctx.stop.requested, step - 1, end,
-                                                  external=ctx.stop.external is not None)
+                    target = agreement.stop_after(ctx.stop.requested, step - 1, end, external=ctx.stop.external)
                 if target is not None and step - 1 >= target:
                     break
                 if delay:
@@ -159,6 +159,7 @@ class TrainingLoop:
             # checkpoint named by the run's total would hold earlier weights)
             cause_task = agreement.external_proposer
             ctx.stop.follow()
+            self.cause_why = agreement.external_why
         if ctx.stop.requested and self.done < total:
             self._stop(cause_task=cause_task)
         if window_start is not None and total > warm_until:
@@ -202,7 +203,8 @@ class TrainingLoop:
             adapter.close()
         except Exception:  # noqa: BLE001 - closing is best effort on the way out
             pass
-        raise Stopped(step, path, external=ctx.stop.external, cause_task=cause_task)
+        raise Stopped(step, path, external=ctx.stop.external, cause_task=cause_task,
+                      cause_why=self.cause_why)
 
 
 class Groups:
@@ -246,8 +248,9 @@ class StopAgreement:
     reads it, and every task runs that group whole. Without a shared run folder (``path`` None) a task
     stops at once. A file older than this task is a previous start's and is ignored.
 
-    The file also names the proposer and whether its SIGTERM was ClusterDeck's (``"548 worker:1 1"``:
-    a stop by someone else): its peers then say they stopped with it (:attr:`external_proposer`).
+    The file also names the proposer and whether its SIGTERM was ClusterDeck's (``"548 worker:1 1 from pid 9
+    (kill)"``: a stop by someone else, and who sent it): its peers then say they stopped with it
+    (:attr:`external_proposer`, :attr:`external_why`).
     """
 
     def __init__(self, path: Path | None, task: str = "") -> None:
@@ -255,14 +258,15 @@ class StopAgreement:
         self.task = task
         self.since = time.time() - 1.0
         self.target: int | None = None
-        #: the proposer, where its SIGTERM was not ClusterDeck's (its peers stop because of it)
+        #: the proposer, where its SIGTERM was not ClusterDeck's (its peers stop because of it), and who sent it
         self.external_proposer: str | None = None
+        self.external_why: str | None = None
 
     def stop_after(self, requested: bool, done: int, group_end: int | None = None, *,
-                   external: bool = False) -> int | None:
+                   external: str | bool | None = None) -> int | None:
         """The step to stop after, or None to go on; ``done`` is the last step taken, ``group_end`` the
         last step of the group the next step is in (default: the next step); ``external``: this task's
-        SIGTERM was not ClusterDeck's."""
+        SIGTERM was not ClusterDeck's (why, or True)."""
         if self.target is not None:
             return self.target
         if self.path is None:
@@ -276,19 +280,21 @@ class StopAgreement:
         try:
             if self.path is None or self.path.stat().st_mtime < self.since:
                 return None
-            fields = self.path.read_text(encoding="utf-8").split()
+            fields = self.path.read_text(encoding="utf-8").split(maxsplit=3)
             step = int(fields[0])
         except (OSError, ValueError, IndexError):
             return None
         if len(fields) >= 3 and fields[2] == "1" and fields[1] != self.task:
             self.external_proposer = fields[1]
+            self.external_why = fields[3] if len(fields) > 3 else None
         return step
 
-    def _propose(self, step: int, external: bool = False) -> int:
+    def _propose(self, step: int, external: str | bool | None = None) -> int:
         assert self.path is not None
         self.path.parent.mkdir(parents=True, exist_ok=True)
         tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-        tmp.write_text(f"{step} {self.task or '-'} {1 if external else 0}", encoding="utf-8")
+        why = f" {external}" if isinstance(external, str) else ""
+        tmp.write_text(f"{step} {self.task or '-'} {1 if external else 0}{why}", encoding="utf-8")
         try:
             if self.path.exists() and self._read() is None:
                 self.path.unlink(missing_ok=True)  # a previous start's

@@ -149,8 +149,9 @@ def unblock_in_children() -> None:
 
     subprocess.Popen.__init__ = popen_init  # type: ignore[method-assign]
 
-    def system(command: str) -> int:  # os.system forks in C: run it through subprocess instead
-        proc = subprocess.Popen(["/bin/sh", "-c", command])  # what os.system runs: the user's own command
+    def system(command: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> int:
+        # os.system forks in C (no hook runs there): run it through subprocess instead
+        proc = subprocess.Popen(["/bin/sh", "-c", os.fsdecode(command)])  # what os.system runs: the user's command
         code = proc.wait()
         return (-code) & 0x7F if code < 0 else (code & 0xFF) << 8
 
@@ -178,11 +179,12 @@ class Stopped(Exception):  # noqa: N818 - a request, not an error
     such SIGTERM stopped this one (its peers stop with it, at an agreed step)."""
 
     def __init__(self, step: int, checkpoint: str | None, *, external: str | None = None,
-                 cause_task: str | None = None) -> None:
+                 cause_task: str | None = None, cause_why: str | None = None) -> None:
         self.step = step
         self.checkpoint = checkpoint
         self.external = external
         self.cause_task = cause_task
+        self.cause_why = cause_why  # what the cause said of its SIGTERM ("got a SIGTERM ... (from pid 9 (kill))")
         where = f", checkpoint {os.path.basename(checkpoint)}" if checkpoint else ""
         super().__init__(f"stopped at step {step}{where}")
 
@@ -192,5 +194,6 @@ class Stopped(Exception):  # noqa: N818 - a request, not an error
         if self.external:
             return f"{self.external} at step {self.step}{where}"
         if self.cause_task:
-            return f"stopped at step {self.step} with {self.cause_task}, which got a SIGTERM ClusterDeck did not send{where}"
+            why = self.cause_why or "got a SIGTERM ClusterDeck did not send"
+            return f"stopped at step {self.step} with {self.cause_task}, which {why}{where}"
         return "SIGTERM"

@@ -39,8 +39,9 @@ def _checkpoints(run_dir: Path) -> list[int]:
 def test_a_peers_agreed_stop_names_the_signalled_proposer(tmp_path: Path) -> None:
     path = tmp_path / "step"
     signalled, peer = StopAgreement(path, "worker:1"), StopAgreement(path, "worker:0")
-    assert signalled.stop_after(True, 7, external=True) == 8
+    assert signalled.stop_after(True, 7, external="got a SIGTERM ClusterDeck did not send (from pid 9 (kill))") == 8
     assert peer.stop_after(False, 7) == 8 and peer.external_proposer == "worker:1"
+    assert peer.external_why == "got a SIGTERM ClusterDeck did not send (from pid 9 (kill))"
     user = tmp_path / "user"
     a, b = StopAgreement(user, "worker:1"), StopAgreement(user, "worker:0")
     assert a.stop_after(True, 3) == 4 and b.stop_after(False, 3) == 4 and b.external_proposer is None
@@ -71,7 +72,9 @@ def test_sigterm_to_one_worker_fails_the_run_naming_it_with_honest_checkpoints(r
     finished = [e for e in events.read_file(run.run_dir / "events.jsonl")
                 if e["kind"] == "status" and e.get("state") == "finished"]
     assert finished == [], "a task claimed to finish 100,000 steps"
-    assert found and max(found) < 100_000, found
+    # a checkpoint of the agreed step where the stop budget allowed one (on a loaded machine it may not): never
+    # one named by the run's total
+    assert all(step < 100_000 for step in found), found
     state = run.run_dir / "checkpoints" / "checkpoint"
     if state.exists():  # never names a checkpoint whose files are missing
         named = state.read_text().split('"')[1]
