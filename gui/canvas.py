@@ -56,9 +56,11 @@ from gui.run_session import RunSession
 GPU_SLOT_W = 17.0
 MAX_GPU_SLOTS = 11
 #: Below this zoom the chips' text is too small to read: the view scrolls instead of shrinking more.
-READABLE_SCALE = 0.62
-#: While a run is watched the cluster is a compact status view: smaller, so every chip's state shows.
-COMPACT_SCALE = 0.3
+#: At 0.85 a chip's smallest text (8 pt, 10.7 px at 96 dpi) is 9 px high.
+READABLE_SCALE = 0.85
+#: While a run is watched the cluster is a compact status view, still readable (a larger cluster scrolls,
+#: and the task table lists every task's state).
+COMPACT_SCALE = READABLE_SCALE
 MAX_SCALE = 1.3
 #: The accent of a Slurm group's badge.
 SLURM_COLOR = "#0f7b8a"
@@ -198,8 +200,19 @@ class ChipItem(QGraphicsObject):
         self.setZValue(10)
         super().mousePressEvent(event)
 
+    def mouseDoubleClickEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        if self.canvas.session.shows_run:  # a run's task: its log
+            self.canvas.taskActivated.emit(self.task.name)
+        super().mouseDoubleClickEvent(event)
+
+    def mouseMoveEvent(self, event: QGraphicsSceneMouseEvent) -> None:
+        super().mouseMoveEvent(event)
+        target = self.canvas.host_at(event.scenePos(), exclude=self)
+        self.canvas.set_drop_target(target if target is not None and target.host_index != self.host_index else None)
+
     def mouseReleaseEvent(self, event: QGraphicsSceneMouseEvent) -> None:
         super().mouseReleaseEvent(event)
+        self.canvas.set_drop_target(None)
         self.setCursor(Qt.CursorShape.OpenHandCursor)
         self.setZValue(0)
         if (self.pos() - self.home).manhattanLength() < 4:
@@ -226,11 +239,13 @@ class HostItem(QGraphicsObject):
         self.press_pos = QPointF()
         self.height = host_height(len(host.tasks))
         self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
-        gpus = split_gpus(host, mode)
+        gpus = self.split = split_gpus(host, mode)
         # a Slurm group's GPU ids repeat on every node: its row names the request, the chips their GPUs
         self.gpu_owner: dict[int, str] = {} if host.is_slurm else {g: name for name, ids in gpus.items() for g in ids}
         owners = [name for name, ids in gpus.items() if ids]
         self.owner_colors: dict[str, QColor] = {name: QColor(theme.curve_color(k)) for k, name in enumerate(owners)}
+        self.split_valid = True  # False while the config says the GPUs cannot be split (none is drawn as given)
+        self.drop_target = False  # a dragged task would land here
         nodes = {t.name: n for n, group in enumerate(host.node_tasks()) for t in group} if host.is_slurm else {}
         for j, task in enumerate(host.tasks):
             chip = ChipItem(canvas, index, j, task, self)
@@ -250,6 +265,17 @@ class HostItem(QGraphicsObject):
     @property
     def selection(self) -> Selection:
         return ("host", self.host_index)
+
+    def show_split(self, valid: bool) -> None:
+        """Draw the GPUs given to the tasks, or none while the split is invalid (the ⚠ says why)."""
+        if valid == self.split_valid:
+            return
+        self.split_valid = valid
+        if not self.host.is_slurm:
+            self.gpu_owner = {g: name for name, ids in self.split.items() for g in ids} if valid else {}
+        for chip in self.chips:
+            chip.gpus = self.split.get(chip.task.name, []) if valid else []
+            chip.gpu_color = self.owner_colors.get(chip.task.name) if valid else None
 
     def boundingRect(self) -> QRectF:
         return QRectF(-2, -2, HOST_W + 4, self.height + 4)
@@ -296,7 +322,9 @@ class HostItem(QGraphicsObject):
         for g, owner in sorted(self.gpu_owner.items()):
             by_owner.setdefault(owner, []).append(g)
         lines += [f"GPU {gpu_list(ids)} → {owner}" for owner, ids in by_owner.items()]
-        if h.gpus and len(self.gpu_owner) < h.gpus:
+        if not self.split_valid:
+            lines.append("No GPU is given to a task until the split is fixed (see the problem below)")
+        elif h.gpus and len(self.gpu_owner) < h.gpus:
             lines.append(f"{h.gpus - len(self.gpu_owner)} GPU(s) left unused")
         lines.append("Drag to move; right-click to add tasks or GPUs.")
         for p in self.problems:
@@ -308,14 +336,17 @@ class HostItem(QGraphicsObject):
         pal = self.canvas.palette()
         dark = theme.is_dark(pal)
         rect = QRectF(0, 0, HOST_W, self.height)
-        if self.problems:
+        if self.drop_target:  # a task dragged over this host lands here
+            pen = QPen(pal.highlight().color(), 3.5, Qt.PenStyle.DashLine)
+        elif self.problems:
             pen = QPen(QColor(theme.PROBLEM_COLOR), 2.5)
         elif self.isSelected():
             pen = QPen(pal.highlight().color(), 2.5)
         else:
             pen = QPen(pal.mid().color(), 1.2)
         painter.setPen(pen)
-        painter.setBrush(QColor("#2c313a") if dark else QColor("#ffffff"))
+        fill = QColor("#2c313a") if dark else QColor("#ffffff")
+        painter.setBrush(pal.highlight().color().lighter(170 if not dark else 60) if self.drop_target else fill)
         painter.drawRoundedRect(rect, 10, 10)
         header = QPainterPath()
         header.addRoundedRect(QRectF(1, 1, HOST_W - 2, HEADER_H - 2), 9, 9)
@@ -487,6 +518,7 @@ class ClusterCanvas(QWidget):
     run's task states on the chips."""
 
     itemsRebuilt = Signal()
+    taskActivated = Signal(str)  # a shown run's task was double-clicked: show its log
 
     def __init__(self, document: DocumentModel, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -664,8 +696,18 @@ class ClusterCanvas(QWidget):
 
     # ------------------------------------------------------------------ state
 
+    def set_drop_target(self, host: HostItem | None) -> None:
+        """Highlight the host a dragged task would land on (None: no highlight)."""
+        for h in self.hosts:
+            if h.drop_target != (h is host):
+                h.drop_target = h is host
+                h.update()
+
     def _apply_problems(self, problems: list[Problem]) -> None:
+        bad_split = {p.field for p in problems if p.field.endswith((".gpus", ".slurm.gpus_per_node"))}
         for host in self.hosts:
+            where = f"cluster.hosts[{host.host_index}]"
+            host.show_split(not {f"{where}.gpus", f"{where}.slurm.gpus_per_node"} & bad_split)
             host.problems = []
             for chip in host.chips:
                 chip.problems = []

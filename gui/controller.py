@@ -15,7 +15,7 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Signal
 from PySide6.QtGui import QUndoStack
 
-from engine.contract.config import ConfigError, Problem, RunConfig
+from engine.contract.config import ConfigError, Problem, RunConfig, replace
 from engine.contract.run_folder import default_runs_root
 from engine.control import script_check
 from engine.control.launcher import launch_problems
@@ -47,6 +47,8 @@ class Controller(QObject):
         self.document.changed.connect(lambda: self.session.follow_config(self.document.config))
         self.document.changed.connect(lambda: self.pre_run.config_changed(self.document.config))
         self.pre_run.config_changed(self.document.config)
+        self._edits_told: object | None = None  # the run already told that edits wait for the next one
+        self.document.changed.connect(self._edited_during_run)
         self.document.message.connect(self.message)
         self.session.message.connect(self.message)
         self.session.runStateChanged.connect(self.runStateChanged)
@@ -121,7 +123,15 @@ class Controller(QObject):
         if self.is_running:
             raise RuntimeError("a run is in progress; stop it first")
         config = self.session.open_folder(path)
-        self.document.replace(config, None)
+        # the run's ports were fixed at its launch: the copy to edit takes new ones again (a later Export or
+        # run would otherwise carry that run's ports); the run itself is shown as it ran
+        self.document.replace(auto_ports(config), None)
+
+    def _edited_during_run(self) -> None:
+        run = self.session.run
+        if run is not None and self.session.is_running and self._edits_told is not run:
+            self._edits_told = run
+            self.message.emit("Edits apply to the next run; the run in progress keeps the config it started with")
 
     # ------------------------------------------------------------------ runs
 
@@ -189,3 +199,9 @@ class Controller(QObject):
         self.checks.shutdown()
         self.pre_run.shutdown()
         self.session.shutdown()
+
+
+def auto_ports(config: RunConfig) -> RunConfig:
+    """``config`` with every task's port back to ``auto`` (a run folder's config has the ports it ran on)."""
+    hosts = tuple(replace(h, tasks=tuple(replace(t, port=None) for t in h.tasks)) for h in config.cluster.hosts)
+    return replace(config, cluster=replace(config.cluster, hosts=hosts))

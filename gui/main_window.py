@@ -29,7 +29,7 @@ from gui.status_line import StatusLine
 from gui.stragglers_view import StragglerWatch
 from gui.task_table import TaskTable
 from gui.window_actions import ActionState, WindowActions, show_about
-from gui.window_layout import WindowLayout, add_dock, titled
+from gui.window_layout import WindowLayout, add_dock, show_dock, titled
 from gui.window_theme import ThemeSwitcher
 
 __all__ = ["APPLICATION", "ORGANIZATION", "MainWindow", "app_icon", "app_settings"]
@@ -129,6 +129,9 @@ class MainWindow(QMainWindow):
         self.problems.fieldActivated.connect(self._focus_field)
         c.pre_run.changed.connect(self.problems.set_pre_run)
         self.plots.compareRequested.connect(files.compare_with_run)
+        self.plots.exported.connect(lambda text: status.show(text, 10000))
+        self.task_table.taskActivated.connect(self.show_log)
+        self.canvas.taskActivated.connect(self.show_log)
         self.messages.warning.connect(status.warn)
         files.message.connect(status.show)
         files.documentOpened.connect(lambda: self.window_layout.set_mode("design"))
@@ -255,6 +258,11 @@ class MainWindow(QMainWindow):
         sel = doc.selection
         host = sel[1] if sel is not None else len(doc.config.cluster.hosts) - 1
         doc.add_task(host, role)
+
+    def show_log(self, task: str) -> None:
+        """The Logs dock on ``task``'s log, tall enough to read."""
+        if self.logs.show_task(task):
+            show_dock(self, self.logs_dock)
 
     def open_scaling_dialog(self) -> ScalingDialog:
         """Show the scaling report window (one per main window, kept between openings)."""

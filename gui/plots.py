@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import functools
+import html
 import math
 import re
 import time
@@ -368,10 +369,12 @@ class MetricPlot(QWidget):
     """One pyqtgraph plot with a title bar, a legend (click an entry to hide its curve) and exports."""
 
     viewChanged = Signal()
+    exported = Signal(str)  # a file was written: what to tell the user (the status bar)
 
     def __init__(self, spec: PlotSpec, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.spec = spec
+        self.export_note = ""  # what the exported PNG's title adds to the plot's (the run shown)
         self.setObjectName(f"plot-{spec.key}")
         self.title = QLabel(f"<b>{spec.title}</b>")
         self.title.setToolTip(f"{spec.title}; click a legend entry to hide or show its curve")
@@ -955,9 +958,15 @@ class MetricPlot(QWidget):
     # ------------------------------------------------------------------ export
 
     def export_png(self, path: str | Path, width: int = 1200) -> Path:
-        exporter = pyqtgraph.exporters.ImageExporter(self.item)
-        exporter.parameters()["width"] = int(width)
-        exporter.export(str(path))
+        """The plot as a PNG ``width`` pixels wide, titled with what it shows (and the run)."""
+        title = self.spec.title + (f" — {self.export_note}" if self.export_note else "")
+        self.item.setTitle(html.escape(title), size="12pt")  # the window's title bar is not part of the item
+        try:
+            exporter = pyqtgraph.exporters.ImageExporter(self.item)
+            exporter.parameters()["width"] = int(width)
+            exporter.export(str(path))
+        finally:
+            self.item.setTitle(None)
         return Path(path)
 
     def export_csv(self, path: str | Path) -> Path:
@@ -993,6 +1002,11 @@ class MetricPlot(QWidget):
             fn(path)  # type: ignore[operator]
         except OSError as exc:
             QMessageBox.warning(self, "Export failed", f"{path}: cannot be written: {exc.strerror or exc}")
+            return
+        if not Path(path).is_file():  # pyqtgraph's exporter says nothing when it cannot write
+            QMessageBox.warning(self, "Export failed", f"{path}: was not written")
+            return
+        self.exported.emit(f"Saved “{self.spec.title}” to {path}")
 
 
 class PlotsPanel(QWidget):
@@ -1000,6 +1014,7 @@ class PlotsPanel(QWidget):
 
     redrawn = Signal()
     compareRequested = Signal()  # the user asked to overlay another run (the window asks which)
+    exported = Signal(str)  # a plot was saved as PNG or CSV: what to tell the user
 
     def __init__(self, session: RunSession, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -1085,8 +1100,17 @@ class PlotsPanel(QWidget):
         session.comparisonsChanged.connect(self._comparisons_changed)
         for plot in self.plots.values():
             plot.viewChanged.connect(self._view_changed)
+            plot.exported.connect(self.exported)
+        session.runLoaded.connect(self._note_run)
         self._settings_changed()
         self.timer.start()
+
+    def _note_run(self) -> None:
+        """Exported PNGs name the run they show (or the config, before it ran)."""
+        s = self.session
+        note = f"{s.config.name} ({s.run_dir.name})" if s.run_dir is not None else s.config.name
+        for plot in self.plots.values():
+            plot.export_note = note
 
     @property
     def loss(self) -> MetricPlot:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, QPersistentModelIndex, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import QFrame, QHeaderView, QLabel, QScrollArea, QSizePolicy, QTableView, QVBoxLayout, QWidget
 
@@ -168,6 +168,8 @@ class TaskTableModel(QAbstractTableModel):
 class TaskTable(QWidget):
     """The table, with a failure report above it when the run failed (which task, why, its last lines)."""
 
+    taskActivated = Signal(str)  # a task's row was double-clicked (or Enter pressed on it): show its log
+
     def __init__(self, session: RunSession, parent: QWidget | None = None, *,
                  stragglers: StragglerWatch | None = None) -> None:
         super().__init__(parent)
@@ -189,7 +191,9 @@ class TaskTable(QWidget):
         self.model.modelReset.connect(self._fit_columns)
         self.model.dataChanged.connect(self._fit_if_clipped)
         self._fit_columns()  # the rows already there
-        self.view.setToolTip("Every task of the shown run; hover a failed task for its last log lines")
+        self.view.setToolTip("Every task of the shown run; hover a failed task for its last log lines, "
+                             "double-click a task (or press Enter on it) for its log")
+        self.view.activated.connect(self._activated)  # double-click, or Enter, as the platform has it
         self.failure = QLabel()
         self.failure.setObjectName("failureReport")
         self.failure.setWordWrap(True)
@@ -214,6 +218,10 @@ class TaskTable(QWidget):
         layout.addWidget(self.view, 1)
         session.runStateChanged.connect(self._update_failure)
         session.runLoaded.connect(self._update_failure)
+
+    def _activated(self, index: QModelIndex) -> None:
+        if 0 <= index.row() < len(self.model.rows):
+            self.taskActivated.emit(self.model.rows[index.row()].name)
 
     def _fit_columns(self) -> None:
         for column in range(len(COLUMNS)):

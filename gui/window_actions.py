@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 
 from engine.contract.config import ROLES, Problem
 from gui import theme
+from gui.about import about_html
 
 SP = QStyle.StandardPixmap
 K = QKeySequence.StandardKey
@@ -102,9 +103,7 @@ class ActionState:
 
 
 def show_about(parent: QWidget) -> None:
-    QMessageBox.about(parent, "About ClusterDeck",
-                      "<b>ClusterDeck</b><br>Draw a TensorFlow training cluster, pick a parallelism, "
-                      "launch it and watch every replica train live.")
+    QMessageBox.about(parent, "About ClusterDeck", about_html())
 
 
 class WindowActions:

@@ -16,6 +16,18 @@ LAYOUT_SHARES = {"design": 0.58, "watch": 0.34}
 FIRST_SIZE = QSize(1500, 940)
 
 
+#: Share of a large screen's free area the first window takes (a laptop's gets nearly all of it).
+FIRST_SHARE = 0.85
+
+
+def first_size(available: QSize) -> QSize:
+    """The window's size on first start: 85 % of the screen's free area, but never smaller than
+    :data:`FIRST_SIZE` shrunk to fit (a laptop screen gets nearly all of its area)."""
+    fit = screen_fit_size(FIRST_SIZE, available)
+    return QSize(max(fit.width(), int(available.width() * FIRST_SHARE)),
+                 max(fit.height(), int(available.height() * FIRST_SHARE)))
+
+
 def screen_fit_size(wanted: QSize, available: QSize) -> QSize:
     """``wanted``, shrunk to fit ``available`` (a screen's free area) with a margin."""
     return QSize(min(wanted.width(), int(available.width() * 0.96)),
@@ -122,7 +134,7 @@ class WindowLayout(QObject):
             window.restoreGeometry(geometry)
             window.resize(screen_fit_size(window.size(), available))  # the screen may be smaller now
         else:
-            size = screen_fit_size(FIRST_SIZE, available)
+            size = first_size(available)
             window.resize(size)
             window.resizeDocks([side_dock], [max(280, min(340, size.width() // 5))], Qt.Orientation.Horizontal)
             window.resizeDocks([bottom_dock], [max(130, size.height() // 6)], Qt.Orientation.Vertical)
@@ -144,3 +156,14 @@ class WindowLayout(QObject):
         settings.setValue("window/state", self.window.saveState())
         for mode, sizes in self._sizes.items():
             settings.setValue(f"window/splitter/{mode}", sizes)
+
+
+def show_dock(window: QMainWindow, dock: QDockWidget, share: float = 1 / 3, most: int = 320) -> None:
+    """Show and raise ``dock``, at least ``share`` of the window's height (up to ``most`` pixels) when it
+    sits in a top or bottom area: a log needs more than the three lines a laptop screen's docks leave."""
+    dock.show()
+    dock.raise_()
+    if window.dockWidgetArea(dock) in (Qt.DockWidgetArea.BottomDockWidgetArea, Qt.DockWidgetArea.TopDockWidgetArea):
+        wanted = min(most, int(window.height() * share))
+        if dock.height() < wanted:
+            window.resizeDocks([dock], [wanted], Qt.Orientation.Vertical)
