@@ -22,7 +22,8 @@ from gui.run_session import RunSession
 def describe_change(change: StragglerChange) -> str:
     """``replica 1 (worker:1): step 120 ms vs median 80 ms (1.50×)``."""
     return (f"replica {change.replica} ({change.task}): step {change.step_time * 1000:.0f} ms vs median "
-            f"{change.median * 1000:.0f} ms of the others ({change.ratio:.2f}×)")
+            f"{change.median * 1000:.0f} ms of the others ({change.ratio:.2f}×)"
+            + (f": {change.cause}" if change.cause else ""))
 
 
 class StragglerWatch(QObject):

@@ -256,7 +256,8 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
         for c in detector.update(event):
             if c.flagged:
                 notes.append(f"[yellow]replica {c.replica} ({c.task}) is straggling: step {c.step_time * 1000:.0f} ms "
-                             f"vs median {c.median * 1000:.0f} ms ({c.ratio:.2f}x)[/]")
+                             f"vs median {c.median * 1000:.0f} ms ({c.ratio:.2f}x)"
+                             + (f": {escape(c.cause)}" if c.cause else "") + "[/]")
             else:
                 notes.append(f"[dim]replica {c.replica} ({c.task}) no longer straggling ({c.reason})[/]")
         kind = event.get("kind")

@@ -38,7 +38,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["StragglerChange", "StragglerDetector"]
+__all__ = ["StragglerChange", "StragglerDetector", "cause_of"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,19 @@ class StragglerChange:
     ratio: float  # step_time / median (nan when there is no median)
     since: float  # flagged: when it first exceeded the threshold in this streak; un-flagged: when it ended
     reason: str = "slow"  # "slow" (flagged), "recovered" or "stale" (un-flagged)
+    cause: str = field(default="", compare=False)  # flagged: why, from its step breakdown ("waiting for input 41 % of its step: ...")
+
+
+#: A straggler waiting for its batch this share of its step or more is named input-bound.
+INPUT_BOUND_SHARE = 0.25
+
+
+def cause_of(input_share: float, ratio: float) -> str:
+    """Why a replica is slow, from its step breakdown: its input pipeline, or its own compute."""
+    if input_share == input_share and input_share >= INPUT_BOUND_SHARE:
+        return (f"waiting for input {100 * input_share:.0f} % of its step: its data pipeline is the "
+                "bottleneck")
+    return f"compute {ratio:.1f}× the others: a slower or busier host"
 
 
 @dataclass(eq=False)
@@ -60,6 +73,7 @@ class _Replica:
     rid: int
     task: str = ""
     samples: deque[tuple[float, float]] = field(default_factory=deque)  # (t, step_time)
+    input_share: float = math.nan  # its latest step's share spent waiting for its batch
     last_t: float = -math.inf
     level: float = math.nan  # smoothed step time, as of its latest sample
     above_since: float | None = None
@@ -169,6 +183,9 @@ class StragglerDetector:
         task = event.get("task")
         if isinstance(task, str):
             r.task = task
+        input_wait, whole = _number(event.get("input_wait")), _number(event.get("step_time"))
+        if input_wait is not None and whole:
+            r.input_share = min(1.0, max(0.0, input_wait / whole))
         was_listed = r.listed is not None
         if was_listed:
             self._unlist(r)
@@ -321,7 +338,8 @@ class StragglerDetector:
             if r.listed is not self._above or r.above_since != since:
                 continue  # that streak ended
             median, ratio = self._compare(r.level)
-            r.flagged = StragglerChange(rid, r.task, True, r.level, median, ratio, since=since)
+            r.flagged = StragglerChange(rid, r.task, True, r.level, median, ratio, since=since,
+                                        cause=cause_of(r.input_share, ratio))
             changes.append(r.flagged)
             self._move(r, self._slow)
         if len(changes) > 1:

@@ -114,12 +114,15 @@ class StepReporter:
         with self.emitter.batch():  # a report's events (every replica, the devices) in one write
             for rid, result in zip(self.replica_ids, results, strict=False):
                 # a result is the replica's loss, or (loss, seconds it waited for the others to sync), or
-                # (loss, wait or None, {metric name: value}): the replica's training metrics
+                # (loss, wait or None, {metric name: value}): the replica's training metrics, and then the
+                # seconds the step waited for its batch
                 wait = None
                 metrics: dict[str, float] | None = None
+                input_wait: float | None = None
                 if isinstance(result, (tuple, list)):
                     loss, wait, *rest = result
                     metrics = rest[0] if rest else None
+                    input_wait = rest[1] if len(rest) > 1 else None
                 else:
                     loss = result
                 losses.append((rid, loss))
@@ -129,6 +132,8 @@ class StepReporter:
                 if wait is not None:
                     fields["sync_wait"] = float(wait)
                     fields["own_time"] = max(1e-6, step_time - float(wait))
+                if input_wait is not None:  # the step's wait for its batch (the input pipeline's share)
+                    fields["input_wait"] = min(float(input_wait), step_time)
                 if worker is not None:
                     fields["worker"] = worker
                 if metrics:

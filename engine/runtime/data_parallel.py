@@ -106,9 +106,20 @@ class MirroredAdapter:
             # waited for the others in the all-reduce
             return recipe.step(data, loss_obj, global_batch, after_apply=sync_timer.wait)
 
+        def next_batch(it: Any) -> tuple[Any, tf.Tensor]:
+            """The next batch, and the seconds this task waited for it (its input pipeline's share of a step)."""
+            t0 = tf.timestamp()
+            batch = next(it)
+            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+                waited = tf.timestamp() - t0
+            return batch, waited
+
         @tf.function
         def train_step(it: Any) -> Any:
-            return strategy.run(step_fn, args=(next(it),))
+            batch, waited = next_batch(it)
+            results = dict(strategy.run(step_fn, args=(batch,)))
+            results["_input"] = waited
+            return results
 
         def on_this_task(results: dict[str, Any]) -> dict[str, tf.Tensor]:
             """Each figure of each replica of this task as a float64 vector."""
@@ -118,12 +129,17 @@ class MirroredAdapter:
         @tf.function
         def train_steps(it: Any, n: tf.Tensor) -> dict[str, tf.Tensor]:
             """A group of ``n`` steps (n >= 1): each replica's mean of each figure over them."""
-            sums = on_this_task(strategy.run(step_fn, args=(next(it),)))
+            batch, waited = next_batch(it)
+            sums = on_this_task(strategy.run(step_fn, args=(batch,)))
             for _ in tf.range(n - 1):
-                figures = on_this_task(strategy.run(step_fn, args=(next(it),)))
+                batch, wait = next_batch(it)
+                figures = on_this_task(strategy.run(step_fn, args=(batch,)))
                 sums = {name: sums[name] + figures[name] for name in sums}
+                waited += wait
             count = tf.cast(n, tf.float64)
-            return {name: value / count for name, value in sums.items()}
+            means = {name: value / count for name, value in sums.items()}
+            means["_input"] = tf.fill(tf.shape(means["_wait"]), waited / count)
+            return means
 
         self.train_step, self.train_steps = train_step, train_steps
         self.per_execution = config.training.steps_per_execution
@@ -175,17 +191,23 @@ class MirroredAdapter:
             self.result = self.train_steps(self.iterator, tf.constant(n, tf.int64))
         self.unreported += n
 
-    def _local_results(self) -> list[tuple[float | None, float, dict[str, float]]]:
-        """(loss, sync wait, metrics) of each replica on this task, of the last step or group run."""
+    def _local_results(self) -> list[tuple[float | None, float, dict[str, float], float]]:
+        """(loss, sync wait, metrics, input wait) of each replica on this task, of the last step or group run
+        (the input wait is the task's: its replicas share one input pipeline)."""
         if self.per_execution > 1:
             columns = {name: value.numpy() for name, value in self.result.items()}
+            inputs = columns.pop("_input")
         else:
+            result = dict(self.result)
+            waited = float(result.pop("_input").numpy())
             columns = {name: [v.numpy() for v in self.strategy.experimental_local_results(value)]
-                       for name, value in self.result.items()}
+                       for name, value in result.items()}
+            inputs = [waited] * len(columns["_wait"])
         waits = columns.pop("_wait")
         losses = columns.pop("loss", None)
         return [(float(losses[i]) if losses is not None else None, float(waits[i]),
-                 {name: float(values[i]) for name, values in columns.items()}) for i in range(len(waits))]
+                 {name: float(values[i]) for name, values in columns.items()}, float(inputs[i]))
+                for i in range(len(waits))]
 
     def report(self, step: int, *, force: bool) -> None:
         self.forced = self.forced or force
@@ -221,7 +243,7 @@ class MirroredAdapter:
         return path
 
     def final_losses(self) -> list[float]:
-        return [loss for loss, _, _ in self._local_results() if loss is not None] if self.result is not None else []
+        return [r[0] for r in self._local_results() if r[0] is not None] if self.result is not None else []
 
     def close(self) -> None:
         if self.summaries is not None:

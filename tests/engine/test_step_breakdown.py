@@ -1,0 +1,102 @@
+"""Why a replica is slow: each step event's breakdown (waiting for input, for the all-reduce, computing) and
+the straggler's cause named from it, on real runs."""
+
+from __future__ import annotations
+
+import math
+import os
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.contract.config import Cluster, Data, Host, Model, RunConfig, Task, Training, validate
+from engine.control.launcher import Run
+from engine.observe.stragglers import StragglerDetector, cause_of
+from tests import kit
+
+SLOW_INPUT = """
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    def make_dataset(input_context, config):
+        rng = np.random.default_rng(0)
+        x = rng.standard_normal((2048, 16)).astype("float32")
+        y = (x[:, 0] > 0).astype("int32")
+        ds = tf.data.Dataset.from_tensor_slices((x, y)).repeat()
+        ds = ds.shard(input_context.num_input_pipelines, input_context.input_pipeline_id)
+        ds = ds.batch(input_context.get_per_replica_batch_size(config.training.global_batch_size))
+        if input_context.input_pipeline_id == 1:  # this worker's pipeline is slow: 40 ms a batch
+            ds = ds.map(lambda a, b: (tf.py_function(lambda t: (time.sleep(0.04), t)[1], [a], tf.float32), b))
+            ds = ds.map(lambda a, b: (tf.ensure_shape(a, [None, 16]), b))
+        return ds
+"""
+
+
+def two_workers(data: Data, steps: int = 60) -> RunConfig:
+    return RunConfig(name="breakdown", cluster=Cluster(hosts=(Host(name="local", tasks=(Task("worker", 0),
+                                                                                        Task("worker", 1))),)),
+                     data=data, model=Model(name="mlp", hidden=(32,)),
+                     training=Training(global_batch_size=64, steps=steps, metrics_hz=1e6))
+
+
+def run(cfg: RunConfig, runs_root: Path) -> list[dict[str, Any]]:
+    assert validate(cfg) == [], [str(p) for p in validate(cfg)]
+    seen: list[dict[str, Any]] = []
+    r = Run(cfg, runs_root=runs_root)
+    r.add_listener(seen.append)
+    r.start()
+    assert r.wait(120) == "finished", r.state.summary()
+    return [e for e in seen if e["kind"] == "step"]
+
+
+def flagged_causes(steps: list[dict[str, Any]]) -> dict[str, str]:
+    detector = StragglerDetector(window_s=0.5, smooth_s=0.5)
+    causes: dict[str, str] = {}
+    for event in steps:
+        for change in detector.update(event):
+            if change.flagged:
+                causes[change.task] = change.cause
+    return causes
+
+
+def test_the_cause_reads_the_breakdown() -> None:
+    assert cause_of(0.41, 1.3) == "waiting for input 41 % of its step: its data pipeline is the bottleneck"
+    assert cause_of(0.05, 1.6) == "compute 1.6× the others: a slower or busier host"
+    assert cause_of(math.nan, 1.6).startswith("compute 1.6×")
+    # the detector keeps each replica's latest share and names it when it flags the replica
+    detector = StragglerDetector(window_s=0.0, smooth_s=0.0)
+    changes = []
+    for i in range(1, 6):
+        for replica, (step_time, waited) in enumerate(((0.010, 0.001), (0.012, 0.001), (0.040, 0.030))):
+            changes += detector.update(kit.step(replica, i, t=float(i), step_time=step_time, input_wait=waited))
+    flagged = [c for c in changes if c.flagged]
+    assert [c.replica for c in flagged] == [2] and flagged[0].cause.startswith("waiting for input 75 %")
+
+
+@pytest.mark.cluster
+def test_a_slow_input_pipeline_is_named_input_bound(tmp_path: Path, runs_root: Path) -> None:
+    script = tmp_path / "slow_input.py"
+    script.write_text(textwrap.dedent(SLOW_INPUT).lstrip(), encoding="utf-8")
+    steps = run(two_workers(Data(source="script", path=str(script), shape=(16,), classes=2, size=2048)), runs_root)
+    late = [e for e in steps if e["step"] > 10]
+    slow = [e["input_wait"] for e in late if e["task"] == "worker:1"]
+    fast = [e["input_wait"] for e in late if e["task"] == "worker:0"]
+    assert slow and fast and min(slow) > 0.02 > max(fast), (slow, fast)
+    # worker:0 waits for worker:1 in the all-reduce, so only worker:1's own share is slow
+    causes = flagged_causes(steps)
+    assert "worker:1" in causes and causes["worker:1"].startswith("waiting for input"), causes
+    assert "worker:0" not in causes
+
+
+@pytest.mark.cluster
+def test_a_slow_worker_is_named_compute_bound(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERDECK_TEST_STEP_DELAY", "worker:1=0.03")  # a busier host: 30 ms more per step
+    steps = run(two_workers(Data(shape=(16,), classes=2, size=2048)), runs_root)
+    causes = flagged_causes(steps)
+    assert "worker:1" in causes and causes["worker:1"].startswith("compute"), causes
+    assert all(e["input_wait"] < 0.02 for e in steps if e["task"] == "worker:1" and e["step"] > 10)
+    assert os.environ["CLUSTERDECK_TEST_STEP_DELAY"]
