@@ -152,3 +152,25 @@ def test_unblock_in_children_clears_a_blocked_sigterm_for_every_way_of_starting_
     a, b, c, mask = out.stdout.split()
     assert max(float(a), float(b), float(c)) < 5, out.stdout
     assert int(mask, 16) & (1 << (signal.SIGTERM - 1)) == 0
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("every", [20, 0])
+def test_sigterm_to_one_dtensor_client_never_leaves_a_misnamed_checkpoint(runs_root: Path, every: int) -> None:
+    cfg = config_mod.load(PRESETS / "model-2clients.yaml")
+    cfg = replace(cfg, training=replace(cfg.training, steps=100_000, checkpoint_every=every, restarts=0))
+    run = Run(cfg, runs_root=runs_root)
+    _wait_for_step(run, 45)
+    os.kill(run.state.tasks["worker:1"].pid or 0, signal.SIGTERM)
+    assert run.wait(60) == "failed", run.state.summary()
+    assert run.state.failed_task == "worker:1", run.state.reason
+    found = _checkpoints(run.run_dir)
+    assert all(step < 100_000 for step in found), found  # none named by the run's total
+    if every:
+        assert found, "the periodic checkpoints are kept"
+    state = run.run_dir / "checkpoints" / "checkpoint"
+    if state.exists():  # never names a checkpoint whose files are missing
+        named = state.read_text().split('"')[1]
+        assert (run.run_dir / "checkpoints" / f"{named}.index").exists(), state.read_text()
+    assert not [e for e in events.read_file(run.run_dir / "events.jsonl")
+                if e["kind"] == "status" and e.get("state") == "finished"]
