@@ -18,6 +18,7 @@ from engine.control import lifecycle as lc
 from engine.control.launcher import Run
 from engine.runtime.loop import StopAgreement
 from tests.conftest import PRESETS, wait_gone
+from tests.engine.test_ssh import sshd  # noqa: F401 - the fixture
 
 
 def _wait_for_step(run: Run, at_least: int, timeout: float = 120) -> None:
@@ -174,3 +175,27 @@ def test_sigterm_to_one_dtensor_client_never_leaves_a_misnamed_checkpoint(runs_r
         assert (run.run_dir / "checkpoints" / f"{named}.index").exists(), state.read_text()
     assert not [e for e in events.read_file(run.run_dir / "events.jsonl")
                 if e["kind"] == "status" and e.get("state") == "finished"]
+
+
+@pytest.mark.cluster
+def test_sigterm_to_one_worker_over_ssh_fails_the_run_naming_it(sshd: Path, runs_root: Path,  # noqa: F811
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    import sys
+
+    from engine.contract.config import Cluster, Host, Task
+
+    monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(sshd))
+    remote = Host(name="remote", address="127.0.0.1", ssh_host="cdtest", python=sys.executable,
+                  tasks=(Task("worker", 0), Task("worker", 1)))
+    cfg = config_mod.default_config()
+    cfg = replace(cfg, name="ssh-partial-stop", cluster=Cluster(hosts=(remote,)),
+                  training=replace(cfg.training, steps=100_000, checkpoint_every=0, restarts=0))
+    run = Run(cfg, runs_root=runs_root)
+    try:
+        _wait_for_step(run, 5)
+        os.kill(run.state.tasks["worker:1"].pid or 0, signal.SIGTERM)  # the task runs under the remote supervisor
+        assert run.wait(30) == "failed", run.state.summary()
+        assert run.state.failed_task == "worker:1" and "SIGTERM ClusterDeck did not send" in run.state.reason
+        assert all(step < 100_000 for step in _checkpoints(run.run_dir))
+    finally:
+        run.stop()
