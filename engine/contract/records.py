@@ -81,6 +81,7 @@ EVENTS: dict[str, tuple[str, tuple[Field, ...]]] = {
         f("sync_wait", NULLABLE_NUMBER, "seconds of a step spent waiting in the gradient all-reduce (data mode)"),
         f("own_time", NULLABLE_NUMBER, "seconds of a step spent on its own work (step_time - sync_wait)"),
         f("input_wait", NULLABLE_NUMBER, "seconds of a step spent waiting for its batch (the input pipeline)"),
+        f("dispatch_wait", NULLABLE_NUMBER, "async: seconds per step the worker waited for the chief's next function"),
         f("worker", int, "async: the worker that ran the steps"),
         f("steps", int, "async: steps the worker ran since its previous report"),
         f("sampled", int, "async: the sampled steps the figures are the means of"),

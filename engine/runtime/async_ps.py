@@ -293,6 +293,9 @@ class _WorkerFigures:
     timed: int = 0  # the worker's steps within those seconds
     loss_sum: float = 0.0
     metric_sums: dict[str, float] = field(default_factory=dict)
+    run_sum: float = 0.0  # seconds per step the sampled functions ran on the worker, summed
+    input_sum: float = 0.0  # of those, waiting for the batch
+    breakdowns: int = 0
     last_step: int = 0
     last_loss: float | None = None
     last_emit: float = -float("inf")
@@ -318,7 +321,10 @@ class WorkerReporter:
         self.reports = 0
 
     def step_done(self, step: int, loss: float, worker: int, ts: float, count: int,
-                  metrics: dict[str, float] | None = None) -> None:
+                  metrics: dict[str, float] | None = None, busy_s: float | None = None,
+                  input_s: float | None = None) -> None:
+        """One sampled step (group): ``busy_s`` and ``input_s`` are the seconds per step its function ran on the
+        worker and, of those, waited for its batch."""
         nan_guard.check_loss(worker, step, loss, who="worker")
         w = self.workers.setdefault(worker, _WorkerFigures())
         if count > w.last_count:
@@ -331,6 +337,10 @@ class WorkerReporter:
         w.last_ts, w.last_count = ts, count
         w.steps += 1
         w.loss_sum += loss
+        if busy_s is not None and input_s is not None:
+            w.run_sum += busy_s
+            w.input_sum += input_s
+            w.breakdowns += 1
         for name, value in (metrics or {}).items():
             w.metric_sums[name] = w.metric_sums.get(name, 0.0) + value
         w.last_step = max(w.last_step, step)
@@ -347,13 +357,19 @@ class WorkerReporter:
             for index, w in due:
                 step_time = w.busy / w.timed if w.timed else None
                 rate = self.batch / step_time if step_time else None
-                extra = {"metrics": {k: v / w.steps for k, v in w.metric_sums.items()}} if w.metric_sums else {}
+                extra: dict[str, Any] = {"metrics": {k: v / w.steps for k, v in w.metric_sums.items()}} \
+                    if w.metric_sums else {}
+                if w.breakdowns:  # the step's breakdown: its input, its own work, and the wait for the chief's next
+                    ran, waited = w.run_sum / w.breakdowns, w.input_sum / w.breakdowns
+                    extra.update(input_wait=min(waited, step_time or waited), own_time=ran,
+                                 dispatch_wait=max(0.0, (step_time or ran) - ran))
                 self.emitter.emit("step", replica=index, worker=index, step=w.last_step,
                                   loss=w.loss_sum / w.steps, examples_per_sec=rate, step_time=step_time,
                                   steps=w.ran, sampled=w.steps, **extra)
                 self.reports += 1
                 w.ran, w.steps, w.busy, w.timed, w.loss_sum, w.last_emit = 0, 0, 0.0, 0, 0.0, now
                 w.metric_sums = {}
+                w.run_sum, w.input_sum, w.breakdowns = 0.0, 0.0, 0
             if progress:
                 self.emitter.emit("progress", step=completed, total=self.total, scheduled=scheduled,
                                   completed=completed)
@@ -423,27 +439,43 @@ class CoordinatorAdapter:
         self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
         ctx.keep(self.iterator)
 
-        def figures(values: tf.Tensor, count: tf.Tensor) -> tf.Tensor:
+        def figures(values: tf.Tensor, count: tf.Tensor, start: tf.Tensor, waited: tf.Tensor, n: Any) -> tf.Tensor:
             # one tensor, so that reading a step's figures is one copy from its worker, not four: the loss, the
-            # worker, its clock, its batch count, then the step's metrics
-            return tf.concat([values[:1], tf.stack([tf.cast(tf_compat.current_worker_index(), tf.float64),
-                                                    tf.timestamp(), tf.cast(count, tf.float64)]), values[1:]], 0)
+            # worker, its clock, its batch count, the seconds per step the function ran and waited for its input,
+            # then the step's metrics
+            with tf.control_dependencies([values]):  # the step done (a timestamp is not ordered after remote ops)
+                end = tf.timestamp()
+            steps = tf.cast(n, tf.float64)
+            return tf.concat([values[:1], tf.stack([tf.cast(tf_compat.current_worker_index(), tf.float64), end,
+                                                    tf.cast(count, tf.float64), (end - start) / steps,
+                                                    waited / steps]), values[1:]], 0)
+
+        def next_batch(it: Any) -> tuple[Any, Any, tf.Tensor]:
+            """The next (count, batch) of this worker, and the seconds it waited for them."""
+            t0 = tf.timestamp()
+            count, batch = next(it)
+            with tf.control_dependencies([count, *tf.nest.flatten(batch)]):
+                waited = tf.timestamp() - t0
+            return count, batch, waited
 
         # one function for every step (one for every group), so that a worker registers and instantiates it
         # once, at its first step; what it returns stays on the worker unless the step is a sample
         @tf.function
         def train_step(it: Any) -> tf.Tensor:
-            count, batch = next(it)
-            return figures(strategy.run(trainable.step_fn, args=batch), count)
+            start = tf.timestamp()
+            count, batch, waited = next_batch(it)
+            return figures(strategy.run(trainable.step_fn, args=batch), count, start, waited, 1)
 
         @tf.function
         def train_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
-            count, batch = next(it)
+            start = tf.timestamp()
+            count, batch, waited = next_batch(it)
             total = strategy.run(trainable.step_fn, args=batch)
             for _ in tf.range(n - 1):
-                count, batch = next(it)
+                count, batch, wait = next_batch(it)
                 total += strategy.run(trainable.step_fn, args=batch)
-            return figures(total / tf.cast(n, tf.float64), count)
+                waited += wait
+            return figures(total / tf.cast(n, tf.float64), count, start, waited, n)
 
         # a run of single steps (steps_per_execution 1) runs the single-step function, a grouped run the group one
         self.step_function = train_step if per_execution == 1 else train_steps
@@ -481,7 +513,8 @@ class CoordinatorAdapter:
                 tf_compat.wait_for(remote)
                 self.completed += ran
                 return
-            loss, worker, ts, count, *metrics = remote.fetch()  # a sample: its vector is copied from its worker here
+            # a sample: its vector is copied from its worker here
+            loss, worker, ts, count, ran_s, input_s, *metrics = remote.fetch()
         except tf_compat.ResultLost:
             # the step ran (its update reached the ps) but the worker holding its figures died or restarted
             # before the chief copied them: only that step's figures are lost
@@ -496,7 +529,8 @@ class CoordinatorAdapter:
             return
         self.completed += ran
         self.reporter.step_done(step, float(loss), int(worker), float(ts), int(count),
-                                dict(zip(self.metric_names, (float(m) for m in metrics), strict=False)))
+                                dict(zip(self.metric_names, (float(m) for m in metrics), strict=False)),
+                                busy_s=float(ran_s), input_s=float(input_s))
 
     def _lost(self, step: int, ran: int) -> None:
         """Count a group whose figures could not be read (it ran); say so for the first few."""

@@ -65,3 +65,13 @@ def test_figures_are_kept_per_worker(tmp_path: Path) -> None:
     assert w0["step_time"] == pytest.approx(0.2) and w1["step_time"] == pytest.approx(0.5)
     assert w0["loss"] == 1.0 and w1["loss"] == 2.0
     assert [e for e in seen if e["kind"] == "progress"][-1]["completed"] == 4
+
+
+def test_a_workers_step_is_broken_down_into_input_own_work_and_waiting_for_the_chief(tmp_path: Path) -> None:
+    rep, seen = reporter(tmp_path)
+    rep.step_done(5, 1.0, 0, 10.0, 4, busy_s=0.04, input_s=0.03)
+    rep.step_done(10, 1.0, 0, 11.0, 9, busy_s=0.06, input_s=0.01)  # 5 steps in 1 s: 0.2 s a step
+    rep.maybe_report(10, 10)
+    last = steps_of(seen, 0)[-1]
+    assert last["own_time"] == pytest.approx(0.05) and last["input_wait"] == pytest.approx(0.02)
+    assert last["dispatch_wait"] == pytest.approx(0.2 - 0.05)
