@@ -57,7 +57,7 @@ class StopSignal:
     def request(self, sender: int | None = None) -> None:
         if self.received_at is None:
             self.received_at = time.monotonic()
-            if self.marker is not None and not self.marker.exists():
+            if self.marker is not None and not self.marker.exists() and sender_name(sender) not in SCHEDULERS:
                 self.external = f"got a SIGTERM ClusterDeck did not send ({describe_sender(sender)})"
         self._event.set()
 
@@ -101,14 +101,26 @@ class StopSignal:
         return True
 
 
+#: Senders that end a whole job step (its time limit, a cancel, a preemption): every process of the step gets
+#: the SIGTERM, the supervisor too, and the run names the job's end (the transport asks the scheduler why).
+SCHEDULERS = ("slurmstepd",)
+
+
+def sender_name(pid: int | None) -> str:
+    """The command name of process ``pid`` (``/proc/<pid>/comm``), or ``""``."""
+    if not pid:
+        return ""
+    try:
+        return Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
+    except OSError:
+        return ""
+
+
 def describe_sender(pid: int | None) -> str:
     """``"from pid 123 (kill)"``: who sent a signal, as far as this host can tell."""
     if not pid:
         return "sender unknown"
-    try:
-        name = Path(f"/proc/{pid}/comm").read_text(encoding="utf-8", errors="replace").strip()
-    except OSError:
-        name = ""
+    name = sender_name(pid)
     return f"from pid {pid}{f' ({name})' if name else ''}"
 
 

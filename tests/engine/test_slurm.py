@@ -191,6 +191,22 @@ def test_data_parallel_preset_runs_through_slurm_and_a_restart_resubmits(cluster
     assert_nothing_left(run, rec)
 
 
+def test_a_sigterm_to_one_worker_on_a_node_fails_the_run_naming_it(cluster: slurm_cluster.Cluster,
+                                                                   runs_root: Path) -> None:
+    """A user's ``kill`` of one task on a node is not the run's stop: no task claims a finish."""
+    run = Run(preset("slurm-data.yaml", steps=100_000, checkpoint_every=0, restarts=0), runs_root=runs_root)
+    rec = Recorder()
+    run.add_listener(rec)
+    run.start()
+    rec.wait_for("a step of worker:1", lambda: any(e.get("replica") == 1 for e in rec.of("step")), RUN_TIMEOUT)
+    os.kill(run.state.tasks["worker:1"].pid or 0, signal.SIGTERM)
+    assert run.wait(60) == "failed", rec.summary()
+    assert run.state.failed_task == "worker:1" and "SIGTERM ClusterDeck did not send" in run.state.reason, \
+        run.state.reason
+    assert not rec.of("status", state="finished")
+    assert_nothing_left(run, rec)
+
+
 def test_async_preset_runs_through_slurm_and_stop_cancels_the_job(cluster: slurm_cluster.Cluster,
                                                                    runs_root: Path) -> None:
     run, rec = launch(preset("slurm-async.yaml", steps=100_000, checkpoint_every=0), runs_root)
