@@ -549,6 +549,7 @@ class ClusterCanvas(QWidget):
         self.hosts: list[HostItem] = []
         self._syncing = False
         self._user_zoom = False  # the user zoomed by hand: keep it until the cluster changes or Fit
+        self._whole = False  # View › Fit asked for the whole cluster: kept through resizes
         self.compact = False  # a status view while a run is watched (see set_compact)
         self._mode = document.config.parallelism.mode
         self.delete_action = QAction("Delete", self)
@@ -568,6 +569,7 @@ class ClusterCanvas(QWidget):
 
     def _cluster_changed(self) -> None:
         self._user_zoom = False
+        self._whole = False
         self.rebuild()
 
     def _settings_changed(self) -> None:
@@ -599,16 +601,18 @@ class ClusterCanvas(QWidget):
         """Compact (a live status view, zoomed out further to show every chip) or full size (designing)."""
         if compact != self.compact:
             self.compact = compact
-            self._user_zoom = False
+            self._user_zoom = self._whole = False
             self.fit()
 
     def fit_all(self) -> float:
-        """Fit every host in view whatever the size (View › Fit, Ctrl+0)."""
+        """Fit every host in view whatever the size (View › Fit, Ctrl+0), until the cluster changes."""
         self._user_zoom = False
+        self._whole = True  # a resize (the scroll hint going) keeps the whole cluster in view
         return self.fit(minimum=0.05)
 
     def zoom(self, factor: float) -> None:
         self._user_zoom = True
+        self._whole = False
         self.view.scale(factor, factor)
         self._update_hint()
 
@@ -617,7 +621,7 @@ class ClusterCanvas(QWidget):
 
     def view_resized(self) -> None:
         if not self._user_zoom:
-            self.fit()
+            self.fit(minimum=0.05 if self._whole else READABLE_SCALE)
         else:
             self._update_hint()
 

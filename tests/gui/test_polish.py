@@ -92,13 +92,17 @@ def test_plot_exports_are_confirmed_and_the_png_has_a_title(qtbot: Any, window: 
     plot = window.plots.loss
     png = tmp_path / "loss.png"
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(png), "")))
+    said: list[str] = []
+    window.plots.exported.connect(said.append)
     qtbot.mouseClick(plot.png_button, Qt.MouseButton.LeftButton)
-    assert png.is_file() and str(png) in window.statusBar().currentMessage()
+    assert png.is_file(), "no PNG written"
+    assert said and str(png) in said[-1], said
+    assert str(png) in window.statusBar().currentMessage(), window.statusBar().currentMessage()
     image = QImage(str(png))
     # a title band on top: dark text pixels in the first rows above the plot's own area
     top = [image.pixelColor(x, y).lightness() for x in range(image.width() // 3, 2 * image.width() // 3)
            for y in range(2, 24)]
-    assert min(top) < 120, "no title drawn at the top of the exported PNG"
+    assert min(top) < 120, f"no title drawn at the top of the exported PNG ({png}, {image.width()} px wide)"
     assert plot.item.titleLabel.isVisible() is False  # the window's plot keeps its own title bar
     csv = tmp_path / "loss.csv"
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (str(csv), "")))
