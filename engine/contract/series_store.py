@@ -180,7 +180,9 @@ class Block:
             out.width = width
             return out
         bucket = np.floor(self.t_first / width).astype(np.int64)
-        order = np.lexsort((bucket, self.owner))  # stable: a bucket's rows stay in arrival order
+        bucket -= bucket.min()
+        # one stable sort of a combined key (owner, bucket): a bucket's rows stay in arrival order
+        order = np.argsort(self.owner.astype(np.int64) * (int(bucket.max()) + 1) + bucket, kind="stable")
         owner, bucket = self.owner[order], bucket[order]
         change = np.flatnonzero((owner[1:] != owner[:-1]) | (bucket[1:] != bucket[:-1])) + 1
         starts = np.concatenate(([0], change))
@@ -204,13 +206,14 @@ class Block:
 
 
 def _numbers(got: list[Any]) -> tuple[np.ndarray, np.ndarray]:
-    """A column of event fields as float32 and where it has a number (None, strings and bools: none)."""
+    """A column of event fields as float32 and where it has a number (None, text and a field that is
+    only ever true/false: none; a field mixing numbers and true/false reads them as 1 and 0)."""
     try:
-        arr = pa.array(got, type=pa.float64())
-    except (pa.ArrowException, TypeError, ValueError):
+        arr = pa.array(got)  # inferred in C: no per-value check in Python on the launcher's hot path
+    except (pa.ArrowException, TypeError, ValueError, OverflowError):
         arr = pa.array([v if type(v) is float or type(v) is int else None for v in got], type=pa.float64())
-    if bool in set(map(type, got)):  # JSON true/false are not samples
-        arr = pa.array([v if type(v) is float or type(v) is int else None for v in got], type=pa.float64())
+    if not (pa.types.is_floating(arr.type) or pa.types.is_integer(arr.type)):
+        return np.full(len(got), np.nan, np.float32), np.zeros(len(got), bool)
     valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
     with np.errstate(over="ignore"):  # beyond float32: stored as inf
         values = np.asarray(arr.to_numpy(zero_copy_only=False), np.float64).astype(np.float32)
@@ -641,7 +644,8 @@ class SeriesStore:
     def view(self, group: str, max_points: int, span: tuple[float, float] | None = None) -> Block:
         """Every owner's rows at about ``max_points`` per series over the run: the coarsest level with at
         least that many buckets in the span, the newer rows it has not summarised yet from finer levels
-        (down to raw), older rows it no longer holds from coarser ones; sorted by owner, then time."""
+        (down to raw), older rows it no longer holds from coarser ones, its buckets merged to the widest
+        multiple of its width that still gives ``max_points``; sorted by owner, then time."""
         span = span or self.span()
         if span is None:
             return Block.empty()
@@ -651,11 +655,14 @@ class SeriesStore:
             if width and length / width >= max_points:
                 chosen = i
         parts = [self.read_level(group, LEVELS[chosen][0])]
-        owners = max((o.id for o in self.owners()), default=-1) + 1
+        known = self.owners()
+        owners = max((o.id for o in known), default=-1) + 1
+        mine = np.array([o.id for o in known if o.group == group], np.intp)  # owner ids are shared by the groups
         end = _per_owner(parts[0], owners, np.maximum, parts[0].t_last, -math.inf)
         tails = []
         for level, _ in reversed(LEVELS[:chosen]):  # finer: what the chosen level has not summarised yet
-            tail = self.read_level(group, level, newer_than=float(end.min()) if owners else None)
+            newer = float(end[mine].min()) if len(mine) else None
+            tail = self.read_level(group, level, newer_than=newer)
             tail = tail.take(tail.t_first > end[tail.owner]) if len(tail) else tail
             tails.append(tail)
             end = np.maximum(end, _per_owner(tail, owners, np.maximum, tail.t_last, -math.inf))
@@ -673,9 +680,15 @@ class SeriesStore:
             parts = [p.take(p.t_first > cut[p.owner]) if len(p) else p for p in parts]
             parts.insert(0, head)
             start = np.minimum(start, _per_owner(head, owners, np.minimum, head.t_first, math.inf))
+        width = LEVELS[chosen][1]
+        target = math.floor(length / max_points / width) * width if width else 0.0
+        if target > width:  # the level's buckets merged to about max_points per series (a multiple of its width)
+            # part by part: no copy of the whole level (a bucket cut by a part's edge is two rows)
+            parts, width = [p.summarise(target) for p in parts if len(p)], target
         block = Block.concat(parts)
-        block = block.take(np.lexsort((block.t_first, block.owner))) if len(block) else block
-        block.width = LEVELS[chosen][1]  # the level chosen (rows newer than its last may be finer)
+        if len(block):
+            block = block.take(np.lexsort((block.t_first, block.owner)))
+        block.width = width  # the buckets' width (rows newer than the level's last may be finer)
         return block
 
 
@@ -689,12 +702,15 @@ def _per_owner(block: Block, owners: int, ufunc: Any, values: np.ndarray, empty:
 class SeriesFollower:
     """The raw rows written since the last call (a front end attached to a running run)."""
 
-    def __init__(self, root: str | Path, *, at_end: bool = False) -> None:
+    def __init__(self, root: str | Path, *, at_end: bool = False, recent: bool = False) -> None:
+        """``at_end``: only rows written after this; ``recent``: from the newest raw file of each group on
+        (its last minutes: a view that needs recent events, not an hour of them)."""
         self.store = SeriesStore(root)
         self._read: dict[Path, int] = {}  # batches read of each raw file
-        if at_end:
+        if at_end or recent:
             for group in GROUPS:
-                for path in _files(self.store.root, "raw", group):
+                files = _files(self.store.root, "raw", group)
+                for path in files if at_end else files[:-1]:
                     self._read[path] = count_batches(path)
 
     def read_new(self) -> dict[str, Block]:

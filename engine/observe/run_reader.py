@@ -32,8 +32,8 @@ from engine.observe.telemetry import (
 
 #: States after which a run folder gains no events: ``interrupted`` is a run whose launcher died.
 ENDED = (*TERMINAL, "interrupted")
-#: Points per curve a first view asks for: about two per pixel of a wide plot.
-MAX_POINTS = 4000
+#: Points per curve a first view asks for: about one per pixel of a wide plot (the envelope draws the rest).
+MAX_POINTS = 2000
 SERIES = "series"
 
 
@@ -79,7 +79,8 @@ def rows_to_events(group: str, block: Block, owners: dict[int, Owner]) -> list[d
 
 class EventFileReader:
     """Reads a run's new events incrementally: complete new lines of ``events.jsonl`` (bad lines
-    skipped) and, where the folder has tiers, the new raw rows as step and device events."""
+    skipped) and, where the folder has tiers, the new raw rows as step and device events (made without
+    a follower: from the newest raw file on, the last minutes of samples, not the whole raw hour)."""
 
     def __init__(self, path: Path, series: SeriesFollower | None = None) -> None:
         self.path = path
@@ -88,7 +89,7 @@ class EventFileReader:
         self.stats = events.ReadStats()
         self.series = series
         if series is None and (path.parent / SERIES / "owners.jsonl").is_file():
-            self.series = SeriesFollower(path.parent / SERIES)
+            self.series = SeriesFollower(path.parent / SERIES, recent=True)
 
     def read_new(self, limit: int = 64 * 1024 * 1024) -> list[dict[str, Any]]:
         lines = self._read_lines(limit)

@@ -182,3 +182,14 @@ def test_a_writer_killed_mid_write_leaves_whole_records_only(tmp_path: Path, del
                 "loss": 1.0})
     writer.close()
     assert len(SeriesStore(root).read_level("step", "raw")) == len(raw) + 1
+
+
+def test_a_recent_follower_starts_at_the_newest_raw_file(tmp_path: Path) -> None:
+    writer = SeriesWriter(tmp_path, Retention(raw_file_s=10.0))
+    for n in range(60):
+        writer.add(step(0, n, T0 + n))
+        writer.flush()
+    writer.close()
+    rows = SeriesFollower(tmp_path, recent=True).read_new()["step"]
+    assert 0 < len(rows) <= 12 and rows.x_first[-1] == 59
+    assert SeriesFollower(tmp_path, at_end=True).read_new() == {}
