@@ -122,6 +122,21 @@ class EventFileReader:
         return list(events.parse_lines(lines, self.stats))
 
 
+def read_events(run_dir: str | Path) -> list[dict[str, Any]]:
+    """Every event a run folder holds, lifecycle lines and samples from the tiers' raw level (the last
+    hour by default), in time order: what ``events.jsonl`` alone held before the tiers (tests, exports)."""
+    folder = Path(run_dir)
+    store = folder / SERIES
+    follower = SeriesFollower(store) if (store / "owners.jsonl").is_file() else None
+    reader = EventFileReader(folder / "events.jsonl", follower)
+    out: list[dict[str, Any]] = []
+    while batch := reader.read_new():
+        out += batch
+        if reader.series is not None:
+            reader.series = None  # the rows are read once; more lines of a big events.jsonl may follow
+    return sorted(out, key=lambda e: float(e.get("t", 0.0)))
+
+
 def load_history(store: SeriesStore, history: History, state: RunState | None = None,
                  max_points_per_series: int = MAX_POINTS) -> int:
     """Fill ``history`` from the tiers at about ``max_points_per_series`` per curve (and ``state``'s

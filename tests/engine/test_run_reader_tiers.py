@@ -146,3 +146,15 @@ def test_a_folder_written_before_the_tiers_still_opens(folder: RunFolder) -> Non
     expected = folded(sent)
     assert state.history.total_points() == expected.history.total_points()
     assert state.summary()["replicas"] == expected.summary()["replicas"]
+
+
+def test_read_events_gives_every_event_of_a_folder_in_time_order(folder: RunFolder) -> None:
+    sent = record_run(folder, 10)
+    from engine.observe.run_reader import read_events
+
+    got = read_events(folder.path)
+    steps = [e for e in got if e["kind"] == "step"]
+    assert len(steps) == len([e for e in sent if e["kind"] == "step"])
+    assert [e["step"] for e in steps if e["replica"] == 0] == list(range(200))
+    assert {e["kind"] for e in got} == {"run", "status", "eval", "step", "device"}
+    assert [e["t"] for e in got] == sorted(e["t"] for e in got)
