@@ -99,6 +99,10 @@ def serve(ctx: TaskContext) -> dict[str, Any]:
     """
     if ctx.role == "worker" and ctx.config.data.source in ("synthetic", *data_mod.NUMPY_SOURCES):
         data_mod.write_examples(ctx.config, RunFolder(ctx.run_dir).scratch(EXAMPLES_SCRATCH))
+    if ctx.role == "worker" and ctx.gpus_assigned and not tf.config.list_physical_devices("GPU"):
+        # the same notice as the other modes': the GPUs the host asks for are not here
+        ctx.emitter.info(f"no GPU here: {ctx.devices} GPU(s) emulated as logical CPU devices (this worker runs its "
+                         "steps on the CPU)", emulated_gpus=ctx.devices)
     resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc", start=True)
