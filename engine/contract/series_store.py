@@ -346,7 +346,7 @@ class _LevelFiles:
 
     def _roll(self, schema: pa.Schema, t_min: float) -> None:
         self.close()
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder.mkdir(exist_ok=True)  # not parents: a run folder deleted under the writer is not recreated
         path = self.folder / f"{self.group}-{self._seq:06d}{SUFFIX}"
         self._seq += 1
         self._sink = pa.OSFile(str(path), "wb")  # unbuffered: each message reaches the OS as written

@@ -257,3 +257,19 @@ def test_run_json_in_a_vanished_folder_fails_the_run_unless_it_ended(folder: Run
     assert len(run.failures) == 1 and "run folder vanished" in run.failures[0]
     assert not folder.path.exists()
     record.close()
+
+
+def test_samples_go_to_the_tiers_and_a_deleted_folder_is_not_recreated_by_them(folder: RunFolder,
+                                                                             run: Recorded) -> None:
+    record = record_of(folder, run)
+    record.write_event(events.make("step", "worker:0", replica=0, step=1, loss=0.5))
+    record.flush()
+    assert lines(folder.events) == [] and (folder.path / "series" / "raw").is_dir()
+    shutil.rmtree(folder.path)
+    for n in range(2, 5):
+        record.write_event(events.make("step", "worker:0", replica=0, step=n, loss=0.5, t=time.time() + 3600 * n))
+    record.flush()
+    record.check_folder()
+    assert not folder.path.exists()
+    assert len(run.failures) == 1 and "vanished" in run.failures[0]
+    record.close()
