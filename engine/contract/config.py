@@ -204,6 +204,11 @@ class Slurm:
                                          applies=_slurm, when="kind: slurm",
                                          help="Extra options of each node's srun step, as a shell reads them, "
                                               "e.g. --cpu-bind=cores")
+    # options that run programs (--prolog, --task-prolog, ...) are refused unless the user opts in here, in a
+    # field of its own that is shown before every launch (SECURITY.md: a shared preset cannot slip them in)
+    allow_program_options: bool = spec(False, write="changed", applies=_slurm, when="kind: slurm",
+                                       help="Let sbatch/srun options that run programs (--prolog, --task-prolog, "
+                                            "--epilog) through; shown before every launch")
 
 
 @dataclass(frozen=True)
