@@ -75,12 +75,13 @@ def command(args: Any) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from engine.contract.run_folder import expand_user
     from engine.control.launcher import default_runs_root
 
     console = Console()
     try:
         cfg = load_preset(args.preset)
-        runs_root = Path(args.out).expanduser() if args.out else default_runs_root()
+        runs_root = expand_user(args.out) if args.out else default_runs_root()
         session = ScalingSession(cfg, args.workers, args.steps, runs_root, strong=args.strong)
     except ConfigError as exc:
         print(f"clusterdeck: {exc}", file=sys.stderr)
