@@ -19,7 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 from engine.contract.run_folder import RunFolder
-from engine.contract.task_logs import is_noise
+from engine.contract.task_logs import LineTail, is_noise
 from gui import gpu_notice
 from gui.run_session import RunSession
 
@@ -35,11 +35,13 @@ def task_log_path(run_dir: Path, task: str) -> Path:
 
 @dataclass
 class LogTail:
-    """Reads a growing text file from where it left off; only complete lines come out."""
+    """Reads a growing text file from where it left off; only complete lines come out, split by the engine's
+    :class:`~engine.contract.task_logs.LineTail` (a ``\r``-redrawn line is its last drawing; a partial line is
+    held to a bounded size, so a huge log of progress bars costs kilobytes here)."""
 
     path: Path
     offset: int = 0
-    partial: bytes = b""
+    splitter: LineTail = field(default_factory=LineTail)
     lines: list[tuple[bool, str]] = field(default_factory=list)  # (is_noise, text)
 
     def poll(self) -> list[tuple[bool, str]]:
@@ -48,7 +50,7 @@ class LogTail:
                 fh.seek(0, 2)
                 size = fh.tell()
                 if size < self.offset:  # the file was truncated or replaced: start over
-                    self.offset, self.partial, self.lines = 0, b"", []
+                    self.offset, self.splitter, self.lines = 0, LineTail(), []
                 fh.seek(self.offset)
                 data = fh.read(READ_CHUNK)
         except OSError:
@@ -56,11 +58,8 @@ class LogTail:
         if not data:
             return []
         self.offset += len(data)
-        chunks = (self.partial + data).split(b"\n")
-        self.partial = chunks.pop()
         new = []
-        for raw in chunks:
-            text = raw.decode("utf-8", "replace").rstrip("\r")
+        for text in self.splitter.feed(data):
             # TensorFlow's "GPU will not be used" stays in sight: it may be the only word on the GPUs
             new.append((is_noise(text) and not gpu_notice.is_gpu_word(text), text))
         self.lines.extend(new)
