@@ -17,7 +17,6 @@ from PySide6.QtGui import QRegularExpressionValidator
 from PySide6.QtWidgets import (
     QComboBox,
     QFormLayout,
-    QFrame,
     QLabel,
     QLineEdit,
     QScrollArea,
@@ -30,6 +29,7 @@ from PySide6.QtWidgets import (
 from engine.contract.config import ROLES, Slurm, field_spec
 from gui import theme
 from gui.document_model import DocumentModel, Selection, problem_target
+from gui.window_layout import reveal, scroll_area_of
 
 #: The kinds of host a user picks from: (shown text, config value).
 KINDS = (("Machine", "machine"), ("Slurm group", "slurm"))
@@ -142,16 +142,11 @@ class PropertiesPanel(QWidget):
         self.problems.setWordWrap(True)
         self.problems.setStyleSheet(f"color: {theme.PROBLEM_COLOR};")
         self.problems.hide()
-        # on a short screen the fields scroll rather than squeeze the run settings below them
-        self.fields_scroll = QScrollArea()
-        self.fields_scroll.setObjectName("selectionScroll")
-        self.fields_scroll.setWidgetResizable(True)
-        self.fields_scroll.setFrameShape(QFrame.Shape.NoFrame)
-        self.fields_scroll.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        self.fields_scroll.setWidget(self.stack)
+        # no scroll area of its own: on a short screen the settings column scrolls as a whole (window_layout)
+        self.stack.setMinimumWidth(self._needed_width)
         layout = QVBoxLayout(self)
         layout.setContentsMargins(6, 6, 6, 6)
-        layout.addWidget(self.fields_scroll)
+        layout.addWidget(self.stack)
         layout.addWidget(self.problems)
 
         for key in ("name", "address", "ssh_host", "ssh_user", "slurm.partition", "slurm.time_limit",
@@ -246,7 +241,7 @@ class PropertiesPanel(QWidget):
         widget = self.editors.get(key)
         if widget is None or not widget.isVisibleTo(self):
             return False
-        self.fields_scroll.ensureWidgetVisible(widget)
+        reveal(widget)
         widget.setFocus(Qt.FocusReason.OtherFocusReason)
         if isinstance(widget, (QLineEdit, QSpinBox)):
             widget.selectAll()
@@ -337,19 +332,20 @@ class PropertiesPanel(QWidget):
         self._mark_problems()
         self._fit_page()
 
+    @property
+    def fields_scroll(self) -> QScrollArea | None:
+        """The scroll area the fields scroll in: the settings column's (None outside one)."""
+        return scroll_area_of(self)
+
     def _fit_page(self) -> None:
-        """As tall as the page shown (and its rows shown), not as the tallest page; never cut off at the right."""
+        """As tall as the page shown (and its rows shown), not as the tallest page."""
         page = self.stack.currentWidget()
         if page is None:
             return
         layout = page.layout()
         if layout is not None:
             layout.activate()
-        height = page.sizeHint().height()
-        self.stack.setFixedHeight(height)
-        self.fields_scroll.setMaximumHeight(height)
-        self.fields_scroll.setMinimumHeight(min(height, 96))
-        self.fields_scroll.setMinimumWidth(self._needed_width + self.fields_scroll.verticalScrollBar().sizeHint().width())
+        self.stack.setFixedHeight(page.sizeHint().height())
 
     def _show_host(self, i: int) -> None:
         h = self.document.config.cluster.hosts[i]

@@ -12,21 +12,18 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import Qt
 from PySide6.QtGui import QStandardItemModel
 from PySide6.QtWidgets import (
     QComboBox,
     QDoubleSpinBox,
-    QFileDialog,
     QFormLayout,
     QGroupBox,
     QHBoxLayout,
     QLineEdit,
     QMainWindow,
     QMessageBox,
-    QPushButton,
-    QScrollArea,
     QSpinBox,
+    QStyle,
     QVBoxLayout,
     QWidget,
 )
@@ -37,7 +34,8 @@ from engine.contract.fields import judge
 from gui import document as doc_ops
 from gui import theme
 from gui.document_model import DocumentModel
-from gui.settings_sections import MeshAxesEdit, ProgramSection, ValidationSection
+from gui.settings_sections import MeshAxesEdit, PathField, ProgramSection, ValidationSection
+from gui.window_layout import reveal
 
 MODE_HELP = {
     "data": "data — synchronous data parallelism: every worker holds the whole model, gradients are "
@@ -66,23 +64,21 @@ def format_ints(values: tuple[int, ...]) -> str:
     return ", ".join(str(v) for v in values)
 
 
-class SettingsPanel(QScrollArea):
-    """The run settings form. ``widgets`` maps config field paths to their editor."""
+class SettingsPanel(QWidget):
+    """The run settings form. ``widgets`` maps config field paths to their editor.
+
+    No scroll area of its own: it lies in the settings column, which scrolls as a whole (window_layout)."""
 
     def __init__(self, document: DocumentModel, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self.document = document
-        self.setWidgetResizable(True)
-        # the form fits the column's width (the column is never narrower than it needs): no sideways scrolling
-        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
-        body = QWidget()
-        self.setWidget(body)
-        outer = QVBoxLayout(body)
+        outer = QVBoxLayout(self)
         outer.setContentsMargins(6, 6, 6, 6)
         self.widgets: dict[str, QWidget] = {}
         self._tips: dict[str, str] = {}
         self._readers: list[Callable[[], None]] = []
-        self._rows: dict[str, QWidget] = {}
+        #: the file path rows, by field path
+        self._rows: dict[str, PathField] = {}
         #: why a setting is greyed out (added to its tooltip), by field path
         self.off_notes: dict[str, str] = {}
 
@@ -260,30 +256,11 @@ class SettingsPanel(QScrollArea):
         self._readers.append(read)
 
     def _path(self, path: str, form: QFormLayout, label: str, filters: str) -> QLineEdit:
-        """A file path: typed, or picked with Browse…"""
-        row = QWidget()
-        layout = QHBoxLayout(row)
-        layout.setContentsMargins(0, 0, 0, 0)
-        edit = QLineEdit()
-        edit.setPlaceholderText("none")
-        self._register(path, edit)
-        edit.editingFinished.connect(lambda: self._set(path, edit.text().strip()))
-        self._readers.append(lambda: edit.setText(str(self._value_of(path))))
-        browse = QPushButton("Browse…")
-        browse.setToolTip(f"Choose the file for {path}")
-
-        def pick() -> None:
-            chosen, _ = QFileDialog.getOpenFileName(self, f"Choose {label.lower()}", edit.text(), filters)
-            if chosen:
-                edit.setText(chosen)
-                self._set(path, chosen)
-
-        browse.clicked.connect(pick)
-        layout.addWidget(edit, 1)
-        layout.addWidget(browse)
-        form.addRow(label, row)
+        """A file path: typed, or picked with Browse…; a row the form's whole width (see :class:`PathField`)."""
+        row = PathField(self, path, label, filters)
+        form.addRow(row)
         self._rows[path] = row
-        return edit
+        return row.edit
 
     def _ints(self, path: str, form: QFormLayout, label: str) -> QLineEdit:
         """A list of integers, typed as ``256, 128``; committed only within the field's declared bounds."""
@@ -374,6 +351,8 @@ class SettingsPanel(QScrollArea):
         self.data_form.setRowVisible(self.x_key, self.applies("data.x_key"))
         self.data_form.setRowVisible(self.y_key, self.applies("data.y_key"))
         self.data_form.setRowVisible(self.data_size, True)
+        # a script builds its own layers: hidden sizes are not read (nor checked against the mesh) for it
+        self.model_form.setRowVisible(self.hidden, c.model.name != "script")
         for path in ("model.vocab_size", "model.embed_dim", "model.heads"):
             self.model_form.setRowVisible(self.widgets[path], self.applies(path))
         self.model_form.setRowVisible(self._rows["model.script"], self.applies("model.script"))
@@ -426,6 +405,8 @@ class SettingsPanel(QScrollArea):
         for path, widget in self.widgets.items():
             messages = marked.get(path)
             tip = self._tips[path] + (f"\n{self.off_notes[path]}" if self.off_notes.get(path) else "")
+            if path in self._rows and self._value_of(path):  # a path: the whole of it (the field shows its end)
+                tip = f"{self._value_of(path)}\n\n{tip}"
             if messages:
                 widget.setStyleSheet(f"border: 2px solid {theme.PROBLEM_COLOR}; border-radius: 3px;")
                 widget.setToolTip(tip + "\n" + "\n".join(f"⚠ {m}" for m in messages))
@@ -434,10 +415,9 @@ class SettingsPanel(QScrollArea):
                 widget.setToolTip(tip)
 
     def needed_width(self) -> int:
-        """The width the form needs without cutting a row off (every mode's rows counted)."""
-        body = self.widget()
-        form = body.minimumSizeHint().width() if body is not None else 0
-        return form + self.verticalScrollBar().sizeHint().width() + 4
+        """The width the form needs without cutting a row off, with the settings column's scroll bar."""
+        bar = self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent, None, self)
+        return self.minimumSizeHint().width() + bar + 4
 
     def focus_field(self, path: str) -> bool:
         """Scroll to and focus the editor of ``path`` (a problem's field); False when there is none."""
@@ -447,6 +427,6 @@ class SettingsPanel(QScrollArea):
             widget = self.widgets.get(path.rsplit(".", 1)[0])
         if widget is None:
             return False
-        self.ensureWidgetVisible(widget)
+        reveal(widget)
         widget.setFocus()
         return True

@@ -8,11 +8,23 @@ apply to the config as it is now.
 
 from __future__ import annotations
 
+import os
 import re
 import shlex
+from pathlib import Path
 from typing import Any
 
-from PySide6.QtWidgets import QComboBox, QFormLayout, QLineEdit, QVBoxLayout
+from PySide6.QtWidgets import (
+    QComboBox,
+    QFileDialog,
+    QFormLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QVBoxLayout,
+    QWidget,
+)
 
 from engine.contract import config as config_mod
 from engine.contract.config import MAX_MESH_AXES, Program, RunConfig, field_spec
@@ -27,6 +39,13 @@ PROGRAM_NOTE = ("Not used when you run your own program: it builds its model, re
                 "itself (see “What trains”)")
 #: Training settings a program still takes (the launcher's, not the loop's).
 PROGRAM_TRAINING = ("training.restarts",)
+#: Files chosen together: a file dialog with nothing chosen yet starts in the folder of its partner (the first
+#: one set): a held-out file lies beside the data, a program beside the scripts.
+PARTNERS = {"model.script": ("data.path",), "data.path": ("model.script",), "validation.path": ("data.path",),
+            "program.script": ("model.script", "data.path")}
+#: Fields one Python file can fill both of (build_model and make_dataset side by side): the dialog of one
+#: selects the other's script.
+SAME_SCRIPT = ("model.script", "data.path")
 _AXIS = re.compile(r"^\s*([a-z][a-z0-9_]{0,31})\s*[:=]\s*(\d+)\s*$")
 
 
@@ -167,3 +186,79 @@ class MeshAxesEdit(QLineEdit):
         if axes != self.panel.document.config.parallelism.mesh_axes:
             self.panel.document.set_value("parallelism.mesh_axes", axes)
 
+
+
+class PathField(QWidget):
+    """A file path as a row the whole width of the form (the label and Browse… above, the path below), so a
+    laptop's narrow column still shows some 30 characters of it; the path's end (the file name) is the part in
+    view, the whole path is in the tooltip."""
+
+    def __init__(self, panel: SettingsPanel, path: str, label: str, filters: str) -> None:
+        super().__init__()
+        self.panel, self.path, self.label, self.filters = panel, path, label, filters
+        self.edit = QLineEdit(self)  # made before Browse…: Tab reaches the path first
+        self.edit.setPlaceholderText("none")
+        panel._register(path, self.edit)
+        self.edit.editingFinished.connect(self._typed)
+        panel._readers.append(self.read)
+        self.browse = QPushButton("Browse…", self)
+        self.browse.setToolTip(f"Choose the file for {path}")
+        self.browse.clicked.connect(self.pick)
+        top = QHBoxLayout()
+        top.setContentsMargins(0, 0, 0, 0)
+        caption = QLabel(label)
+        caption.setBuddy(self.edit)
+        top.addWidget(caption, 1)
+        top.addWidget(self.browse)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(2)
+        layout.addLayout(top)
+        layout.addWidget(self.edit)
+
+    def read(self) -> None:
+        self.show_path(str(self.panel._value_of(self.path)))
+
+    def show_path(self, text: str) -> None:
+        """``text`` in the field with its end in view (QLineEdit scrolls to its cursor)."""
+        self.edit.setText(text)
+        self.edit.setCursorPosition(len(text))
+
+    def _typed(self) -> None:
+        self.panel._set(self.path, self.edit.text().strip())
+        self.edit.setCursorPosition(len(self.edit.text()))  # typed or pasted: the file name stays in view
+
+    def start(self) -> str:
+        """Where the file dialog opens: the path chosen; else the script already picked for the model or the data
+        (selected: one file often defines both), or the folder of a partner's file; else the preset's folder."""
+        own = self.edit.text().strip()
+        if own:
+            return self._full(own)
+        for partner in PARTNERS.get(self.path, ()):
+            value = str(self.panel._value_of(partner)).strip()
+            if value:
+                full = self._full(value)
+                return full if self._takes_script(partner, full) else str(Path(full).parent)
+        document = self.panel.document.path
+        return str(document.parent) if document is not None else ""
+
+    def _takes_script(self, partner: str, file: str) -> bool:
+        """Whether this field could take ``partner``'s ``file`` too (a Python script defining both)."""
+        if {self.path, partner} != set(SAME_SCRIPT) or Path(file).suffix.lower() != ".py":
+            return False
+        return self.path != "data.path" or self.panel.document.config.data.source == "script"
+
+    def _full(self, value: str) -> str:
+        """``value`` as a path the dialog finds: a relative one is read from the preset's folder."""
+        path = Path(value).expanduser()
+        document = self.panel.document.path
+        if not path.is_absolute() and document is not None:
+            path = document.parent / path
+        return os.path.normpath(path)
+
+    def pick(self) -> None:
+        chosen, _ = QFileDialog.getOpenFileName(self.panel, f"Choose {self.label.lower()}", self.start(),
+                                                self.filters)
+        if chosen:
+            self.show_path(chosen)
+            self.panel._set(self.path, chosen)

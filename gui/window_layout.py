@@ -5,9 +5,19 @@ remembered between sessions.
 
 from __future__ import annotations
 
-from PySide6.QtCore import QByteArray, QObject, QSettings, QSize, Qt, Signal
+from PySide6.QtCore import QByteArray, QEvent, QObject, QSettings, QSize, Qt, Signal
 from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QDockWidget, QLabel, QMainWindow, QSplitter, QVBoxLayout, QWidget
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFrame,
+    QLabel,
+    QMainWindow,
+    QScrollArea,
+    QSplitter,
+    QStyle,
+    QVBoxLayout,
+    QWidget,
+)
 
 #: Share of the central splitter the cluster gets: large while designing, a compact status view
 #: while a run is watched (the plots get the room); the user's own sizes per layout are remembered.
@@ -47,11 +57,57 @@ def titled(title: str, widget: QWidget, tip: str) -> QWidget:
     return box
 
 
+#: Docks whose content is a column of forms (the problems, the selected host or task, the run settings): on a
+#: short screen the column scrolls as a whole, in one scroll area, instead of each part scrolling on its own.
+SCROLLING_DOCKS = ("settingsDock",)
+
+
+class ColumnScroll(QScrollArea):
+    """The one scroll area of a dock's column: up and down only, never narrower than the column needs (so no
+    row is cut off at the right), as short as the dock likes (the column scrolls)."""
+
+    def __init__(self, column: QWidget, name: str) -> None:
+        super().__init__()
+        self.setObjectName(name)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setWidget(column)
+        column.installEventFilter(self)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        if watched is self.widget() and event.type() == QEvent.Type.LayoutRequest:
+            self.updateGeometry()  # a row shown or hidden may change the width the column needs
+        return super().eventFilter(watched, event)
+
+    def minimumSizeHint(self) -> QSize:
+        column = self.widget()
+        needed = column.minimumSizeHint().width() if column is not None else 0
+        bar = self.style().pixelMetric(QStyle.PixelMetric.PM_ScrollBarExtent, None, self)
+        return QSize(needed + bar + 2 * self.frameWidth(), 4 * self.fontMetrics().height())
+
+
+def scroll_area_of(widget: QWidget) -> QScrollArea | None:
+    """The scroll area ``widget`` lies in; None when it lies in none."""
+    parent = widget.parentWidget()
+    while parent is not None and not isinstance(parent, QScrollArea):
+        parent = parent.parentWidget()
+    return parent
+
+
+def reveal(widget: QWidget) -> None:
+    """Scroll the scroll area ``widget`` lies in (if any) so that it is in view."""
+    area = scroll_area_of(widget)
+    if area is not None:
+        area.ensureWidgetVisible(widget)
+
+
 def add_dock(window: QMainWindow, title: str, name: str, widget: QWidget, area: Qt.DockWidgetArea) -> QDockWidget:
-    """``widget`` in a dock of ``window`` (``name``: its key in the saved window state)."""
+    """``widget`` in a dock of ``window`` (``name``: its key in the saved window state); the column of a dock
+    named in :data:`SCROLLING_DOCKS` scrolls as a whole."""
     dock = QDockWidget(title, window)
     dock.setObjectName(name)
-    dock.setWidget(widget)
+    dock.setWidget(ColumnScroll(widget, f"{name}Scroll") if name in SCROLLING_DOCKS else widget)
     dock.setToolTip("")
     window.addDockWidget(area, dock)
     return dock
