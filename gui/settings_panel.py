@@ -352,7 +352,7 @@ class SettingsPanel(QWidget):
         self.data_form.setRowVisible(self.y_key, self.applies("data.y_key"))
         self.data_form.setRowVisible(self.data_size, True)
         # a script builds its own layers: hidden sizes are not read (nor checked against the mesh) for it
-        self.model_form.setRowVisible(self.hidden, c.model.name != "script")
+        self.model_form.setRowVisible(self.hidden, self.applies("model.hidden"))  # a script builds its own layers
         for path in ("model.vocab_size", "model.embed_dim", "model.heads"):
             self.model_form.setRowVisible(self.widgets[path], self.applies(path))
         self.model_form.setRowVisible(self._rows["model.script"], self.applies("model.script"))

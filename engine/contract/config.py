@@ -378,7 +378,9 @@ class Data:
 class Model:
     name: str = spec("mlp", choices=MODELS, help="The model to train")
     # widths of the dense layers (transformer: its MLP block)
-    hidden: tuple[int, ...] = spec((256,), min_len=0, help="Hidden layer widths, e.g. 256, 128")
+    hidden: tuple[int, ...] = spec((256,), min_len=0, applies=_model_in("mlp", "cnn", "resnet", "embedding", "transformer"),
+                                   when="model.name: not script (a script builds its own layers)",
+                                   help="Hidden layer widths, e.g. 256, 128")
     vocab_size: int = spec(1000, minimum=2, maximum=10_000_000, applies=_model_in(*TOKEN_MODELS),
                            when="model.name: embedding | transformer",
                            help="Token models: ids run from 0 to vocab size - 1")
