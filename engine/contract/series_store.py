@@ -645,16 +645,17 @@ class SeriesStore:
 
     def view(self, group: str, max_points: int, span: tuple[float, float] | None = None) -> Block:
         """Every owner's rows at about ``max_points`` per series over the run: the coarsest level with at
-        least that many buckets in the span, the newer rows it has not summarised yet from finer levels
+        least half that many buckets in the span, the newer rows it has not summarised yet from finer levels
         (down to raw), older rows it no longer holds from coarser ones, its buckets merged to the widest
-        multiple of its width that still gives ``max_points``; sorted by owner, then time."""
+        multiple of its width that still gives ``max_points`` where that is at least twice its width;
+        sorted by owner, then time."""
         span = span or self.span()
         if span is None:
             return Block.empty()
         length = span[1] - span[0]
         chosen = 0
         for i, (_, width) in enumerate(LEVELS):
-            if width and length / width >= max_points:
+            if width and length / width >= max_points / 2:  # enough: at least half (one point per pixel)
                 chosen = i
         parts = [self.read_level(group, LEVELS[chosen][0])]
         known = self.owners()
@@ -684,7 +685,7 @@ class SeriesStore:
             start = np.minimum(start, _per_owner(head, owners, np.minimum, head.t_first, math.inf))
         width = LEVELS[chosen][1]
         target = math.floor(length / max_points / width) * width if width else 0.0
-        if target > width:  # the level's buckets merged to about max_points per series (a multiple of its width)
+        if width and target >= 2 * width:  # the level's buckets merged to about max_points per series (a multiple of its width)
             # part by part: no copy of the whole level (a bucket cut by a part's edge is two rows)
             parts, width = [p.summarise(target) for p in parts if len(p)], target
         block = Block.concat(parts)
