@@ -36,7 +36,7 @@ from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
 from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder, default_runs_root, launcher_identity
-from engine.control import background, netns, preflight, transports, unchosen_code
+from engine.control import background, doctor, netns, preflight, transports, unchosen_code
 from engine.control import lifecycle as lc
 from engine.control.run_record import FLUSH_S as FLUSH_S  # the record's flush cadence, also read from here
 from engine.control.run_record import RunRecord
@@ -510,6 +510,8 @@ class Run:
 
     def _act(self, actions: list[lc.Action]) -> None:
         for action in actions:
+            if isinstance(action, lc.RestartTask) or getattr(action, "dump_stacks", False):  # a hang: who waits where
+                self._ask_for_stacks(action)
             if isinstance(action, lc.StopRun):
                 with self._restart_lock:
                     if self._stopping:
@@ -523,6 +525,16 @@ class Run:
             elif isinstance(action, lc.RestartTask):
                 self._emit_info(f"{action.task}: {action.reason}; its supervisor restarts it", task_hung=action.task)
                 self.send(action.task, "restart", reason=action.reason)
+
+    def _ask_for_stacks(self, action: lc.Action) -> None:
+        with self._lock:
+            live = [n for n, t in self.state.tasks.items() if t.state not in ("finished", "failed", "stopped")]
+        if isinstance(action, lc.RestartTask):
+            live = [action.task]
+        culprit = action.task if isinstance(action, lc.RestartTask) else (
+            action.outcome.failed_task if isinstance(action, lc.StopRun) else action.reason.split(": ")[0])
+        for message, fields in doctor.dump_for_hang(self.folder, self.send, live, culprit):
+            self._emit_info(message, **fields)
 
     def _resubmit(self) -> bool:
         """A whole-run restart: transports holding a scheduler's allocation (``resubmit_on_restart``, Slurm)

@@ -40,7 +40,7 @@ from __future__ import annotations
 import re
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
@@ -59,6 +59,8 @@ SUPERVISOR_SILENCE_S = 10.0
 #: A hang found while its host has been quiet this long waits (a live supervisor speaks every 0.5 s) until the
 #: host speaks (the task is blamed) or reaches :data:`SUPERVISOR_SILENCE_S` (its supervisor is).
 QUIET_HOST_S = 2.0
+#: Said of a hang: where the stacks every task dumped on it are (``engine.control.doctor``).
+STACKS_NOTE = "; every task's Python stacks: tasks/<task>/stacks.txt"
 #: A task "spins" (a likely culprit of a hang) when its recent CPU use is at least this (percent)…
 BUSY_CPU = 5.0
 
@@ -213,6 +215,7 @@ class StopRun:
     """Stop every supervisor; the tasks still running read ``outcome.task_state``/``task_reason``."""
 
     outcome: Outcome
+    dump_stacks: bool = False  # a hang: ask every task for its stacks first (engine.control.doctor)
 
 
 @dataclass(frozen=True)
@@ -222,11 +225,13 @@ class RestartRun:
     reason: str
     restart: int
     restarts_allowed: int
+    dump_stacks: bool = False  # a hang: ask every task for its stacks first (engine.control.doctor)
 
 
 @dataclass(frozen=True)
 class RestartTask:
-    """Have ``task``'s supervisor restart it, as if it were lost (async workers)."""
+    """Have ``task``'s supervisor restart it, as if it were lost (async workers; only a hang does this: its
+    stacks are asked for first)."""
 
     task: str
     reason: str
@@ -529,7 +534,8 @@ class Lifecycle:
             return self._failed(supervisor_name(task.info.host), (
                 f"sent nothing for {silent:.0f} s (not even its samples every 0.5 s): the supervisor is stopped "
                 f"(SIGSTOP), frozen or cut off; its tasks ({task.info.name} among them) could not report"))
-        return self._failed(task.info.name, reason)
+        actions = self._failed(task.info.name, reason + STACKS_NOTE)
+        return [replace(a, dump_stacks=True) if isinstance(a, (StopRun, RestartRun)) else a for a in actions]
 
     def _hang_reason(self, task: _Task, now: float, run_wide: bool = False) -> str:
         limit = self.progress_timeout_s

@@ -106,6 +106,10 @@ def main(argv: list[str] | None = None) -> int:
     stop.watch(on_timeout=lambda: _stopped_late(emitter, stop))
     if args.lifeline_fd is not None:
         _watch_lifeline(args.lifeline_fd)
+    if not args.bare:  # SIGUSR1 dumps every thread's stack; profile requests (engine.runtime.diagnostics)
+        from engine.runtime import diagnostics
+
+        diagnostics.arm(run_dir, task, emitter.info)
     code = 0
     try:
         config = config_mod.load(run_dir / "config.yaml")

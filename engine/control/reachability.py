@@ -1,0 +1,146 @@
+"""Reachability before launch on multi-host clusters: every task's address and port, checked from here in a few
+seconds, instead of a hang found by the progress timeout a minute later.
+
+Checked from this machine (the launcher's), before any supervisor starts:
+
+- each other host's address resolves;
+- each of its tasks' ports answers as a free port does (a refused connection: the host is up and nothing
+  listens there yet); a port that accepts is taken (a leftover of an earlier run), one that gives no answer
+  within the timeout is cut off (the host down, a firewall dropping, a wrong address);
+- each task of this machine can bind its port (TensorFlow's server listens on ``0.0.0.0:<port>``).
+
+What this cannot see: whether host A reaches host B when neither is this machine (a firewall between two
+remote hosts). That check needs code on every host, so it belongs to the supervisors: a supervisor command
+``probe`` (``{"targets": ["host:port", ...]}``) answered by an ``info`` event per unreachable target, sent by
+the launcher once every supervisor is up and before it lets the tasks start. Not built: it needs a start
+barrier in the supervisor (engine/control/supervisor.py) that the launcher releases.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.contract.config import Problem, RunConfig
+
+#: Seconds the whole check may take (names resolved and ports tried in parallel).
+TIMEOUT_S = 3.0
+
+Resolver = Callable[[str], str]
+
+
+@dataclass(frozen=True)
+class Target:
+    """A task's address and port as the cluster names them; ``local``: on this machine."""
+
+    task: str
+    host: str
+    address: str
+    port: int | None
+    local: bool = False
+
+
+def targets(config: RunConfig) -> list[Target]:
+    """The tasks to check: every task of a cluster with a host other than this machine (none otherwise; a
+    Slurm group's nodes are not known before its allocation and are left out)."""
+    hosts = [h for h in config.cluster.hosts if not h.is_slurm]
+    if all(h.is_local for h in hosts):
+        return []
+    return [Target(t.name, h.name, "127.0.0.1" if h.is_local else h.address.strip(), t.port, h.is_local)
+            for h in hosts for t in h.tasks]
+
+
+def resolve(address: str) -> str:
+    """The first IPv4 (else IPv6) address of ``address``; raises ``OSError``."""
+    infos = socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    infos.sort(key=lambda i: i[0] != socket.AF_INET)
+    return str(infos[0][4][0])
+
+
+def check_target(target: Target, timeout: float, resolver: Resolver = resolve) -> str | None:
+    """What is wrong with ``target`` (a sentence naming its host and port), or None."""
+    where = f"{target.task} on host {target.host!r} ({target.address}:{target.port or 'auto'})"
+    if target.local:
+        return _bind_problem(target, where)
+    try:
+        ip = resolver(target.address)
+    except OSError as exc:
+        return f"{where}: the address {target.address!r} does not resolve ({exc.strerror or exc}); expected a host " \
+               "name or IP address this machine can resolve"
+    if target.port is None:
+        return None  # an 'auto' port is picked on that host: only its address can be checked from here
+    family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        try:
+            code = s.connect_ex((ip, target.port))
+        except TimeoutError:
+            code = errno.ETIMEDOUT
+        except OSError as exc:
+            code = exc.errno or errno.EHOSTUNREACH
+    if code == errno.ECONNREFUSED:
+        return None  # up, and nothing listens there yet: what a task's port should be before launch
+    if code == 0:
+        return f"{where}: port {target.port} is already taken (something accepts connections there: a leftover " \
+               "of an earlier run?); expected a free port"
+    if code in (errno.ETIMEDOUT, errno.EAGAIN, errno.EINPROGRESS):
+        return f"{where}: no answer within {timeout:g} s (the host is down, a firewall drops the port, or the " \
+               "address is wrong); expected the port to be reachable from this machine"
+    return f"{where}: unreachable ({errno.errorcode.get(code, code)}: {_strerror(code)}); expected the port to be " \
+           "reachable from this machine"
+
+
+def _bind_problem(target: Target, where: str) -> str | None:
+    if target.port is None:
+        return None
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", target.port))  # noqa: S104 - where TensorFlow's server will listen
+        except OSError as exc:
+            return f"{where}: port {target.port} cannot be bound on this machine ({exc.strerror or exc}); " \
+                   "expected a free port"
+    return None
+
+
+def _strerror(code: int) -> str:
+    try:
+        import os
+
+        return os.strerror(code)
+    except ValueError:
+        return "unknown error"
+
+
+def check(items: list[Target], timeout: float = TIMEOUT_S, resolver: Resolver = resolve) -> list[str]:
+    """Every problem of ``items``, checked in parallel within about ``timeout`` seconds (a target that has not
+    answered by then is named as such)."""
+    results: dict[int, str | None] = {}
+    lock = threading.Lock()
+
+    def one(i: int, target: Target) -> None:
+        problem = check_target(target, max(0.2, timeout - 0.5), resolver)
+        with lock:
+            results[i] = problem
+
+    threads = [threading.Thread(target=one, args=(i, t), daemon=True) for i, t in enumerate(items)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout)
+    out = []
+    with lock:
+        for i, target in enumerate(items):
+            if i not in results:
+                out.append(f"{target.task} on host {target.host!r} ({target.address}:{target.port or 'auto'}): "
+                           f"no answer within {timeout:g} s (the name did not resolve in time?)")
+            elif results[i] is not None:
+                out.append(str(results[i]))
+    return out
+
+
+def problems(config: RunConfig, timeout: float = TIMEOUT_S, resolver: Resolver = resolve) -> list[Problem]:
+    """:func:`check` of the config's cluster as launch problems (empty for a cluster of this machine only)."""
+    return [Problem("cluster", message) for message in check(targets(config), timeout, resolver)]

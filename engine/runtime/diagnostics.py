@@ -1,0 +1,204 @@
+"""A task's answers to "why is it stuck, why is it slow": stack dumps on a signal, profiles on request.
+
+**Stacks.** :func:`arm_stack_dumps` registers :mod:`faulthandler` on :data:`DUMP_SIGNAL` (``SIGUSR1``): the
+signal makes the process append the Python stacks of all its threads to ``tasks/<task>/stacks.txt``.
+faulthandler's handler is C and async-signal-safe, so it answers while the main thread is blocked in
+TensorFlow (a collective waiting for a peer), where a Python handler would never run. The file starts each
+arming with a line naming the task, its pid and its main thread (``# clusterdeck stacks … main thread
+0x…``), so a reader can tell which dumped thread is the main one; whoever asks for a dump writes its own
+marker line first (:mod:`engine.control.doctor`).
+
+**Profiles.** :class:`ProfileRequests` polls ``RUN/profile/request.json`` (``{"id", "ms", "t"}``) every
+:data:`POLL_S` seconds on a daemon thread; for a new, recent request it captures a TensorFlow profile of
+``ms`` milliseconds while the task trains on, writes it in TensorBoard's profile layout
+(``RUN/tensorboard/plugins/profile/<id>/<task>.xplane.pb``: one "host" per task) and then
+``RUN/profile/<id>/<task>.done`` (JSON: the file, the top ops by self time where TensorFlow can read them,
+or the error).
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import json
+import os
+import re
+import shutil
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+from engine.contract.run_folder import RunFolder, task_folder_name
+
+#: The signal that asks a task for its stacks (its default action would end the process: armed first thing).
+DUMP_SIGNAL = signal.SIGUSR1
+#: The file in the task's folder that collects its dumps (``engine.control.doctor.STACKS_FILE`` reads it).
+STACKS_FILE = "stacks.txt"
+#: Seconds between two looks for a profile request.
+POLL_S = 0.5
+#: A request older than this (seconds, by its ``t``) is not taken: it was meant for tasks before this one.
+STALE_S = 60.0
+#: Bounds of a capture, milliseconds.
+MIN_MS, MAX_MS = 10, 60_000
+#: How many ops a task names in its profile summary.
+TOP_OPS = 8
+_ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+_armed: list[IO[str]] = []  # faulthandler writes to these files' descriptors: they must stay open
+
+
+def arm_stack_dumps(task_dir: Path, task: str) -> Path | None:
+    """``SIGUSR1`` appends every thread's Python stack to ``task_dir/stacks.txt``; the file, or None where it
+    cannot be armed (no such signal, the file cannot be opened)."""
+    if not hasattr(faulthandler, "register"):
+        return None
+    path = task_dir / STACKS_FILE
+    try:
+        task_dir.mkdir(parents=True, exist_ok=True)
+        out = open(path, "a", encoding="utf-8")  # noqa: SIM115 - stays open for faulthandler
+    except OSError:
+        return None
+    out.write(f"# clusterdeck stacks of {task}: pid {os.getpid()}, main thread 0x{threading.get_ident():016x}\n")
+    out.flush()
+    faulthandler.register(DUMP_SIGNAL, file=out, all_threads=True, chain=False)
+    _armed.append(out)
+    return path
+
+
+class ProfileRequests:
+    """Takes profile requests from the run folder (see the module docstring); one capture at a time."""
+
+    def __init__(self, run_dir: Path, task: str, emit_info: Any = None) -> None:
+        self.folder = RunFolder(run_dir)
+        self.task = task
+        self.emit_info = emit_info  # ``emitter.info`` or None
+        self.seen: set[str] = set()
+
+    @property
+    def request_file(self) -> Path:
+        return self.folder.path / "profile" / "request.json"
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._poll_forever, name="profile-requests", daemon=True)
+        thread.start()
+        return thread
+
+    def _poll_forever(self) -> None:
+        while True:
+            time.sleep(POLL_S)
+            try:
+                self.poll_once()
+            except Exception as exc:  # noqa: BLE001 - diagnostics must never end the task
+                self._say(f"profile request failed: {exc!r}")
+
+    def read_request(self) -> tuple[str, int] | None:
+        """The pending request's ``(id, ms)``, or None (no file, malformed, stale, seen or done)."""
+        try:
+            request = json.loads(self.request_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+        if not isinstance(request, dict):
+            return None
+        rid, ms, t = request.get("id"), request.get("ms"), request.get("t", 0)
+        if not isinstance(rid, str) or not _ID.match(rid) or rid in self.seen:
+            return None
+        if not isinstance(ms, int) or isinstance(ms, bool) or not isinstance(t, (int, float)):
+            return None
+        if time.time() - float(t) > STALE_S or self.done_file(rid).exists():
+            return None
+        return rid, max(MIN_MS, min(MAX_MS, ms))
+
+    def done_file(self, rid: str) -> Path:
+        return self.folder.path / "profile" / rid / f"{task_folder_name(self.task)}.done"
+
+    def xplane_file(self, rid: str) -> Path:
+        return self.folder.tensorboard / "plugins" / "profile" / rid / f"{task_folder_name(self.task)}.xplane.pb"
+
+    def poll_once(self) -> bool:
+        """Capture the pending request, if any (True when one was taken)."""
+        tf = sys.modules.get("tensorflow")
+        if tf is None or not hasattr(tf, "profiler"):
+            return False  # TensorFlow not imported yet: the request waits (its "t" bounds how long)
+        request = self.read_request()
+        if request is None:
+            return False
+        rid, ms = request
+        self.seen.add(rid)
+        result: dict[str, Any] = {"task": self.task, "id": rid, "ms": ms}
+        try:
+            result.update(self._capture(tf, rid, ms))
+        except Exception as exc:  # noqa: BLE001 - reported in the done file
+            result["error"] = f"{type(exc).__name__}: {exc}"[:600]
+        done = self.done_file(rid)
+        self.folder.private_dir(done.parent)
+        tmp = done.with_suffix(".tmp")
+        tmp.write_text(json.dumps(result), encoding="utf-8")
+        os.replace(tmp, done)
+        return True
+
+    def _capture(self, tf: Any, rid: str, ms: int) -> dict[str, Any]:
+        raw = self.folder.path / "profile" / rid / f"raw-{task_folder_name(self.task)}"
+        self.folder.private_dir(raw)
+        started = time.time()
+        tf.profiler.experimental.start(str(raw))
+        try:
+            time.sleep(ms / 1000)
+        finally:
+            tf.profiler.experimental.stop()
+        # stop() writes raw/plugins/profile/<timestamp>/<hostname>.xplane.pb: one file per task instead
+        found = sorted(raw.glob("plugins/profile/*/*.xplane.pb"))
+        if not found:
+            raise RuntimeError(f"the profiler wrote no .xplane.pb under {raw}")
+        target = self.xplane_file(rid)
+        self.folder.private_dir(target.parent)
+        os.replace(found[-1], target)
+        shutil.rmtree(raw, ignore_errors=True)
+        out: dict[str, Any] = {"xplane": str(target.relative_to(self.folder.path)), "started": started,
+                               "seconds": round(time.time() - started, 3)}
+        try:
+            out["top_ops"] = top_ops(target)
+        except Exception as exc:  # noqa: BLE001 - the file is there; the summary is a bonus
+            out["top_ops_error"] = f"{type(exc).__name__}: {exc}"[:300]
+        return out
+
+    def _say(self, message: str) -> None:
+        if self.emit_info is not None:
+            try:
+                self.emit_info(f"{self.task}: {message}")
+            except Exception:  # noqa: BLE001, S110 - nothing more to say
+                pass
+
+
+def top_ops(xplane: Path, limit: int = TOP_OPS) -> list[dict[str, Any]]:
+    """The ops of a profile by total self time (idle left out): ``{"type", "op", "self_us", "count", "share"}``.
+
+    TensorFlow's own converter (the profile plugin's ``framework_op_stats`` tool) reads the file, so no
+    TensorBoard plugin is needed here."""
+    from tensorflow.python.profiler.internal import _pywrap_profiler_plugin as plugin
+
+    data, ok = plugin.xspace_to_tools_data([str(xplane)], "framework_op_stats", {})
+    if not ok:
+        raise RuntimeError(data.decode("utf-8", "replace")[:200])
+    tables = json.loads(data)
+    table = tables[-1]  # the last table leaves idle time out
+    cols = [c["id"] for c in table["cols"]]
+    rows = [{k: cell.get("v") if isinstance(cell, dict) else None for k, cell in zip(cols, r["c"], strict=False)}
+            for r in table["rows"]]
+    rows = [r for r in rows if r.get("type") != "IDLE"]
+    rows.sort(key=lambda r: float(r.get("total_self_time") or 0.0), reverse=True)
+    return [{"type": r.get("type"), "op": r.get("operation"), "self_us": round(float(r.get("total_self_time") or 0), 1),
+             "count": int(r.get("occurrences") or 0),
+             "share": round(float(r.get("host_total_self_time_percent") or 0), 4)} for r in rows[:limit]]
+
+
+def arm(run_dir: Path, task: str, emit_info: Any = None) -> None:
+    """Both, for a supervised task: stacks on ``SIGUSR1`` and profile requests (call after the SIGTERM set-up,
+    before TensorFlow is imported)."""
+    folder = RunFolder(run_dir)
+    try:
+        task_dir = folder.private_dir(folder.task_dir(task))
+    except OSError:
+        return  # the task's folder is refused (a planted link): no dumps, and the task says so elsewhere
+    arm_stack_dumps(task_dir, task)
+    ProfileRequests(run_dir, task, emit_info).start()
