@@ -8,7 +8,7 @@ from pathlib import Path
 
 from engine.contract import datasets
 from engine.contract.config import Problem, RunConfig
-from engine.control import machine_fit, script_check, unchosen_code
+from engine.control import machine_fit, reachability, script_check, unchosen_code
 
 
 def preflight(config: RunConfig, *, scripts: bool = True, timeout: float | None = None) -> list[Problem]:
@@ -17,6 +17,8 @@ def preflight(config: RunConfig, *, scripts: bool = True, timeout: float | None 
     (:func:`engine.contract.datasets.check`) and, where the config names one, the user's script (in a subprocess)."""
     problems = unchosen_code.problems(config)  # code a shared preset would run unchosen: refused first
     problems += machine_fit.check(config) + datasets.check(config) + program_problems(config)
+    if not problems:  # other hosts' addresses and task ports, in seconds, instead of a hang 60 s after launch
+        problems += reachability.problems(config)
     if scripts and script_check.uses_script(config):
         problems += script_check.check(config, timeout=timeout)
     return problems
