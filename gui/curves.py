@@ -26,7 +26,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import QLineF, QRectF, Qt
 from PySide6.QtGui import QImage, QPainter, QPen, QTransform
 
-Points = tuple[np.ndarray, np.ndarray]
+from gui.series_model import Points, finite_range
+
 #: Appends a line keeps for the next paint; past this the next paint draws every line in full.
 MAX_PENDING = 64
 
@@ -110,15 +111,6 @@ class Curve:
     @property
     def yData(self) -> np.ndarray:  # noqa: N802
         return self.getData()[1]
-
-
-def finite_range(a: np.ndarray) -> tuple[float, float]:
-    """Lowest and highest finite value of ``a``; ``(inf, -inf)`` when there is none."""
-    if len(a) <= 8:  # the few points of a frame: plain floats beat numpy's per-call cost
-        values = [v for v in a.tolist() if math.isfinite(v)]
-        return (min(values), max(values)) if values else (math.inf, -math.inf)
-    finite = a[np.isfinite(a)]
-    return (float(finite.min()), float(finite.max())) if len(finite) else (math.inf, -math.inf)
 
 
 def _union(a: list[float], b: list[float]) -> list[float]:

@@ -13,7 +13,7 @@ from gui.readout import Reading, describe, nearest
 
 
 class MetricPlot(Protocol):
-    """What the readout reads of a :class:`gui.plots.MetricPlot` (no import of it: no cycle)."""
+    """What the readout reads of a :class:`gui.metric_plot.MetricPlot` (no import of it: no cycle)."""
 
     item: Any
     widget: Any
