@@ -3,7 +3,10 @@
     clusterdeck                          open the desktop app
     clusterdeck gui [PRESET] [--run]     the same, with a preset (and start it)
     clusterdeck gui RUN_FOLDER           the app, showing a run folder (one holding config.yaml)
-    clusterdeck run PRESET [--steps N] [--out DIR] [--json] [--program SCRIPT [-- ARGS...]]
+    clusterdeck run PRESET [--steps N] [--out DIR] [--json] [--detach] [--program SCRIPT [-- ARGS...]]
+    clusterdeck ls [--out DIR] [--json]  the runs in the runs folder (state, step x of y, started, duration)
+    clusterdeck attach RUN               watch a run (history, then live); Ctrl+C detaches, the run goes on
+    clusterdeck stop RUN                 stop a run through its control socket
     clusterdeck validate PRESET...
     clusterdeck tf-config PRESET         each task's TF_CONFIG, as JSON
     clusterdeck export PRESET [--out DIR] [--image IMG]   launch scripts, TF_CONFIG files, Kubeflow TFJob
@@ -29,8 +32,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from engine.cli import metrics_view
+from engine.cli import detached, live_view
 from engine.cli.folders import expand_folder, unusable_folder
+from engine.cli.stopping import Interrupted
+from engine.cli.stopping import StopOnSignal as _StopOnSignal
+from engine.cli.stopping import signal_name as _signal_name
 from engine.contract import config as config_mod
 from engine.contract import presets
 from engine.contract.config import ConfigError, Problem
@@ -41,32 +47,6 @@ from engine.contract.run_folder import CONFIG_YAML, RUNS_ENV, default_runs_root
 RUN_FOLDER_OPTION = "--run-folder"
 #: Qt platforms that need no display server.
 _HEADLESS_QPA = frozenset({"offscreen", "minimal", "minimalegl", "vnc", "eglfs", "linuxfb", "vkkhrdisplay"})
-
-
-class Interrupted(BaseException):
-    """A stop signal before a run started: the command ends with 128 + ``signum``."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def _stop_signals() -> list[int]:
-    return [s for s in (signal.SIGINT, signal.SIGTERM, getattr(signal, "SIGHUP", None)) if s is not None]
-
-
-def _signal_name(signum: int) -> str:
-    return "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
-def _fmt_rate(value: float | None) -> str:
-    if value is None:
-        return "-"
-    return f"{value / 1000:.1f}k" if value >= 10_000 else f"{value:.0f}"
-
-
-def _fmt_loss(value: float | None) -> str:
-    return "-" if value is None else f"{value:.4f}"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -80,11 +60,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         report(exc)
         return 2
+    if args.detached_launcher:  # this process is the launcher `run --detach` started
+        return detached.launch(args, cfg)
     runs_root, named = _runs_root(args.out)
     why = unusable_folder(runs_root)
     if why is not None:
         report(ConfigError([Problem(named, f"{str(runs_root)!r} cannot hold run folders: {why}")]))
         return 2
+    if args.detach:
+        return detached.spawn(args, cfg, runs_root, named, report)
     with _StopOnSignal() as stopper:  # Ctrl-C, SIGTERM, SIGHUP: end the command before the start, stop the run after
         from engine.control.launcher import Run, launch_problems
         from engine.control.memory import tune_allocator
@@ -154,56 +138,6 @@ def _json_errors(exc: ConfigError) -> None:
     sys.stdout.flush()
 
 
-class _StopOnSignal:
-    """Ctrl-C, SIGTERM and SIGHUP during ``clusterdeck run``.
-
-    Before the run starts (loading TensorFlow-free modules, the data and script checks) a signal ends
-    the command at once (:class:`Interrupted`; nothing was started). While :meth:`Run.start` runs it is
-    held, and afterwards it stops the run with :meth:`Run.stop`, as the app's Stop does; the command
-    then exits with 128 + the signal.
-    """
-
-    def __init__(self) -> None:
-        self.signum: int | None = None
-        self._run: Any = None
-        self._holding = False
-        self._previous: dict[int, Any] = {}
-
-    def __enter__(self) -> _StopOnSignal:
-        for s in _stop_signals():
-            self._previous[s] = signal.signal(s, self._handle)
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        for s, handler in self._previous.items():
-            signal.signal(s, handler)
-
-    def _handle(self, signum: int, frame: Any) -> None:
-        if self.signum is None:
-            self.signum = signum
-        if self._run is not None:
-            self._run.stop(reason=f"interrupted ({_signal_name(signum)})", wait=False)
-        elif not self._holding:
-            raise Interrupted(signum)
-
-    def start(self, run: Any) -> Path:
-        """``run.start()`` with signals held; a signal that came meanwhile stops the run at once."""
-        self._holding = True
-        try:
-            run_dir: Path = run.start()
-        finally:
-            self._holding = False
-        self._run = run
-        if self.signum is not None:
-            run.stop(reason=f"interrupted ({_signal_name(self.signum)})", wait=False)
-        return run_dir
-
-    def exit_code(self, run: Any) -> int:
-        if self.signum is not None:
-            return 128 + self.signum
-        return 0 if run.state.state == "finished" else 1
-
-
 def _run_json(run: Any, stopper: _StopOnSignal) -> int:
     import dataclasses
 
@@ -224,8 +158,9 @@ def _run_json(run: Any, stopper: _StopOnSignal) -> int:
 
     run.add_listener(on_event)
     stopper.start(run)
-    while not run.done:
-        run.wait(0.2)
+    with _hosted(run):
+        while not run.done:
+            run.wait(0.2)
     summary = run.state.summary()
     summary["run_dir"] = str(run.run_dir)
     emit({"kind": "summary", **summary})
@@ -233,78 +168,15 @@ def _run_json(run: Any, stopper: _StopOnSignal) -> int:
 
 
 def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
-    from rich.console import Console, Group
-    from rich.live import Live
+    from rich.console import Console
     from rich.markup import escape
-    from rich.progress import (
-        BarColumn,
-        MofNCompleteColumn,
-        Progress,
-        TextColumn,
-        TimeElapsedColumn,
-        TimeRemainingColumn,
-    )
-    from rich.table import Table
-
-    from engine.observe.stragglers import StragglerDetector
 
     console = Console(stderr=False)
-    notes = _Notes()
-    detector = StragglerDetector()
-
-    def on_event(event: dict[str, Any]) -> None:
-        for c in detector.update(event):
-            if c.flagged:
-                notes.append(f"[yellow]replica {c.replica} ({c.task}) is straggling: step {c.step_time * 1000:.0f} ms "
-                             f"vs median {c.median * 1000:.0f} ms ({c.ratio:.2f}x)"
-                             + (f": {escape(c.cause)}" if c.cause else "") + "[/]")
-            else:
-                notes.append(f"[dim]replica {c.replica} ({c.task}) no longer straggling ({c.reason})[/]")
-        kind = event.get("kind")
-        total = metrics_view.program_total(event)
-        if total is not None and run.config.program is not None:  # the program says how far it goes
-            run.state.total_steps = total
-        if kind == "info" and event.get("message"):
-            notes.info(str(event["task"]), str(event["message"]))
-        elif kind == "status" and event.get("state") == "failed":
-            notes.failed(str(event["task"]), str(event.get("reason", "")))
-
-    run.add_listener(on_event)
-    progress = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                        TextColumn("steps"), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn(),
-                        console=console, transient=False)
-    bar = progress.add_task(escape(run.config.name), total=run.state.total_steps)  # a name is text, not markup
-
-    def replica_table() -> Table:
-        table = Table(box=None, pad_edge=False, show_header=True, header_style="bold dim")
-        replicas = sorted(run.state.replicas.values(), key=lambda r: r.replica)
-        names = metrics_view.metric_names(replicas)  # accuracy etc., as the replicas report them
-        for col in ("replica", "task", "step", "loss", *names, "examples/s", "step ms", "slow"):
-            table.add_column(escape(col), justify="right" if col != "task" else "left")
-        slow = detector.flagged()
-        for r in replicas:
-            flag = f"[yellow]{slow[r.replica].ratio:.2f}x[/]" if r.replica in slow else ""
-            table.add_row(str(r.replica), r.task, str(r.step), _fmt_loss(r.loss),
-                          *(metrics_view.fmt_metric(r.metrics.get(n)) for n in names),
-                          _fmt_rate(r.examples_per_sec), "-" if r.step_time is None else f"{r.step_time * 1000:.1f}",
-                          flag)
-        return table
-
-    def view() -> Group:
-        state = run.state
-        progress.update(bar, completed=state.step, total=state.total_steps or None)
-        tasks = "  ".join(f"{t.name}:{t.state}" for t in state.tasks.values())
-        lines = [escape(line) for line in _figure_lines(state)]
-        return Group(progress, replica_table(), *(f"[dim]{line}[/]" for line in lines), f"[dim]{tasks}[/]",
-                     *notes.last(4))
-
+    view = live_view.LiveView(run, console)  # listening before the start: no event missed
     run_dir = stopper.start(run)
     console.print(f"run folder: {escape(str(run_dir))}")
-    with Live(view(), console=console, refresh_per_second=8, transient=False) as live:
-        while not run.done:
-            run.wait(0.125)
-            live.update(view())
-        live.update(view())
+    with _hosted(run):
+        view.follow()
     console.print()
     _print_summary(console, run)
     if stopper.signum is not None:
@@ -312,75 +184,23 @@ def _run_pretty(run: Any, stopper: _StopOnSignal) -> int:
     return stopper.exit_code(run)
 
 
-class _Notes:
-    """The live view's notes, as rich markup: the same message from several tasks (every worker naming its
-    strategy) is one note naming them all, and a task's own text is shown as written (a bracket in it is not
-    markup)."""
+def _hosted(run: Any) -> Any:
+    """The run's control channel while this command shows it (``clusterdeck stop`` from another terminal)."""
+    import contextlib
 
-    def __init__(self) -> None:
-        self.lines: list[str] = []
-        self._said_by: dict[str, tuple[int, list[str]]] = {}
+    from engine.control.detach import RunHost
 
-    def append(self, markup: str) -> None:
-        self.lines.append(markup)
-
-    def info(self, task: str, message: str) -> None:
-        from rich.markup import escape
-
-        index, tasks = self._said_by.setdefault(message, (len(self.lines), []))
-        if index == len(self.lines):
-            self.lines.append("")
-        tasks.append(task)
-        self.lines[index] = f"[dim]{escape(', '.join(tasks))}[/]: {escape(message)}"
-
-    def failed(self, task: str, reason: str) -> None:
-        from rich.markup import escape
-
-        self.lines.append(f"[red]{escape(task)} failed[/]: {escape(reason)}")
-
-    def last(self, n: int) -> list[str]:
-        return self.lines[-n:]
+    try:
+        return RunHost(run, detached=False).start()
+    except OSError as exc:  # the run goes on without a channel: say so, never fail it for that
+        print(f"clusterdeck: warning: no control channel for this run ({exc.strerror or exc})", file=sys.stderr)
+        return contextlib.nullcontext()
 
 
-def _print_summary(console: Any, run: Any) -> None:
-    from rich.markup import escape
-    from rich.text import Text
-
-    s = run.state.summary()
-    state = s["state"]
-    colour = {"finished": "green", "failed": "red", "stopped": "yellow"}.get(state, "white")
-    console.print(f"[bold {colour}]{state}[/] after {s['steps']} of {s['total_steps']} steps"
-                  + (f" in {s['duration_s']:.1f} s" if s["duration_s"] else ""))
-    if state == "failed":
-        console.print(f"[red]failed task: {escape(str(s['failed_task'] or '?'))}[/] - {escape(str(s['reason']))}")
-        task = run.state.tasks.get(s["failed_task"])
-        if task is not None and task.log_tail:
-            console.print("[dim]last log lines:[/]")
-            for line in task.log_tail[-10:]:
-                console.print(Text("  " + line, style="dim"), highlight=False)
-    for rid, r in s["replicas"].items():
-        # async: the chief reports for every worker; name the worker that trained
-        where = f"worker:{r['worker']}, reported by {r['task']}" if r.get("worker") is not None else r["task"]
-        metrics = f", {metrics_view.metrics_text(r['metrics'])}" if r.get("metrics") else ""
-        console.print(f"  replica {rid} ({escape(where)}): final loss {_fmt_loss(r['loss'])} "
-                      f"(from {_fmt_loss(r['first_loss'])}){escape(metrics)}, "
-                      f"{_fmt_rate(r['examples_per_sec'])} examples/s")
-    console.print(f"  total: {_fmt_rate(s['examples_per_sec'])} examples/s")
-    for line in _figure_lines(run.state):
-        console.print(f"  {escape(line)}")
-    console.print(f"run folder: {escape(str(run.run_dir))}")
-
-
-def _figure_lines(state: Any) -> list[str]:
-    """The last validation figures and what the run trains with (when its tasks said so)."""
-    lines = []
-    validation = metrics_view.validation_line(state.summary())
-    if validation:
-        lines.append(validation)
-    training = metrics_view.training_info(state.infos)
-    if training:
-        lines.append(metrics_view.training_line(training))
-    return lines
+#: The view's parts, under the names tests and older callers know.
+_Notes = live_view.Notes
+_print_summary = live_view.print_summary
+_figure_lines = live_view.figure_lines
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
@@ -571,6 +391,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--program", default=None, metavar="SCRIPT",
                    help="run your own training program (a .py file) on the preset's cluster; its arguments "
                         "follow '--' (docs/programs.md)")
+    detached.add_arguments(p)
     p.set_defaults(func=cmd_run)
     p = sub.add_parser("validate", help="check presets and their data files without running them")
     p.add_argument("presets", nargs="+")
@@ -596,6 +417,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "scaling efficiency")
     scaling_arguments(p)
     p.set_defaults(func=cmd_scaling)
+    _add_run_commands(sub)
     p = sub.add_parser("presets", help="list the bundled presets")
     p.set_defaults(func=cmd_presets)
     p = sub.add_parser("gui", help="open the desktop app (with a preset or a run folder)")
@@ -605,6 +427,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_gui)
     parser.set_defaults(commands=set(sub.choices))
     return parser
+
+
+def _add_run_commands(sub: Any) -> None:
+    """``ls``, ``attach`` and ``stop``: runs that outlive the terminal that started them."""
+    from engine.cli import attach, runs_list
+
+    p = sub.add_parser("ls", help="list the runs in the runs folder: state, step, started, duration")
+    runs_list.add_runs_option(p)
+    p.add_argument("--json", action="store_true", help="one JSON object per run")
+    p.set_defaults(func=runs_list.ls)
+    p = sub.add_parser("attach", help="watch a run (history, then live) until it ends; Ctrl+C detaches")
+    p.add_argument("run", metavar="RUN", help="a run folder, or a run's name under the runs folder (clusterdeck ls)")
+    runs_list.add_runs_option(p)
+    p.set_defaults(func=attach.attach)
+    p = sub.add_parser("stop", help="stop a running run, as Ctrl+C in its terminal would")
+    p.add_argument("run", metavar="RUN", help="a run folder, or a run's name under the runs folder (clusterdeck ls)")
+    runs_list.add_runs_option(p)
+    p.set_defaults(func=attach.stop)
 
 
 def _unknown_command(word: str, commands: list[str]) -> int:

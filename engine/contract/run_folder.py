@@ -11,6 +11,9 @@ Layout (README, "A run folder holds")::
     RUN/hosts/<host>/supervisor.log      a supervisor's own messages
     RUN/checkpoints/                     the run's checkpoints
     RUN/scratch/<role>-<index>/          throw-away files of a task (never outside the run folder)
+    RUN/launcher.json                    who serves the run: pid, start token, control socket, detached or not
+    RUN/launcher.log                     a detached launcher's own stdout and stderr
+    RUN/control.sock                     the run's control channel (owner-only Unix socket) while it runs
 
 Every writer (launcher, supervisor, task runtime, Keras callback, export, app, test fixtures) goes
 through :class:`RunFolder`; ``run.json`` and ``config.yaml`` are replaced atomically, so a reader
@@ -266,6 +269,21 @@ class RunFolder:
     @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
+
+    @property
+    def launcher_json(self) -> Path:
+        """What finds the run's launcher: pid, start token, control socket (``engine.control.detach``)."""
+        return self.path / "launcher.json"
+
+    @property
+    def launcher_log(self) -> Path:
+        """A detached launcher's stdout and stderr (it has no terminal)."""
+        return self.path / "launcher.log"
+
+    @property
+    def control_socket(self) -> Path:
+        """The run's owner-only control channel while its launcher serves it (``engine.control.control_socket``)."""
+        return self.path / "control.sock"
 
     def task_dir(self, task: str) -> Path:
         return self.path / "tasks" / task_folder_name(task)

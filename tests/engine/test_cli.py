@@ -401,3 +401,15 @@ def test_run_program_runs_a_users_script_on_a_presets_cluster(tmp_path: Path) ->
     assert "accuracy 0.75" in out.stdout
     log = next((tmp_path / "runs").glob("*/tasks/worker-0/log.txt")).read_text(encoding="utf-8")
     assert "args ['--lr', '0.1']" in log
+
+
+def test_run_detach_reports_what_the_launcher_refused_and_leaves_no_run_folder(tmp_path: Path) -> None:
+    preset = write_npz_preset(tmp_path, "missing.npz")
+    out = cli(tmp_path, "run", str(preset), "--detach")
+    no_traceback(out)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "data.path" in out.stderr and str(tmp_path / "missing.npz") in out.stderr
+    runs = tmp_path / "runs"
+    assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
+    out = cli(tmp_path, "ls")
+    assert out.returncode == 0 and "no runs" in out.stdout, out.stdout
