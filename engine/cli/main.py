@@ -425,6 +425,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a preset file, a bundled preset name, or a run folder (one holding config.yaml)")
     p.add_argument("--run", action="store_true", help="start the preset at once")
     p.set_defaults(func=cmd_gui)
+    from engine.cli import doctor as doctor_cli
+
+    doctor_cli.register(sub)  # stacks, profile: why a run is stuck or slow
     parser.set_defaults(commands=set(sub.choices))
     return parser
 
