@@ -168,9 +168,20 @@ def process_alive(pid: int, token: str = "") -> bool:
         return False
     except PermissionError:
         pass  # someone else's process: it exists
+    if _zombie(pid):  # killed and not reaped yet: it runs no more
+        return False
     if token:
         return process_token(pid) == token
     return True
+
+
+def _zombie(pid: int) -> bool:
+    """Whether ``pid`` has ended and waits for its parent to reap it (Linux's ``/proc``; elsewhere: no)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return fh.read().rsplit(b")", 1)[1].split()[0] == b"Z"
+    except (OSError, IndexError):
+        return False
 
 
 def launcher_identity() -> dict[str, Any]:

@@ -176,7 +176,10 @@ class Block:
         return out
 
     def summarise(self, width: float) -> Block:
-        """One row per owner and bucket ``floor(t_first / width)``, rows of a bucket in arrival order."""
+        """One row per owner and bucket ``floor(t_first / width)``, rows of a bucket in arrival order; a width of 0
+        (the raw level) leaves every row its own."""
+        if width <= 0:
+            return self
         if not len(self):
             out = Block.empty(self.cols)
             out.width = width

@@ -12,16 +12,24 @@ from typing import Any
 from engine.contract import events
 
 
+#: The sampled kinds: with ``samples_to_file=False`` they go to the pipe only (the launcher keeps them in the
+#: run's tiered store, engine.contract.series_store); every other kind is a lifecycle event, kept in both.
+SAMPLE_KINDS = ("step", "device")
+
+
 class Emitter:
     """Writes each event to the task's ``events.jsonl`` first, then to the supervisor's pipe.
 
     Thread-safe. A broken pipe (supervisor gone) leaves the file going: the
     lifeline watcher ends the process soon after anyway. Events emitted together
-    (a report of every replica) may be sent in one :meth:`batch`.
+    (a report of every replica) may be sent in one :meth:`batch`. ``samples_to_file=False``: step and device
+    samples go to the pipe only, so the task's file is not a second full copy of the run's samples.
     """
 
-    def __init__(self, task: str, path: str | Path | None, fd: int | None = None) -> None:
+    def __init__(self, task: str, path: str | Path | None, fd: int | None = None, *,
+                 samples_to_file: bool = True) -> None:
         self.task = task
+        self.samples_to_file = samples_to_file
         self._lock = threading.Lock()
         # a full or unwritable run folder must not cost the pipe its events (the launcher then fails the run)
         self._file = events.EventWriter(path, keep_going=True) if path else None
@@ -31,11 +39,12 @@ class Emitter:
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = events.make(kind, self.task, **fields)
         line = events.encode(event)
-        held: list[str] | None = getattr(self._batch, "lines", None)
+        to_file = self.samples_to_file or kind not in SAMPLE_KINDS
+        held: list[tuple[str, bool]] | None = getattr(self._batch, "lines", None)
         if held is not None:
-            held.append(line)
+            held.append((line, to_file))
         else:
-            self._write(line)
+            self._write(line, line if to_file else "")
         return event
 
     @contextmanager
@@ -52,15 +61,16 @@ class Emitter:
         finally:
             lines, self._batch.lines = self._batch.lines, None
             if lines:
-                self._write("".join(lines))
+                self._write("".join(line for line, _ in lines), "".join(line for line, to_file in lines if to_file))
 
-    def _write(self, line: str) -> None:
+    def _write(self, piped: str, filed: str) -> None:
+        """``piped`` to the supervisor, ``filed`` (the same lines less the samples kept off the file) to the file."""
         with self._lock:
-            if self._file is not None:
-                self._file.write_line(line)
+            if self._file is not None and filed:
+                self._file.write_line(filed)
             if self._fd is not None:
                 try:
-                    os.write(self._fd, line.encode("utf-8"))
+                    os.write(self._fd, piped.encode("utf-8"))
                 except OSError:
                     self._fd = None
 

@@ -98,7 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = Path(args.run_dir)
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
     events_path = None if args.bare else RunFolder(run_dir).task_events(task)
-    emitter = Emitter(task, events_path, None if args.bare else args.event_fd)
+    # with a pipe, the samples reach the launcher's tiered store: the task's own file keeps the lifecycle only
+    emitter = Emitter(task, events_path, None if args.bare else args.event_fd,
+                      samples_to_file=args.bare or args.event_fd is None)
     # under a supervisor, a SIGTERM it did not send (no stop marker) is this task's failure, not the run's stop
     supervised = not args.bare and os.environ.get(STOP_MARKERS_ENV) == "1"
     stop = StopSignal(RunFolder(run_dir).stop_marker(task) if supervised else None)

@@ -18,6 +18,7 @@ from engine.contract import events
 from engine.contract.config import Cluster, Host, RunConfig, Task, replace
 from engine.contract.run_folder import RunFolder
 from engine.control.launcher import Run
+from engine.observe.run_reader import read_events
 from tests.conftest import PRESETS, ROOT, alive, wait_gone
 
 pytestmark = pytest.mark.cluster
@@ -59,12 +60,14 @@ def test_two_workers_complete_with_events_from_both_replicas(runs_root: Path) ->
     infos = [e for e in seen if e["kind"] == "info" and e.get("strategy")]
     assert {e["strategy"] for e in infos} == {"MultiWorkerMirroredStrategy"}
 
-    # everything streamed is also on disk: the run's stream and each task's own file
-    on_disk = events.read_file(run_dir / "events.jsonl")
-    assert [e for e in on_disk if e["kind"] == "step"] == steps
+    # everything streamed is also on disk: the lifecycle in events.jsonl and each task's file, the samples in the
+    # run's tiered store (float32 columns), once (the tasks' own files do not copy them)
+    on_disk = [e for e in read_events(run_dir) if e["kind"] == "step"]
+    assert [(e["replica"], e["step"]) for e in on_disk] == [(e["replica"], e["step"]) for e in steps]
+    assert all(abs(a["loss"] - b["loss"]) < 1e-5 for a, b in zip(on_disk, steps, strict=True))
     for name in ("worker-0", "worker-1"):
         own = events.read_file(run_dir / "tasks" / name / "events.jsonl")
-        assert any(e["kind"] == "step" for e in own)
+        assert any(e["kind"] == "status" for e in own) and not any(e["kind"] == "step" for e in own)
         assert (run_dir / "tasks" / name / "log.txt").exists()
     assert (run_dir / "config.yaml").exists() and config_mod.load(run_dir / "config.yaml").name == cfg.name
     assert json.loads((run_dir / "run.json").read_text())["state"] == "finished"
@@ -177,9 +180,10 @@ def test_killed_worker_fails_the_run_naming_it(runs_root: Path) -> None:
     assert run.state.failed_task == "worker:1"
     assert "SIGKILL" in run.state.reason
     assert not wait_gone(run.pids(), 3)
-    on_disk = events.read_file(run.run_dir / "events.jsonl")
+    on_disk = read_events(run.run_dir)
     assert any(e["kind"] == "step" for e in on_disk)
-    assert on_disk[-1]["kind"] == "run" and on_disk[-1]["state"] == "failed"
+    lifecycle = events.read_file(run.run_dir / "events.jsonl")
+    assert lifecycle[-1]["kind"] == "run" and lifecycle[-1]["state"] == "failed"
 
 
 def test_restart_resumes_from_checkpoint(runs_root: Path) -> None:
@@ -266,10 +270,10 @@ def test_launcher_killed_tasks_exit_by_themselves(tmp_path: Path) -> None:
     proc.wait()
     assert wait_gone(pids, 5.0) == [], "tasks outlived their launcher by more than 5 s"
     run_dir = next((tmp_path / "runs").iterdir())
-    # each task keeps its own events (written as it emits them): the steps the killed launcher saw are there;
+    # the samples the killed launcher saw are in the run's store (whole records only, at most 0.5 s behind);
     # the launcher's own events.jsonl (written in bursts, at most 0.1 s behind) holds whole lines only
     folder = RunFolder(run_dir)
-    assert any(e["kind"] == "step" for task in ("worker:0", "worker:1") for e in events.read_file(folder.task_events(task)))
+    assert any(e["kind"] == "step" for e in read_events(run_dir))
     stats = events.ReadStats()
     events.read_file(folder.events, stats)
     assert stats.bad == 0 and stats.good > 0

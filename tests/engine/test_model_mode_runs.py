@@ -15,6 +15,7 @@ from engine.contract import events
 from engine.contract.config import Cluster, Host, RunConfig, Task, replace
 from engine.control import script_check
 from engine.control.launcher import Run
+from engine.observe.run_reader import read_events
 from tests.conftest import PRESETS
 
 REGRESSION = textwrap.dedent('''
@@ -81,7 +82,7 @@ def convnet_check_config(tmp_path: Path, filters: int, extra: str = "") -> RunCo
 
 
 def steps_of(run: Run) -> list[dict[str, Any]]:
-    return [e for e in events.read_file(run.folder.events) if e["kind"] == "step" and "loss" in e]
+    return [e for e in read_events(run.folder.path) if e["kind"] == "step" and e.get("loss") is not None]
 
 
 def mean(values: list[float]) -> float:

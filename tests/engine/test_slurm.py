@@ -26,6 +26,7 @@ import yaml
 from engine.contract.config import RunConfig
 from engine.control import slurm
 from engine.control.launcher import Run
+from engine.observe.run_reader import read_events
 from tests.conftest import IN_CI, SESSION_MARK, EventRecorder, wait_gone
 from tests.conftest import slurm_preset as preset
 from tests.engine import slurm_cluster
@@ -187,7 +188,8 @@ def test_data_parallel_preset_runs_through_slurm_and_a_restart_resubmits(cluster
     chosen = running[-1]["message"]  # the ports chosen on the node are those in TF_CONFIG
     assert all(a.startswith(f"{slurm_cluster.NODE}:") and a in chosen for a in tf_config["cluster"]["worker"])
     written = [json.loads(line) for line in (run.run_dir / "events.jsonl").read_text().splitlines()]
-    assert {e["replica"] for e in written if e["kind"] == "step"} == {0, 1}
+    assert written and written[-1]["kind"] == "run"  # the lifecycle, whole lines
+    assert {e["replica"] for e in read_events(run.run_dir) if e["kind"] == "step"} == {0, 1}  # the samples' store
     assert_nothing_left(run, rec)
 
 

@@ -13,8 +13,8 @@ import psutil
 import pytest
 
 from engine.contract import config as config_mod
-from engine.contract import events
 from engine.contract.run_folder import RunFolder
+from engine.observe.run_reader import read_events
 from tests.conftest import ROOT, descendants_running, wait_gone
 from tests.gui.conftest import PRESETS
 
@@ -38,7 +38,7 @@ def test_tasks_outlive_a_killed_app_by_less_than_5s(tmp_path: Path) -> None:
             runs = list((tmp_path / "runs").glob("*"))
             # two tasks (and, where they were forked, the warm-start template, which must go as well)
             if len(tasks) >= 2 and runs and any(e["kind"] == "step"
-                                                for e in events.read_file(runs[0] / "events.jsonl")):
+                                                for e in read_events(runs[0])):
                 run_dir = runs[0]
                 break
             time.sleep(0.3)
@@ -49,7 +49,7 @@ def test_tasks_outlive_a_killed_app_by_less_than_5s(tmp_path: Path) -> None:
         assert wait_gone(pids, 5.0) == [], "tasks outlived the killed app by more than 5 s"
         # the folder is complete enough to reopen: config and the events so far
         assert config_mod.load(run_dir / "config.yaml").name == cfg.name
-        assert any(e["kind"] == "step" for e in events.read_file(run_dir / "events.jsonl"))
+        assert any(e["kind"] == "step" for e in read_events(run_dir))
     finally:
         if app.poll() is None:
             app.kill()
@@ -71,7 +71,7 @@ def test_a_signal_stops_the_apps_run_and_closes_it(tmp_path: Path, signum: int) 
         run_dir = None
         while time.monotonic() < deadline and run_dir is None:
             runs = list((tmp_path / "runs").glob("*"))
-            if runs and any(e["kind"] == "step" for e in events.read_file(runs[0] / "events.jsonl")):
+            if runs and any(e["kind"] == "step" for e in read_events(runs[0])):
                 run_dir = runs[0]
             time.sleep(0.3)
         assert run_dir is not None, "the app did not start training within 120 s"
