@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QFileDialog, QMessageBox
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QScrollArea
 
 from engine.contract import config as config_mod
 from engine.contract import events
@@ -250,11 +250,15 @@ def test_run_settings_fit_a_laptop_screen_in_model_mode(qtbot: Any, window: Any)
     window.open_path(PRESETS / "model-2x2.yaml", ask=False)
     panel = window.settings_panel
     qtbot.waitUntil(lambda: panel.mesh_batch.isVisibleTo(window))
-    assert panel.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff
-    body = panel.widget()
+    scroll = panel.parentWidget()  # the settings column's one scroll area
+    while scroll is not None and not isinstance(scroll, QScrollArea):
+        scroll = scroll.parentWidget()
+    assert scroll is not None
+    assert scroll.horizontalScrollBarPolicy() == Qt.ScrollBarPolicy.ScrollBarAlwaysOff
+    body = scroll.widget()
     qtbot.waitUntil(lambda: body.width() >= body.minimumSizeHint().width())  # nothing cut off at the right
-    right = panel.mesh_model.mapTo(panel, QPoint(panel.mesh_model.width(), 0)).x()
-    assert right <= panel.viewport().width() + 1
+    right = panel.mesh_model.mapTo(scroll.viewport(), QPoint(panel.mesh_model.width(), 0)).x()
+    assert right <= scroll.viewport().width() + 1
 
 
 def test_a_run_folder_dropped_or_given_opens_it(qtbot: Any, window: Any, tmp_path: Path) -> None:
