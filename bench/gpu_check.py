@@ -46,11 +46,11 @@ from _common import ROOT, add_doc_flags, machine_line, median, want_doc, write_s
 from _stats import paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract import events as events_mod  # noqa: E402
 from engine.contract.plan import plan_tasks, resolve_ports  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
 from engine.control.gpu import GpuSampler  # noqa: E402
 from engine.control.launcher import Run  # noqa: E402
+from engine.observe.run_reader import read_events  # noqa: E402
 
 TIME_BUDGET_S = 8 * 60
 
@@ -174,7 +174,7 @@ def check_run(cfg: config_mod.RunConfig, root: Path, buses: list[str]) -> dict[s
             series = history.series.get(f"task/{name}/{metric}")
             if series is None or len(series) == 0:
                 problems.append(f"{name}: no {metric} points in the history the plots draw")
-    written = events_mod.read_file(run.folder.events)
+    written = read_events(run.folder.path)  # the lifecycle and the samples' store
     if device_events and not any(e["kind"] == "device" and "gpu_util" in e for e in written):
         problems.append("the run's events.jsonl holds no device event with gpu_util")
     rates = [e["window_examples_per_sec"] for e in finished if e.get("window_examples_per_sec")]

@@ -9,7 +9,7 @@ replica 0's loss:
   event) to the moment the plots panel's ``redrawn`` signal finds the point in
   the loss curve's data (``MetricPlot.points``);
 - *TensorBoard*: the same ``t`` to the moment TensorBoard's HTTP data API
-  (``GET /data/plugin/scalars/scalars?run=…&tag=replica_0/loss``, the route its
+  (``GET /data/plugin/scalars/scalars?run=…/replica_0&tag=loss``, the route its
   scalar dashboard reads) first serves that step; polled every 100 ms.
 
 Both clocks are this machine's wall clock. Prints median and p99 of each and the
@@ -46,7 +46,7 @@ from engine.contract.presets import resolve_preset  # noqa: E402
 
 GOAL_MEDIAN_S = 0.050
 GOAL_FACTOR = 100.0
-TAG = "replica_0/loss"
+TAG = "loss"  # TensorBoard's convention: a run per replica (tensorboard/replica_<id>), plain tags
 POLL_S = 0.1
 
 
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
 
         window.plots.redrawn.connect(on_redrawn)
         run_dir = controller.start_run()
-        tb.watch(f"{run_dir.name}/tensorboard/worker-0")
+        tb.watch(f"{run_dir.name}/tensorboard/replica_0")
 
         def tick() -> None:
             now = time.monotonic()
@@ -236,7 +236,7 @@ def _doc(preset: str, seconds: float, f: dict[str, float], app: list[float], tb:
         f"reload settings) serves the same run's summaries; {machine_line()}. Latency of each point of replica 0's "
         "loss, from the event's `t` (stamped by the task as it emits the step) to the moment the point is in the "
         "loss curve's data (ClusterDeck: checked on every redraw of the plots panel) or is first served by "
-        "TensorBoard's data API `GET /data/plugin/scalars/scalars?run=…&tag=replica_0/loss` (polled every 100 ms).",
+        "TensorBoard's data API `GET /data/plugin/scalars/scalars?run=…/replica_0&tag=loss` (polled every 100 ms).",
         "",
         "| | points | median | p99 | max |",
         "| --- | ---: | ---: | ---: | ---: |",

@@ -43,7 +43,7 @@ from _common import add_doc_flags, machine_line, median, want_doc, write_section
 from _stats import MIN_ROUNDS, paired_ratio, rotated, rounds_note  # noqa: E402
 from whole_run import GROUPED, MODES, PRESETS, Bench, CpuSampler, classify, stamps_of  # noqa: E402
 
-from engine.contract import events as events_mod  # noqa: E402
+from engine.observe.run_reader import read_events  # noqa: E402
 
 SIDES = ("clusterdeck", GROUPED)
 #: processes that only ClusterDeck runs
@@ -70,7 +70,7 @@ def label_of(proc: Any) -> str:
 
 def cd_window(run_dir: str, mode: str) -> tuple[float, float, int]:
     """(first, last, steps between) of a ClusterDeck run's training, from its events."""
-    evs = events_mod.read_file(Path(run_dir) / "events.jsonl")
+    evs = read_events(run_dir)  # the lifecycle and the samples' store
     if mode == "async":
         points = [(e["t"], e["completed"]) for e in evs if e["kind"] == "progress" and isinstance(e.get("completed"), int)]
     else:
@@ -109,7 +109,7 @@ def measure(bench: Bench, side: str, mode: str, steps: int) -> dict[str, Any]:
     if side == "clusterdeck":
         t0, t1, n = cd_window(sample.run_dir, mode)
         series.relabel({e["pid"]: f"task: {e['task'].split(':')[0]}"
-                        for e in events_mod.read_file(Path(sample.run_dir) / "events.jsonl")
+                        for e in read_events(sample.run_dir)
                         if e["kind"] == "status" and isinstance(e.get("pid"), int)})
         shutil.rmtree(sample.run_dir, ignore_errors=True)
     else:

@@ -11,7 +11,6 @@ from typing import Any
 
 from engine.contract import events
 
-
 #: The sampled kinds: with ``samples_to_file=False`` they go to the pipe only (the launcher keeps them in the
 #: run's tiered store, engine.contract.series_store); every other kind is a lifecycle event, kept in both.
 SAMPLE_KINDS = ("step", "device")

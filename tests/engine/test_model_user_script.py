@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from engine.contract import config as config_mod
-from engine.contract import events
 from engine.contract.config import replace
 from engine.control import script_check
 from engine.control.launcher import Run
+from engine.observe.run_reader import read_events
 from tests.conftest import PRESETS
 
 SCRIPT = textwrap.dedent('''
@@ -68,7 +68,7 @@ def test_the_users_sharded_model_learns_on_a_2x2_mesh(tmp_path: Path) -> None:
     run = Run(user_config(tmp_path), runs_root=tmp_path / "runs")
     run.start()
     assert run.wait(240) == "finished", run.state.reason
-    steps = [e for e in events.read_file(run.folder.events) if e["kind"] == "step" and "loss" in e]
+    steps = [e for e in read_events(run.folder.path) if e["kind"] == "step" and e.get("loss") is not None]
     replicas = sorted({e["replica"] for e in steps})
     assert replicas == [0, 1]  # the mesh's batch axis
     for replica in replicas:
