@@ -19,26 +19,42 @@ EVENT_VERSION = 1
 COMMAND_VERSION = 1
 
 
-class TaskState(str, enum.Enum):
-    """A task's state, as its ``status`` events say it."""
+try:
+    from enum import StrEnum
+except ImportError:  # Python 3.10: the same, spelled out (str() and f-strings give the value)
 
+    class StrEnum(str, enum.Enum):  # type: ignore[no-redef]
+        def __str__(self) -> str:
+            return str(self.value)
+
+
+class TaskState(StrEnum):
+    """A task's state, as its ``status`` events say it (``pending``: not started yet, never sent)."""
+
+    PENDING = "pending"
     STARTING = "starting"
     RUNNING = "running"
+    RESTARTING = "restarting"
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
-    RESTARTING = "restarting"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (TaskState.FINISHED, TaskState.FAILED, TaskState.STOPPED)
 
 
-class RunPhase(str, enum.Enum):
+class RunPhase(StrEnum):
     """A run's state, as the launcher's ``run`` events say it."""
 
     PENDING = "pending"  # waiting for a scheduler's allocation
+    STARTING = "starting"
     RUNNING = "running"
+    RESTARTING = "restarting"
+    STOPPING = "stopping"
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
-    RESTARTING = "restarting"
 
 
 #: The states that end a task or a run.

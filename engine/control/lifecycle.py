@@ -45,6 +45,7 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
+from engine.contract import records
 from engine.contract.config import STEPS_PER_EXECUTION_MODES, TRAINER_ROLES
 from engine.contract.plan import primary_roles
 
@@ -65,39 +66,15 @@ STACKS_NOTE = "; every task's Python stacks: tasks/<task>/stacks.txt"
 BUSY_CPU = 5.0
 
 
-class RunPhase(StrEnum):
-    """Where a run stands (also the ``state`` of its ``run`` events)."""
-
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    STOPPING = "stopping"
-    FINISHED = "finished"
-    FAILED = "failed"
-    STOPPED = "stopped"
+#: The wire's state enums (engine/contract/records.py): one set for the runtime, the launcher and the views.
+RunPhase = records.RunPhase
+TaskPhase = records.TaskState
 
 
 class EndState(StrEnum):
     FINISHED = "finished"
     FAILED = "failed"
     STOPPED = "stopped"
-
-
-class TaskPhase(StrEnum):
-    """A task's state as its status events tell it."""
-
-    PENDING = "pending"
-    STARTING = "starting"
-    RUNNING = "running"
-    RESTARTING = "restarting"
-    FINISHED = "finished"
-    FAILED = "failed"
-    STOPPED = "stopped"
-
-    @property
-    def terminal(self) -> bool:
-        return self in (TaskPhase.FINISHED, TaskPhase.FAILED, TaskPhase.STOPPED)
 
 
 USER_STOP = "stopped by the user"

@@ -11,7 +11,9 @@ from typing import Any, TypeGuard
 
 import numpy as np
 
-TERMINAL = ("finished", "failed", "stopped")
+from engine.contract import records
+
+TERMINAL = records.TERMINAL  # the states that end a task or a run (the wire's enums)
 
 
 @dataclass
