@@ -47,3 +47,18 @@ def status(task: str, state: str, *, t: float | None = None, **fields: Any) -> d
 
 def run_state(state: str, *, t: float | None = None, **fields: Any) -> dict[str, Any]:
     return event("run", "launcher", t=t, state=state, **fields)
+
+
+def run_to_end(config: Any, runs_root: Any, timeout: float = 120.0) -> list[dict[str, Any]]:
+    """Launch ``config`` for real (a valid config), wait for it to finish; every event the run delivered."""
+    from engine.contract.config import validate
+    from engine.control.launcher import Run
+
+    problems = validate(config)
+    assert problems == [], [str(p) for p in problems]
+    seen: list[dict[str, Any]] = []
+    run = Run(config, runs_root=runs_root)
+    run.add_listener(seen.append)
+    run.start()
+    assert run.wait(timeout) == "finished", run.state.summary()
+    return seen

@@ -202,6 +202,11 @@ def _type_text(types: tuple[type, ...]) -> str:
     return " or ".join(words)
 
 
+def _table(title: str, fields: tuple[Field, ...]) -> list[str]:
+    return ["", title, "", "| field | type | required | |", "| --- | --- | --- | --- |",
+            *(f"| `{x.name}` | {_type_text(x.types)} | {'yes' if x.required else ''} | {x.help} |" for x in fields)]
+
+
 def markdown() -> str:
     """``docs/events.md``: every event kind and command with its fields."""
     out = ["# Events and commands", "",
@@ -211,14 +216,12 @@ def markdown() -> str:
            "| field | type | |", "| --- | --- | --- |"]
     out += [f"| `{x.name}` | {_type_text(x.types)} | {x.help} |" for x in COMMON]
     for kind, (what, fields) in EVENTS.items():
-        out += ["", f"## `{kind}`: {what}", "", "| field | type | required | |", "| --- | --- | --- | --- |"]
-        out += [f"| `{x.name}` | {_type_text(x.types)} | {'yes' if x.required else ''} | {x.help} |" for x in fields]
+        out += _table(f"## `{kind}`: {what}", fields)
     out += ["", "## Supervisor commands", "", f"One JSON object a line on the supervisor's stdin, version "
             f"{COMMAND_VERSION}: `{{\"v\": {COMMAND_VERSION}, \"command\": NAME, ...}}`; an unknown command or field "
             "is refused."]
     for name, (what, fields) in COMMANDS.items():
-        out += ["", f"### `{name}`: {what}", "", "| field | type | required | |", "| --- | --- | --- | --- |"]
-        out += [f"| `{x.name}` | {_type_text(x.types)} | {'yes' if x.required else ''} | {x.help} |" for x in fields]
+        out += _table(f"### `{name}`: {what}", fields)
     out += ["", "## States", "", "Task states (`status.state`): " + ", ".join(f"`{s.value}`" for s in TaskState) + ".",
             "", "Run states (`run.state`): " + ", ".join(f"`{s.value}`" for s in RunPhase) + "."]
     return "\n".join(out) + "\n"

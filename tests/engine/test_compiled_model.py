@@ -21,10 +21,9 @@ from engine.contract.config import (
     Training,
     Validation,
     replace,
-    validate,
 )
 from engine.control import script_check
-from engine.control.launcher import Run
+from tests import kit
 
 COMPILED = """
     import keras
@@ -97,13 +96,7 @@ def config_for(script: Path, mode: str = "data", steps: int = 20, **changes: Any
 
 
 def run(cfg: RunConfig, runs_root: Path) -> list[dict[str, Any]]:
-    assert validate(cfg) == [], [str(p) for p in validate(cfg)]
-    seen: list[dict[str, Any]] = []
-    r = Run(cfg, runs_root=runs_root)
-    r.add_listener(seen.append)
-    r.start()
-    assert r.wait(120) == "finished", r.state.summary()
-    return seen
+    return kit.run_to_end(cfg, runs_root)
 
 
 def training_info(seen: list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,8 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.contract.config import Cluster, Data, Host, Model, RunConfig, Task, Training, validate
-from engine.control.launcher import Run
+from engine.contract.config import Cluster, Data, Host, Model, RunConfig, Task, Training
 from engine.observe.stragglers import StragglerDetector, cause_of
 from tests import kit
 
@@ -44,13 +43,7 @@ def two_workers(data: Data, steps: int = 60) -> RunConfig:
 
 
 def run(cfg: RunConfig, runs_root: Path) -> list[dict[str, Any]]:
-    assert validate(cfg) == [], [str(p) for p in validate(cfg)]
-    seen: list[dict[str, Any]] = []
-    r = Run(cfg, runs_root=runs_root)
-    r.add_listener(seen.append)
-    r.start()
-    assert r.wait(120) == "finished", r.state.summary()
-    return [e for e in seen if e["kind"] == "step"]
+    return [e for e in kit.run_to_end(cfg, runs_root) if e["kind"] == "step"]
 
 
 def flagged_causes(steps: list[dict[str, Any]]) -> dict[str, str]:
