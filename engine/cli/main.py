@@ -491,6 +491,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def _main(argv: list[str]) -> int:
     parser = build_parser()
+    if "_ARGCOMPLETE" in os.environ:  # the shell asks for completions (README: eval "$(register-python-argcomplete clusterdeck)")
+        import argcomplete
+
+        argcomplete.autocomplete(parser)  # answers and exits
     commands = sorted(parser.get_default("commands"))
     if not argv:
         argv = ["gui"]  # `clusterdeck` opens the app
