@@ -22,7 +22,7 @@ def test_window_layout_is_remembered(qtbot: Any, runs_root: Path, qt_settings: P
     first.splitter.setSizes([300, 450])
     sizes = first.splitter.sizes()
     first.close()
-    assert (qt_settings / "ClusterDeck" / "ClusterDeck.ini").exists()
+    assert (qt_settings / "clusterdeck" / "clusterdeck.ini").exists()
     assert not app_settings().value("window/geometry").isEmpty()
     second = MainWindow(Controller(runs_root=runs_root))
     second.show()
