@@ -9,6 +9,7 @@ from engine.contract import config as config_mod
 from engine.contract.plan import CUDA_ORDER, CUDA_ORDER_ENV, plan_tasks, resolve_ports
 from engine.control.gpu import GpuSampler, cuda_order, task_gpu_figures
 from tests.conftest import PRESETS
+from tests.engine.test_gpu import _Memory, _Process, _Util  # the NVML stand-in's records
 
 GIB = 1024**3
 
@@ -16,25 +17,6 @@ GIB = 1024**3
 @dataclass
 class _Pci:
     busId: bytes  # noqa: N815 - NVML's own spelling
-
-
-@dataclass
-class _Util:
-    gpu: int
-    memory: int = 0
-
-
-@dataclass
-class _Memory:
-    total: int
-    used: int
-    free: int = 0
-
-
-@dataclass
-class _Process:
-    pid: int
-    usedGpuMemory: int  # noqa: N815
 
 
 class MixedHost:
