@@ -138,10 +138,14 @@ def wait_for_dumps(folder: RunFolder, tasks: Iterable[str], timeout: float) -> d
     """Each task's newest dump, waiting up to ``timeout`` s for every one to have frames."""
     tasks = list(tasks)
     deadline = time.monotonic() + timeout
+    before: dict[str, str] = {}
     while True:
         dumps = {t: read_dump(folder, t) for t in tasks}
-        if all(d.threads for d in dumps.values()) or time.monotonic() >= deadline:
+        # a dump is written thread by thread: whole once its main thread is in, or once it stopped growing
+        if all(d.threads and (d.main_thread is not None or d.text == before.get(t)) for t, d in dumps.items()) \
+                or time.monotonic() >= deadline:
             return dumps
+        before = {t: d.text for t, d in dumps.items()}
         time.sleep(0.1)
 
 
