@@ -174,14 +174,19 @@ COMMANDS: dict[str, tuple[str, tuple[Field, ...]]] = {
 }
 
 
+#: Each kind's declared fields (common ones included), made once: the decoder checks every event against them.
+_FIELDS: dict[str, dict[str, Field]] = {kind: {x.name: x for x in (*COMMON, *fields)}
+                                        for kind, (_, fields) in EVENTS.items()}
+
+
 def fields_of(kind: str) -> dict[str, Field]:
     """The declared fields of an event kind (common ones included)."""
-    return {x.name: x for x in (*COMMON, *EVENTS[kind][1])}
+    return _FIELDS[kind]
 
 
 def well_typed(kind: str, event: dict[str, object]) -> bool:
     """Every declared field of ``event`` present with one of its types (bool is no number), required ones there."""
-    for field in fields_of(kind).values():
+    for field in _FIELDS[kind].values():
         if field.name not in event:
             if field.required:
                 return False

@@ -20,19 +20,9 @@ import numpy as np
 import pytest
 
 from tests.conftest import ROOT
+from tests.engine.test_sharded_api import four_cpus  # one way to split the CPU
 
 DEVICES = 4
-
-
-def four_cpus() -> bool:
-    import tensorflow as tf
-
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    try:
-        tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * DEVICES)
-    except RuntimeError:
-        pass
-    return len(tf.config.list_logical_devices("CPU")) >= DEVICES
 
 
 def mesh_of(*dims: tuple[str, int]) -> Any:
