@@ -268,6 +268,9 @@ def supervisor_name(host: str) -> str:
     return f"supervisor@{host}"
 
 
+SECONDHAND_GRACE_S = 3.0  # how long a failure reported by a peer waits for the culprit's own report
+
+
 class Lifecycle:
     """The policy of one run. Feed it with :meth:`feed` (one thread at a time); act on what it returns."""
 
@@ -288,6 +291,9 @@ class Lifecycle:
         self.generation = 0  # bumped by every whole-run restart
         self.outcome: Outcome | None = None
         self.pending_failure: tuple[str, str] | None = None  # decided while a restart was under way
+        #: a failure another task reported of ``culprit`` (culprit, reason, until): the culprit's own words, if
+        #: they come within SECONDHAND_GRACE_S, say more ("killed by SIGKILL" rather than a peer's heartbeat error)
+        self.secondhand: tuple[str, str, float] | None = None
         self.run_progress_at: float | None = None  # the last step of any task (synchronous runs)
         self.generation_started_at = now
 
@@ -310,6 +316,8 @@ class Lifecycle:
         """The run's end, once every supervisor is gone."""
         if self.outcome is not None:
             return self.outcome
+        if self.secondhand is not None:
+            return Outcome(EndState.FAILED, self.secondhand[1], self.secondhand[0])
         if self.all_primaries_finished():
             return Outcome(EndState.FINISHED)
         primaries = [t for t in self.tasks.values() if t.info.role in self.primaries]
@@ -346,12 +354,17 @@ class Lifecycle:
         if isinstance(item, LauncherFailed):
             return self._end(Outcome(EndState.FAILED, item.reason, LAUNCHER))
         if isinstance(item, Tick):
+            if self.secondhand is not None and now >= self.secondhand[2] and self.outcome is None:
+                culprit, why, _ = self.secondhand
+                self.secondhand = None
+                return self._failed(culprit, why)
             return self._check_progress(now)
         raise TypeError(f"not a lifecycle input: {item!r}")
 
     def restart_started(self, now: float) -> None:
         """The plumbing began a whole-run restart: a new generation, fresh progress clocks."""
         self.phase = RunPhase.RESTARTING
+        self.secondhand = None
         for task in self.tasks.values():
             task.phase = TaskPhase.PENDING
             task.started_at = task.progress_at = None
@@ -397,6 +410,11 @@ class Lifecycle:
                 return self._failed(item.cause_task, f"got a SIGTERM ClusterDeck did not send (reported by "
                                                      f"{item.task}: {without_name(item.task, item.reason)})")
             culprit, why = blame(item.task, without_name(item.task, item.reason or "failed"))
+            suspect = self.tasks.get(culprit)
+            if culprit != item.task and suspect is not None and not suspect.phase.terminal:
+                if self.secondhand is None:
+                    self.secondhand = (culprit, why, now + SECONDHAND_GRACE_S)
+                return []
             return self._failed(culprit, why)
         if item.state is TaskPhase.FINISHED and self.all_primaries_finished():
             return self._end(Outcome(EndState.FINISHED))
@@ -415,6 +433,7 @@ class Lifecycle:
         return self._failed(supervisor_name(item.host), message)
 
     def _failed(self, culprit: str, reason: str) -> list[Action]:
+        self.secondhand = None  # a decided failure settles any report still waiting for its culprit's words
         if self.outcome is not None:
             return []
         if self.phase is RunPhase.RESTARTING:

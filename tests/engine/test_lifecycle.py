@@ -86,11 +86,27 @@ def test_blame_names_the_task_tensorflow_found_unhealthy() -> None:
     reason = ("UnavailableError: Collective ops is aborted by: Error reported from /job:worker/task:1: The "
               "following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1")
     policy = started()
-    (action,) = feed(policy, [status("worker:0", "failed", reason=reason)])
+    # a peer's report waits a moment for the culprit's own words ...
+    assert feed(policy, [status("worker:0", "failed", reason=reason)], now=10.0) == []
+    assert feed(policy, [lc.Tick()], now=10.0 + lc.SECONDHAND_GRACE_S - 0.1) == []
+    # ... and, when none come, fails the run naming the culprit
+    (action,) = feed(policy, [lc.Tick()], now=10.0 + lc.SECONDHAND_GRACE_S)
     assert isinstance(action, lc.StopRun)
     assert action.outcome.failed_task == "worker:1"
     assert "stopped responding" in action.outcome.reason and "reported by worker:0" in action.outcome.reason
     assert lc.blame("worker:0", "ValueError: bad shape") == ("worker:0", "ValueError: bad shape")
+
+
+def test_the_culprits_own_words_beat_a_peers_report_of_it() -> None:
+    reason = "UnavailableError: Collective ops is aborted by: /job:worker/replica:0/task:1 unhealthy"
+    policy = started()
+    assert feed(policy, [status("worker:0", "failed", reason=reason)], now=10.0) == []
+    (action,) = feed(policy, [status("worker:1", "failed", reason="killed by SIGKILL")], now=11.0)
+    assert action == lc.StopRun(Outcome(EndState.FAILED, "killed by SIGKILL", "worker:1"))
+    # a run whose supervisors all ended before the grace did still names the culprit
+    policy = started()
+    feed(policy, [status("worker:0", "failed", reason=reason)], now=10.0)
+    assert policy.final() == Outcome(EndState.FAILED, policy.secondhand[1], "worker:1")
 
 
 def test_a_worker_its_supervisor_restarts_does_not_end_the_run() -> None:
