@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import tensorflow as tf
 
 from engine.contract.run_folder import RunFolder
+from engine.runtime import fault_hooks
 from engine.runtime.context import TaskContext
 from engine.runtime.stop import Stopped
 
@@ -114,7 +115,7 @@ class TrainingLoop:
         window_start: float | None = None
         if start < total:
             ctx.emitter.status("running", step=start, total=total)
-        delay = _test_step_delay(ctx.task)
+        delay = fault_hooks.step_delay(ctx.task)
         agreement = StopAgreement(RunFolder(ctx.run_dir).scratch("stop") / "step" if adapter.lockstep else None,
                                   task=ctx.task)
         validator = getattr(adapter, "validator", None)
@@ -376,12 +377,3 @@ def repair_state(folder: Path) -> None:
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, state)
 
-
-def _test_step_delay(task: str) -> float:
-    """Test-only: ``CLUSTERDECK_TEST_STEP_DELAY=worker:1=0.03`` slows one task's every step."""
-    spec = os.environ.get("CLUSTERDECK_TEST_STEP_DELAY", "")
-    name, _, seconds = spec.rpartition("=")
-    try:
-        return float(seconds) if name == task else 0.0
-    except ValueError:
-        return 0.0

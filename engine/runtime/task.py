@@ -28,6 +28,7 @@ from typing import NoReturn
 from engine.contract import config as config_mod
 from engine.contract import parent_death, warm_start
 from engine.contract.run_folder import STOP_MARKERS_ENV, RunFolder
+from engine.runtime import fault_hooks
 from engine.runtime.emitter import Emitter
 from engine.runtime.program import ProgramFailed
 from engine.runtime.stop import EXIT_CODE as STOPPED_EXIT_CODE
@@ -56,10 +57,10 @@ def _watch_lifeline(fd: int) -> None:
 
 
 def _test_faults(emitter: Emitter) -> None:
-    """Test-only hooks, read from the environment: a start-up delay, a forced failure."""
-    if os.environ.get("CLUSTERDECK_TEST_FAIL") == emitter.task:
-        raise RuntimeError("test failure requested (CLUSTERDECK_TEST_FAIL)")
-    delay = float(os.environ.get("CLUSTERDECK_TEST_START_DELAY", "0") or 0)
+    """The faults a test injected (:mod:`engine.runtime.fault_hooks`): a forced failure, a start-up delay."""
+    if fault_hooks.should_fail(emitter.task):
+        raise RuntimeError(f"test failure requested ({fault_hooks.FAIL})")
+    delay = fault_hooks.start_delay()
     if delay > 0:
         emitter.info(f"test delay: sleeping {delay:g} s before start")
         time.sleep(delay)
