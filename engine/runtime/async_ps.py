@@ -32,27 +32,22 @@ batches that worker has read. The chief reads it for a sample of the steps (abou
 one per worker and report interval, and every step of the run's last window), so
 it reports every worker's loss, throughput and step time without an extra round
 trip. The chief waits for every step in order (a bounded window, so the pipeline
-never drains just to read a figure, and a stop waits for a few groups only). Why the
-vector stays on the worker unless the step is a sample, and why a sample is copied
-when the chief reads it: ``ClusterCoordinator`` copies a function's output to the
-chief as soon as it ends wherever its ``RemoteValue`` is still held, as the window
-holds it, and it does so on the thread that feeds that worker, so the worker waits
-for the copy (a round trip, ~3-4 ms on a loaded machine) before its next function is
-sent. Every ``RemoteValue`` is taken over (:func:`engine.runtime.tf_compat.copy_when_fetched`):
+never drains just to read a figure, and a stop waits for a few groups only).
+
+The vector stays on the worker unless the step is a sample: ``ClusterCoordinator`` copies a
+function's output to the chief as soon as it ends wherever its ``RemoteValue`` is still held, on
+the thread that feeds that worker, so the worker would wait for the copy before its next function
+is sent. Every ``RemoteValue`` is taken over (:func:`engine.runtime.tf_compat.copy_when_fetched`):
 a step that is not a sample is waited for without a copy (:func:`engine.runtime.tf_compat.wait_for`),
-and a sample's output is copied by the chief's own thread when the window reaches it,
-while its worker runs its next group; a worker lost in between loses that sample's
-figures, never its update. One packed vector keeps a sample's copy to one tensor. The
-chief's last info event says what copies cost the workers (``coordinator_copy_s``
-against ``coordinator_run_s``, TensorFlow's own timers): ~2.5 % of the workers' time
-when every group's loss was copied, ~0.9 % for the samples alone, ~0 since the chief
-copies them (docs/benchmarks.md, 1e). Two functions (one returning nothing, one the
-vector) cost a second trace on the chief and, on each worker, a first run about 70 ms
-slower than the next (its registration and instantiation), which came after the
-warm-up on a worker whose first groups were all samples (docs/benchmarks.md, 1e). Throughput and step time stay exact (the worker's batch count and clock
-between two samples); a report's loss is the mean of the sampled steps since the
-previous report. A stopped run's last steps since each worker's latest sample
-are trained and checkpointed but not in its per-worker step counts.
+and a sample's output is copied by the chief's own thread when the window reaches it, while its
+worker runs its next group; a worker lost in between loses that sample's figures, never its
+update. One packed vector keeps a sample's copy to one tensor. The chief's last info event says
+what copies cost the workers (``coordinator_copy_s`` against ``coordinator_run_s``, TensorFlow's
+own timers); what each of these choices was measured to save is in docs/benchmarks.md, section 1e.
+Throughput and step time stay exact (the worker's batch count and clock between two samples); a
+report's loss is the mean of the sampled steps since the previous report. A stopped run's last
+steps since each worker's latest sample are trained and checkpointed but not in its per-worker
+step counts.
 """
 
 from __future__ import annotations
