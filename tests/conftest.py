@@ -144,6 +144,19 @@ def require(condition: bool, why: str, *, needed_in_ci: bool = True) -> None:
 
 
 @pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs (root only): a real full disk for the tests of what a run does when its disk fills."""
+    mount = tmp_path / "tmpfs"
+    mount.mkdir()
+    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
+    require(done.returncode == 0, f"cannot mount a tmpfs here: {done.stderr.decode().strip()}", needed_in_ci=False)
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+@pytest.fixture
 def needs() -> Callable[..., None]:
     """``needs(condition, why)``: :func:`require` as a fixture (skips here, fails with ``CI=true``)."""
     return require

@@ -308,17 +308,6 @@ def test_an_event_file_made_immutable_fails_the_run_saying_so(runs_root: Path, i
     read_events_checked(target)
 
 
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", str(mount)], capture_output=True)
-    require(done.returncode == 0, f"cannot mount a tmpfs here: {done.stderr.decode().strip()}", needed_in_ci=False)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
-
 
 def test_a_full_disk_fails_the_run_within_seconds_and_the_events_stay_valid(tiny_tmpfs: Path) -> None:
     run = fake_run(tiny_tmpfs, worker_0="forever", worker_1="forever")

@@ -5,11 +5,9 @@ from __future__ import annotations
 import json
 import os
 import stat
-import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +19,7 @@ from engine.contract.config import replace
 from engine.control.launcher import Run, _line_to_write
 from engine.control.run_record import SERIES_FLUSH_S
 from engine.observe.run_reader import read_events
-from tests.conftest import PRESETS, require
+from tests.conftest import PRESETS
 
 #: A stand-in supervisor (the run's ``python``): reads the spec, then writes the lines of the file named
 #: by ``$INGEST_SCRIPT`` on its stdout, one per entry; an entry ``["sleep", s]`` pauses; at the end every
@@ -168,18 +166,6 @@ def test_events_reach_the_file_within_the_flush_interval_while_the_run_runs(tmp_
 
 # -- the writer
 
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (root only): a real full disk."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    require(done.returncode == 0, f"cannot mount a tmpfs here: {done.stderr.decode().strip()}", needed_in_ci=False)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_held_lines_are_written_in_order_by_flush_write_line_and_close(tmp_path: Path) -> None:

@@ -24,7 +24,7 @@ from engine.contract.run_folder import (
     process_alive,
     process_token,
 )
-from tests.conftest import ROOT, require
+from tests.conftest import ROOT
 
 
 @settings(max_examples=300, deadline=None)
@@ -99,19 +99,6 @@ def test_a_reused_pid_is_not_taken_for_the_launcher(tmp_path: Path) -> None:
     folder.write_meta(state="running", launcher={"pid": me, "host": "elsewhere", "token": "t"})
     assert folder.effective_state() == "running"  # another host cannot be checked from here
 
-
-@pytest.fixture
-def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
-    """A 1 MiB tmpfs (root only): a real full disk."""
-    mount = tmp_path / "tmpfs"
-    mount.mkdir()
-    done = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True)
-    require(done.returncode == 0, f"cannot mount a tmpfs here: {done.stderr.decode().strip()}",
-            needed_in_ci=False)
-    try:
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_never_leaves_half_an_event_line(tiny_tmpfs: Path) -> None:
