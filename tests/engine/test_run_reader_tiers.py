@@ -16,14 +16,14 @@ from engine.contract.run_folder import RunFolder
 from engine.control.run_record import RunRecord
 from engine.observe.run_reader import read_run_folder
 from engine.observe.telemetry import RunState
+from tests import kit
 
 T0 = 1_700_000_000.0
 
 
 def step(r: int, n: int, t: float) -> dict[str, Any]:
-    return {"v": 1, "kind": "step", "task": f"worker:{r}", "t": t, "replica": r, "step": n,
-            "loss": 2.0 / (1 + n), "examples_per_sec": 50.0 + r, "step_time": 0.02, "worker": r,
-            "metrics": {"accuracy": min(1.0, n / 1000)}}
+    return kit.step(r, n, t=t, loss=2.0 / (1 + n), examples_per_sec=50.0 + r, step_time=0.02, worker=r,
+                    metrics={"accuracy": min(1.0, n / 1000)})
 
 
 def lifecycle(seconds: float) -> list[dict[str, Any]]:

@@ -17,13 +17,14 @@ import numpy as np
 import pytest
 
 from engine.contract.series_store import Retention, SeriesFollower, SeriesStore, SeriesWriter, read_batches
+from tests import kit
 
 T0 = 1_700_000_000.0
 
 
 def step(r: int, n: int, t: float, **extra: Any) -> dict[str, Any]:
-    return {"v": 1, "kind": "step", "task": f"worker:{r}", "t": t, "replica": r, "step": n,
-            "loss": 1.0 / (1 + n) + r, "examples_per_sec": 100.0 + n % 7, "step_time": 0.01, **extra}
+    fields: dict[str, Any] = {"loss": 1.0 / (1 + n) + r, "examples_per_sec": 100.0 + n % 7, "step_time": 0.01}
+    return kit.step(r, n, t=t, **{**fields, **extra})
 
 
 def fill(writer: SeriesWriter, seconds: float, hz: float = 20, replicas: int = 2, flush_every: int = 50) -> int:
