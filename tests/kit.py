@@ -13,6 +13,20 @@ from typing import Any
 from engine.contract import events
 
 
+class Clock:
+    """A monotonic clock a test moves by hand (``clock.advance(0.1)``), for code that takes ``clock=``."""
+
+    def __init__(self, start: float = 1000.0) -> None:
+        self.now = start
+
+    def __call__(self) -> float:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        assert seconds >= 0, "a monotonic clock never goes back"
+        self.now += seconds
+
+
 def checked(event: dict[str, Any]) -> dict[str, Any]:
     """``event`` as the real decoder reads it back (it must read it back)."""
     decoded = events.decode(events.encode(event))

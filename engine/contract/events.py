@@ -37,7 +37,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -274,16 +274,18 @@ class EventWriter:
     back to the end of the last whole line it wrote. :meth:`close` flushes what is still held.
     """
 
-    def __init__(self, path: str | Path, *, keep_going: bool = False) -> None:
+    def __init__(self, path: str | Path, *, keep_going: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.path = Path(path)
+        self._clock = clock  # monotonic seconds (tests pass their own)
         self.keep_going = keep_going
         self.error: OSError | None = None
         self._lock = threading.Lock()
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         self._held: list[bytes] = []
         self._held_bytes = 0
-        #: ``time.monotonic()`` when the oldest line still held was held (0.0: none held).
+        #: the clock's time when the oldest line still held was held (0.0: none held).
         self.held_since = 0.0
 
     def write(self, event: dict[str, Any]) -> None:
@@ -300,7 +302,7 @@ class EventWriter:
         """Keep ``line`` (one whole JSON line, ending in a newline) for the next :meth:`flush`."""
         with self._lock:
             if not self._held:
-                self.held_since = time.monotonic()
+                self.held_since = self._clock()
             self._held.append(line)
             self._held_bytes += len(line)
 

@@ -60,19 +60,20 @@ class RunRecord:
     def __init__(self, folder: RunFolder, *, describe: Callable[[], dict[str, Any]],
                  on_failure: Callable[[str], None], flush_s: float = FLUSH_S, flush_bytes: int = FLUSH_BYTES,
                  meta_interval_s: float = META_INTERVAL_S, series: bool = True,
-                 retention: Retention | None = None) -> None:
+                 retention: Retention | None = None, clock: Callable[[], float] = time.monotonic) -> None:
         self.folder = folder
+        self._clock = clock  # monotonic seconds: every flush and rewrite interval is judged by it (tests pass their own)
         self.flush_s = flush_s
         self.flush_bytes = flush_bytes
         self.meta_interval_s = meta_interval_s
         self._describe = describe
         self._on_failure = on_failure
-        self._writer: events.EventWriter | None = events.EventWriter(folder.events)
+        self._writer: events.EventWriter | None = events.EventWriter(folder.events, clock=clock)
         #: ``series=False``: every event to ``events.jsonl``, as before the tiers.
         self._series: SeriesWriter | None = SeriesWriter(folder.path / "series", retention) if series else None
-        self._series_at = time.monotonic()  # when series/ was last written
+        self._series_at = self._clock()  # when series/ was last written
         self._closed = False
-        self._meta_at = 0.0  # time.monotonic() of the last run.json written (or tried)
+        self._meta_at = 0.0  # the clock's time of the last run.json written (or tried)
         self._recorded = 0  # events recorded so far
         self._meta_recorded = -1  # ... when run.json was last written
         self._meta_due = False  # a run or status event since: run.json once the burst ends
@@ -108,7 +109,7 @@ class RunRecord:
         self._flush_series()
 
     def _flush_series(self) -> None:
-        self._series_at = time.monotonic()
+        self._series_at = self._clock()
         if self._series is None or not self._series.held:
             return
         try:
@@ -123,16 +124,16 @@ class RunRecord:
         writer = self._writer
         if writer is not None and writer.held_since and (
                 queue_dry() or writer.held_bytes >= self.flush_bytes
-                or time.monotonic() - writer.held_since >= self.flush_s):
+                or self._clock() - writer.held_since >= self.flush_s):
             try:
                 writer.flush()
             except OSError as exc:
                 self._fail(self.folder_problem(exc, self.folder.events))
         series = self._series
         if series is not None and self._writer is not None and series.held and (
-                series.held >= SERIES_FLUSH_EVENTS or time.monotonic() - self._series_at >= SERIES_FLUSH_S):
+                series.held >= SERIES_FLUSH_EVENTS or self._clock() - self._series_at >= SERIES_FLUSH_S):
             self._flush_series()
-        if self._meta_due and (queue_dry() or time.monotonic() - self._meta_at >= self.meta_interval_s):
+        if self._meta_due and (queue_dry() or self._clock() - self._meta_at >= self.meta_interval_s):
             self._meta_due = False  # a task's or the run's new state: once per burst, not per event
             self.update_meta(force=True)
 
@@ -169,7 +170,7 @@ class RunRecord:
         passed (``force``: now). Nothing once the record is closed."""
         if self._closed:
             return
-        if not force and (time.monotonic() - self._meta_at < self.meta_interval_s
+        if not force and (self._clock() - self._meta_at < self.meta_interval_s
                           or self._recorded == self._meta_recorded):
             return
         self.write_meta()
@@ -178,7 +179,7 @@ class RunRecord:
         """``run.json``: ``describe()``'s fields, ``state`` (where given) and ``extra`` over them. A failure
         to write fails the run, unless ``state`` is an end state (the end was decided already: the
         folder's trouble is in the reason or beyond help); ``strict``: the ``OSError`` is raised."""
-        self._meta_at, self._meta_recorded = time.monotonic(), self._recorded
+        self._meta_at, self._meta_recorded = self._clock(), self._recorded
         fields = self._describe()
         if state is not None:
             fields["state"] = state

@@ -18,6 +18,7 @@ import pytest
 from engine.contract import events
 from engine.contract.run_folder import RunFolder
 from engine.control.run_record import FLUSH_S, RunRecord
+from tests import kit
 
 
 class Recorded:
@@ -87,9 +88,13 @@ def test_events_are_held_while_the_queue_is_busy_and_written_when_it_runs_dry(fo
 
 def test_a_busy_queue_still_flushes_after_flush_s_or_flush_bytes(folder: RunFolder, run: Recorded) -> None:
     assert FLUSH_S == 0.1  # the launcher's cadence (README: at least every 0.1 s)
-    record = record_of(folder, run, flush_s=0.05, flush_bytes=1 << 30)
+    clock = kit.Clock()
+    record = record_of(folder, run, flush_s=0.5, flush_bytes=1 << 30, clock=clock)
     record.write_event(step(1))
-    time.sleep(0.06)
+    clock.advance(0.25)
+    record.catch_up(busy)
+    assert folder.events.read_bytes() == b""  # not yet
+    clock.advance(0.25)
     record.catch_up(busy)
     assert [e["step"] for e in lines(folder.events)] == [1]
 
@@ -207,18 +212,20 @@ def test_run_json_is_written_once_per_burst_of_status_events(folder: RunFolder, 
 
 
 def test_a_tick_rewrites_run_json_only_after_the_interval_and_new_events(folder: RunFolder, run: Recorded) -> None:
-    record = record_of(folder, run, meta_interval_s=0.05)
+    clock = kit.Clock()
+    record = record_of(folder, run, meta_interval_s=0.5, clock=clock)
     record.write_meta("starting", strict=True)
+    clock.advance(0.25)
     record.update_meta()
     assert run.described == 1  # too soon
-    time.sleep(0.06)
+    clock.advance(0.25)
     record.update_meta()
     assert run.described == 1  # nothing came since
     record.write_event(step(1))
     record.update_meta()
     assert run.described == 2
     record.close()
-    time.sleep(0.06)
+    clock.advance(1.0)
     record.write_event(step(2))
     record.update_meta()
     assert run.described == 2  # closed: the run's end was the last word
