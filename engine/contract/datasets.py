@@ -73,11 +73,30 @@ def _fail(field: str, message: str) -> DataFileError:
 
 
 def resolve_path(path: str, base: str | os.PathLike[str] | None = None) -> Path:
-    """``path`` with ``~`` expanded, relative to ``base`` (default: the current folder)."""
-    p = Path(path).expanduser()
-    if not p.is_absolute():
+    """``path`` with ``~`` expanded, relative to ``base`` (default: the current folder).
+
+    ``~user/...`` of a user this machine does not know stays as written (never read relative to the current
+    folder): the readers then say whose home it names (:func:`unknown_home`), never raise."""
+    p = Path(os.path.expanduser(path))
+    if not p.is_absolute() and unknown_home(p) is None:
         p = Path(base if base is not None else os.getcwd()) / p
     return p
+
+
+def unknown_home(path: str | os.PathLike[str]) -> str | None:
+    """The user named by a ``~user/...`` that could not be expanded (no such user here), or None."""
+    text = os.fspath(path)
+    if not text.startswith("~"):
+        return None
+    return text[1:].split(os.sep, 1)[0] or "(you: no home folder is known)"
+
+
+def _nothing_there(p: Path, what: str, noun: str = "file") -> str:
+    """The message for a path where there is nothing: whose unknown home it names, or no such file."""
+    user = unknown_home(p)
+    if user is not None:
+        return f"{str(p)!r} names the home folder of {user!r}, a user this machine does not know; expected {what}"
+    return f"{str(p)!r}: no such {noun}; expected {what}"
 
 
 def absolute_paths(config: RunConfig, base: str | os.PathLike[str] | None = None) -> RunConfig:
@@ -98,7 +117,7 @@ def keras_home() -> Path:
     """Keras' folder (``$KERAS_HOME``, else ``~/.keras``, or ``/tmp/.keras`` where home is read-only)."""
     env = os.environ.get("KERAS_HOME")
     if env:
-        return Path(env).expanduser()
+        return Path(os.path.expanduser(env))
     home = os.path.expanduser("~")
     if not os.access(home, os.W_OK):
         home = "/tmp"
@@ -218,6 +237,8 @@ def file_kind(mode: int) -> str:
 
 def _mode(p: Path) -> int | None:
     """``p``'s file type and mode (a symbolic link followed), or None where there is nothing (or a dangling link)."""
+    if unknown_home(p) is not None:  # never a folder named '~user' in the current one
+        return None
     try:
         return os.stat(p).st_mode
     except OSError:
@@ -230,7 +251,7 @@ def _existing_file(path: str, what: str, field: str = "data.path") -> Path:
     p = resolve_path(path)
     mode = _mode(p)
     if mode is None:
-        raise _fail(field, f"{str(p)!r}: no such file; expected {what}")
+        raise _fail(field, _nothing_there(p, what))
     if not stat.S_ISREG(mode):
         raise _fail(field, f"{str(p)!r} is {file_kind(mode)}, not a regular file; expected {what}")
     return p
@@ -553,7 +574,7 @@ def tfrecord_files(path: str) -> list[Path]:
                                      f"{', '.join(TFRECORD_EXTENSIONS)}")
         return files
     if mode is None:
-        raise _fail("data.path", f"{str(p)!r}: no such file; expected a TFRecord file (or a folder of them)")
+        raise _fail("data.path", _nothing_there(p, "a TFRecord file (or a folder of them)"))
     return [p]
 
 
@@ -734,19 +755,27 @@ def image_folder_classes(path: str) -> list[tuple[str, int]]:
     return [(sub.name, len(files)) for sub, files in _image_files(path)]
 
 
+def image_folder_files(path: str) -> list[tuple[Path, list[Path]]]:
+    """Each class folder of an image folder (sorted) with the image files Keras reads in it (by extension,
+    whatever their type), as ``image_dataset_from_directory`` finds them: hidden folders (``.ssh``) are no
+    class, and no folder inside a class is entered through a symbolic link (so a loop of links is never
+    walked)."""
+    return _image_files(path)
+
+
 def _image_files(path: str) -> list[tuple[Path, list[Path]]]:
-    """Each class folder (sorted) with its image files (by extension, whatever their type)."""
+    """Each class folder (sorted, hidden ones left out as Keras leaves them) with its image files (by
+    extension, whatever their type)."""
     p = resolve_path(path)
     mode = _mode(p)
     if mode is None:
-        raise _fail("data.path", f"{str(p)!r}: no such folder; expected a folder with one subfolder of images "
-                                 f"per class")
+        raise _fail("data.path", _nothing_there(p, "a folder with one subfolder of images per class", "folder"))
     if not stat.S_ISDIR(mode):
         what = "a file" if stat.S_ISREG(mode) else file_kind(mode)
         raise _fail("data.path", f"{str(p)!r} is {what}; expected a folder with one subfolder of images per class")
     return [(sub, [Path(root) / n for root, _, names in os.walk(sub) for n in sorted(names)
                    if n.lower().endswith(IMAGE_EXTENSIONS)])
-            for sub in sorted(s for s in p.iterdir() if s.is_dir())]
+            for sub in sorted(s for s in p.iterdir() if s.is_dir() and not s.name.startswith("."))]
 
 
 #: The first bytes of each image format the image-folder reader decodes (TensorFlow's decode_image).

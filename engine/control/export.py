@@ -37,12 +37,15 @@ so the chief's checkpoints outlive a restart and the evaluator can read them.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import re
+import secrets
 import shlex
 import shutil
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -51,6 +54,7 @@ from typing import Any
 import yaml
 
 from engine.contract import config as config_mod
+from engine.contract import datasets
 from engine.contract.config import ConfigError, Host, Problem, RunConfig, replace
 from engine.contract.plan import gpu_assignment, plan_tasks, primary_roles, tf_config
 from engine.contract.run_folder import task_folder_name
@@ -509,12 +513,29 @@ def pvc_manifest(name: str, *, namespace: str = "default", size: str = "10Gi", s
 # --------------------------------------------------------------------------- the image
 
 
+def _files_read(config: RunConfig) -> list[tuple[str, str]]:
+    """``(field, value)`` of each file or folder the run reads: only fields the config uses (a ``data.path``
+    left in a config whose ``data.source`` reads no file, or a ``model.script`` of a built-in model, is never
+    read, so never copied)."""
+    if config.program is not None:  # the user's program runs instead of ClusterDeck's loop: it reads no data.*
+        return [("program.script", config.program.script)] if config.program.script.strip() else []
+    named: list[tuple[str, str]] = []
+    if config.model.name == "script":
+        named.append(("model.script", config.model.script))
+    if config.data.source in config_mod.FILE_SOURCES:
+        named.append(("data.path", config.data.path))
+        if config.data.source != "script":
+            named.append(("validation.path", config.validation.path))
+    return [(f, v) for f, v in named if v.strip()]
+
+
 def user_files(config: RunConfig) -> dict[str, str]:
-    """The user's files a run reads (``model.script``, ``data.path``): local path -> path in the image."""
+    """The user's files and folders the run reads (``model.script`` of a script model, ``data.path`` and
+    ``validation.path`` of a file source, ``program.script``): local path -> path in the image."""
     out: dict[str, str] = {}
     used: set[str] = set()
-    for value in (config.model.script, config.data.path):
-        if not value.strip() or value in out:
+    for _, value in _files_read(config):
+        if value in out:
             continue
         base = _file_part(Path(value).name) or "file"
         name, n = base, 2
@@ -532,7 +553,11 @@ def config_in_image(config: RunConfig) -> RunConfig:
         return config
     data = replace(config.data, path=files.get(config.data.path, config.data.path))
     model = replace(config.model, script=files.get(config.model.script, config.model.script))
-    return replace(config, data=data, model=model)
+    validation = replace(config.validation, path=files.get(config.validation.path, config.validation.path))
+    program = config.program
+    if program is not None:
+        program = replace(program, script=files.get(program.script, program.script))
+    return replace(config, data=data, model=model, validation=validation, program=program)
 
 
 def dockerfile(config: RunConfig, *, python: str = "python3", base_image: str = "python:3.11-slim") -> str:
@@ -580,6 +605,166 @@ def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _ManifestDumper.add_representer(str, _represent_str)
 
 
+# --------------------------------------------------------------------------- what the image's build folder holds
+
+#: Folders of credentials: nothing inside one is ever copied into an image's build folder.
+SECRET_FOLDERS = frozenset({".ssh", ".aws", ".gnupg", ".kube", ".docker", ".azure", ".password-store"})
+#: Files of credentials, by name.
+SECRET_NAMES = frozenset({".netrc", "_netrc", ".pgpass", ".git-credentials", ".pypirc", ".npmrc", ".env"})
+#: Keys and certificates, by ending.
+SECRET_SUFFIXES = (".pem", ".key", ".p12", ".pfx")
+_SSH_KEY = re.compile(r"id_(rsa|dsa|ecdsa|ed25519|xmss)(_sk)?(\.pub)?")
+#: The summary of what an image export copied (beside ``Dockerfile``; the CLI lists it with the paths).
+IMAGE_FILES_NOTE = "image-files.txt"
+
+
+class UnsafeCopy(ConfigError):
+    """A file the image would hold that must never be copied (a secret, a link out of its folder, a loop):
+    the whole export is refused, nothing is written."""
+
+
+@dataclass(frozen=True)
+class ImageCopy:
+    """One field's file or folder as the image's build folder holds it (``target``, under the export
+    folder): each file read (``files``: the real file and its path under ``target``, ``""`` for a single
+    file) and their total ``size`` in bytes."""
+
+    field: str
+    source: Path
+    target: str
+    files: tuple[tuple[Path, str], ...]
+    size: int
+
+    def describe(self) -> str:
+        count = len(self.files)
+        what = "1 file" if count == 1 and not self.files[0][1] else f"{count} file{'s' if count != 1 else ''}"
+        return f"{self.target}: {what}, {_size_text(self.size)}, from {self.field} {str(self.source)!r}"
+
+
+def _size_text(size: int) -> str:
+    value, unit = float(size), "bytes"
+    for next_unit in ("KiB", "MiB", "GiB", "TiB"):
+        if value < 1024:
+            break
+        value, unit = value / 1024, next_unit
+    return f"{size} bytes" if unit == "bytes" else f"{value:.1f} {unit}"
+
+
+def secret_reason(path: Path) -> str | None:
+    """Why ``path`` looks like credentials (inside ``~/.ssh``, a ``.netrc``, an ``id_rsa``, a ``.pem``), or None."""
+    parts = path.parts
+    for i, part in enumerate(parts[:-1]):
+        if part in SECRET_FOLDERS or (part == "gcloud" and i > 0 and parts[i - 1] == ".config"):
+            return f"it is inside {part}/, a folder of credentials"
+    name = parts[-1] if parts else ""
+    if name in SECRET_FOLDERS:
+        return f"{name} is a folder of credentials"
+    if name in SECRET_NAMES:
+        return f"{name} holds credentials"
+    if _SSH_KEY.fullmatch(name):
+        return "it is named as an SSH key"
+    if name.lower().endswith(SECRET_SUFFIXES):
+        return f"a {Path(name).suffix} file holds a key or certificate"
+    return None
+
+
+def _refuse_secret(field: str, named: Path, real: Path) -> None:
+    for path in (named, real):
+        why = secret_reason(path)
+        if why is not None:
+            shown = repr(str(named)) + ("" if real == named else f" (through a link, {str(real)!r})")
+            raise UnsafeCopy([Problem(field, f"{shown} looks like a secret ({why}); an image's build folder "
+                                             "never holds credentials: point the field at the data or script "
+                                             "the run reads")], "export")
+
+
+def _real_file(field: str, named: Path, root: Path | None) -> tuple[Path, int]:
+    """The real file behind ``named`` and its size: a regular file, inside ``root`` (the folder the field
+    names, resolved) where there is one, and not a secret."""
+    real = Path(os.path.realpath(named))
+    try:
+        st = os.stat(named)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeCopy([Problem(field, f"{str(named)!r} is a loop of symbolic links; expected a file")],
+                             "export") from None
+        raise ConfigError([Problem(field, f"{str(named)!r} does not exist ({exc.strerror}); the image needs it")],
+                          "export") from None
+    if root is not None and os.path.commonpath([root, real]) != str(root):
+        raise UnsafeCopy([Problem(field, f"{str(named)!r} leads to {str(real)!r} through a symbolic link, outside "
+                                         f"{str(root)!r}; only files inside the folder are copied into the image "
+                                         "(copy the file into the folder instead of linking it)")], "export")
+    _refuse_secret(field, named, real)
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError([Problem(field, f"{str(named)!r} is {datasets.file_kind(st.st_mode)}, not a regular "
+                                          "file; the image needs the file itself")], "export")
+    return real, st.st_size
+
+
+def _folder_files(config: RunConfig, field: str, folder: Path) -> list[Path]:
+    """The files the run reads in ``folder`` (a TFRecord folder's records, an image folder's images), as
+    the readers find them: no hidden class folder, no folder reached through a link (so no loop)."""
+    try:
+        if config.data.source == "tfrecord":
+            return datasets.tfrecord_files(str(folder))
+        return [f for _, files in datasets.image_folder_files(str(folder)) for f in files]
+    except datasets.DataFileError as exc:
+        raise ConfigError([Problem(field, exc.problem.message)], "export") from None
+
+
+def _copy_plan(config: RunConfig, field: str, value: str, target: str) -> ImageCopy:
+    named = datasets.resolve_path(value)
+    try:
+        mode = os.stat(named).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeCopy([Problem(field, f"{str(named)!r} is a loop of symbolic links; expected a file "
+                                             "or folder")], "export") from None
+        raise ConfigError([Problem(field, f"{value!r} does not exist; the image needs it")], "export") from None
+    folder_source = field in ("data.path", "validation.path") and config.data.source in ("tfrecord", "image_folder")
+    if not (folder_source and stat.S_ISDIR(mode)):
+        real, size = _real_file(field, named, None)
+        return ImageCopy(field, named, target, ((real, ""),), size)
+    _refuse_secret(field, named, Path(os.path.realpath(named)))
+    root = Path(os.path.realpath(named))
+    files: list[tuple[Path, str]] = []
+    total = 0
+    for f in _folder_files(config, field, named):
+        real, size = _real_file(field, f, root)
+        files.append((real, os.path.relpath(f, named)))
+        total += size
+    return ImageCopy(field, named, target, tuple(files), total)
+
+
+def image_copies(config: RunConfig) -> list[ImageCopy]:
+    """What the image's build folder holds of the user's: exactly the files the run reads (:func:`user_files`),
+    never a whole folder named by a field the run does not use. Raises :class:`UnsafeCopy` for a file that
+    must never be copied (credentials, a link leading out of the folder, a loop of links) and
+    :class:`ConfigError` for one the image cannot have (missing, not a regular file)."""
+    fields: dict[str, str] = {}
+    for name, value in _files_read(config):
+        fields.setdefault(value, name)
+    return [_copy_plan(config, fields[value], value, f"user/{Path(in_image).name}")
+            for value, in_image in user_files(config).items()]
+
+
+def _copy_file(real: Path, target: Path) -> None:
+    """Copy one checked file's bytes: opened without following a link swapped in since, never blocking on
+    a FIFO swapped in, and refused unless it is still a regular file."""
+    fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UnsafeCopy([Problem("export", f"{str(real)!r} is no longer a regular file")], "export")
+        os.set_blocking(fd, True)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with os.fdopen(os.dup(fd), "rb") as src, open(target, "xb") as dst:
+            shutil.copyfileobj(src, dst, 1 << 20)
+        os.chmod(target, stat.S_IMODE(st.st_mode) & 0o755 | 0o644)
+    finally:
+        os.close(fd)
+
+
 # --------------------------------------------------------------------------- files
 
 
@@ -589,27 +774,61 @@ SKIPPED_NOTE = "tfjob-skipped.txt"
 
 @dataclass(frozen=True)
 class ExportReport:
-    """What an export wrote, and why the Kubernetes files (TFJob, Dockerfile) were skipped, if they were."""
+    """What an export wrote, why the Kubernetes files (TFJob, Dockerfile) were skipped if they were, and
+    what of the user's the image's build folder holds (``copied``)."""
 
     paths: list[Path]
     skipped: list[Problem] = field(default_factory=list)
+    copied: list[ImageCopy] = field(default_factory=list)
 
 
 def _kubernetes_files(config: RunConfig, image: str, python: str, namespace: str, pvc: str,
-                      pvc_size: str) -> tuple[dict[str, str], dict[str, Path]]:
-    """The TFJob's files and the folders copied into its image's build folder (ConfigError when impossible)."""
+                      pvc_size: str) -> tuple[dict[str, str], list[ImageCopy]]:
+    """The TFJob's files and what of the user's its image's build folder holds (ConfigError when impossible,
+    :class:`UnsafeCopy` when it must not be)."""
+    copies = image_copies(config)
     files = {"tfjob.yaml": tfjob_yaml(config, image=image, namespace=namespace, pvc=pvc, python=python),
              "Dockerfile": dockerfile(config, python=python)}
     if pvc and pvc_size:
         files["pvc.yaml"] = _yaml(pvc_manifest(pvc, namespace=namespace, size=pvc_size))
-    copies: dict[str, Path] = {"clusterdeck/engine": Path(__file__).resolve().parents[1]}
-    for local, in_image in user_files(config).items():
-        source = Path(local).expanduser()
-        if not source.exists():
-            raise ConfigError([Problem("data.path" if local == config.data.path else "model.script",
-                                       f"{local!r} does not exist; the image needs it")], "export")
-        copies[f"user/{Path(in_image).name}"] = source
+    if copies:
+        files[IMAGE_FILES_NOTE] = _image_files_note(copies)
     return files, copies
+
+
+def _image_files_note(copies: list[ImageCopy]) -> str:
+    lines = ["What the image's build folder holds of yours (the Dockerfile copies user/ into "
+             f"{IMAGE_USER_DIR}): only the files the run reads.", ""]
+    lines += [c.describe() for c in copies]
+    lines += ["", "Files:"]
+    lines += [f"  {c.target}{'/' + rel if rel else ''}  <-  {real}" for c in copies for real, rel in c.files]
+    return "\n".join(lines) + "\n"
+
+
+def _new_folder(parent: Path, prefix: str) -> Path:
+    """A new, empty folder in ``parent`` (created with the umask's mode, as a plain ``mkdir``)."""
+    for _ in range(100):
+        path = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no free temporary name in {parent}")
+
+
+def _move_into_place(built: Path, out: Path) -> None:
+    """Each entry of ``built`` renamed to its place in ``out`` (a file over an old one in one rename; an old
+    folder of the same name, say the ``user/`` of an earlier export, moved aside first: it is replaced, so
+    no stale file of it ends up in an image)."""
+    old = _new_folder(built, ".replaced-")
+    for entry in sorted(os.listdir(built)):
+        if entry == old.name:
+            continue
+        here = out / entry
+        if here.is_dir() and not here.is_symlink():
+            os.rename(here, old / entry)
+        os.replace(built / entry, here)
 
 
 def write_export_report(config: RunConfig, out_dir: str | os.PathLike[str], *, image: str | None = None,
@@ -618,13 +837,16 @@ def write_export_report(config: RunConfig, out_dir: str | os.PathLike[str], *, i
     """Write ``config.yaml`` (ports fixed), ``tf_config/<role>-<index>.json``, ``launch-<host>.sh``
     (executable) into ``out_dir``; given an ``image``, also Kubernetes' files: ``tfjob.yaml`` (the run
     folder on claim ``pvc`` when named), ``Dockerfile`` with its build folder (``clusterdeck/engine``,
-    ``user/`` with the run's script and data files) and, with ``pvc_size``, ``pvc.yaml`` creating the
-    claim. Return the paths written (a copied folder counts as one).
+    ``user/`` with exactly the files the run reads: :func:`image_copies`, listed with their sizes in
+    :data:`IMAGE_FILES_NOTE`) and, with ``pvc_size``, ``pvc.yaml`` creating the claim. Return the paths
+    written (a copied folder counts as one).
 
-    Everything is computed before the first file is written, so an invalid config writes nothing. What
-    only a TFJob cannot have (unequal GPU counts per role, a file its image needs that is missing, a bad
-    image or claim name) skips the Kubernetes files alone: the rest is written, with the reason in the
-    report and in :data:`SKIPPED_NOTE`.
+    Everything is computed and checked before the first file is written, so an invalid config, or a file
+    that must never be copied (:class:`UnsafeCopy`: credentials, a link out of its folder, a loop of links),
+    writes nothing. The files are written into a new hidden folder and renamed into place once all are
+    there: a failure midway (a full disk) leaves no partial export. What only a TFJob cannot have (unequal
+    GPU counts per role, a file its image needs that is missing, a bad image or claim name) skips the
+    Kubernetes files alone: the rest is written, with the reason in the report and in :data:`SKIPPED_NOTE`.
     """
     resolved = _resolved(config)
     files: dict[str, str] = {"config.yaml": config_mod.dumps(resolved)}
@@ -632,36 +854,51 @@ def write_export_report(config: RunConfig, out_dir: str | os.PathLike[str], *, i
         files[f"tf_config/{name.replace(':', '-')}.json"] = json.dumps(tfc, indent=2, sort_keys=True) + "\n"
     scripts = launch_scripts(config, python=python, workdir=workdir, run_dir=run_dir)
     files.update(scripts)
-    copies: dict[str, Path] = {}
+    copies: list[ImageCopy] = []
     skipped: list[Problem] = []
     if image is not None:
         try:
             kube, copies = _kubernetes_files(config, image, python, namespace, pvc, pvc_size)
             files.update(kube)
+        except UnsafeCopy:
+            raise
         except ConfigError as exc:
             skipped = list(exc.problems)
             files[SKIPPED_NOTE] = ("No TFJob, Dockerfile or image build folder was written: a Kubeflow TFJob of this "
                                    "config is not possible.\n" + "".join(f"- {p}\n" for p in skipped)
                                    + "The TF_CONFIG files and launch scripts beside this note run it on machines.\n")
     out = Path(out_dir)
-    paths = []
-    for rel, text in files.items():
-        path = out / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text, encoding="utf-8")
-        if rel in scripts:
-            path.chmod(0o755)
-        paths.append(path)
-    for rel, source in copies.items():
-        target = out / rel
-        target.parent.mkdir(parents=True, exist_ok=True)
-        if source.is_dir():
-            shutil.copytree(source, target, dirs_exist_ok=True,
+    fresh = not out.exists() and not out.is_symlink()
+    if fresh:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        built = _new_folder(out.parent, f".{out.name}.partial-")
+    else:
+        built = _new_folder(out, ".clusterdeck-export-")
+    try:
+        for rel, text in files.items():
+            path = built / rel
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text, encoding="utf-8")
+            if rel in scripts:
+                path.chmod(0o755)
+        if image is not None and not skipped:
+            shutil.copytree(Path(__file__).resolve().parents[1], built / "clusterdeck" / "engine",
                             ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for copy in copies:
+            for real, rel in copy.files:
+                _copy_file(real, built / copy.target / rel if rel else built / copy.target)
+        if fresh:
+            os.rename(built, out)
         else:
-            shutil.copy2(source, target)
-        paths.append(target)
-    return ExportReport(paths, skipped)
+            _move_into_place(built, out)
+    finally:
+        if built.exists():
+            shutil.rmtree(built, ignore_errors=True)
+    paths = [out / rel for rel in files]
+    if image is not None and not skipped:
+        paths.append(out / "clusterdeck" / "engine")
+    paths += [out / copy.target for copy in copies]
+    return ExportReport(paths, skipped, copies)
 
 
 def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: str | None = None,
@@ -673,8 +910,8 @@ def write_export(config: RunConfig, out_dir: str | os.PathLike[str], *, image: s
 
 
 __all__ = [
-    "DEFAULT_BASE_PORT", "SKIPPED_NOTE", "TFJOB_PORT", "ExportReport", "config_in_image", "default_command",
-    "dns1123_name", "dockerfile",
+    "DEFAULT_BASE_PORT", "IMAGE_FILES_NOTE", "SKIPPED_NOTE", "TFJOB_PORT", "ExportReport", "ImageCopy", "UnsafeCopy",
+    "config_in_image", "default_command", "dns1123_name", "dockerfile", "image_copies", "secret_reason",
     "export_ports", "launch_scripts", "primary_roles", "pvc_manifest", "script_names", "tf_configs",
     "tfjob_manifest", "tfjob_yaml", "user_files", "write_export", "write_export_report",
 ]
