@@ -4,6 +4,12 @@ What warm start is and which tasks may use it: :mod:`engine.contract.warm_start`
 starts one :class:`Template` before its tasks, waits for it (while still obeying its commands), then
 asks it for each task it may fork; a task it may not, or any failure of the template, gives a cold
 start, so warm start can only make a start faster, never fail it.
+
+Nor may it make a start much slower: a template that is not getting anywhere while it imports (stopped by
+``SIGSTOP`` or a debugger, or using no CPU at all: stuck) is given up within seconds
+(:class:`ReadinessWatch`, read through :attr:`Template.error`, which the supervisor's wait checks on every
+turn), and the run says so (``tasks start cold: the warm-start template (pid N) is not answering: ...``,
+an ``info`` event of ``supervisor@<host>``) instead of waiting :data:`READY_TIMEOUT_S` in silence.
 """
 
 from __future__ import annotations
@@ -20,12 +26,85 @@ from engine.contract import warm_start
 
 #: Seconds the template may take to import (several runs starting at once on a busy machine are slow).
 READY_TIMEOUT_S = 120.0
+#: Seconds a template may stay stopped (``SIGSTOP``, a debugger) while it imports before the tasks start cold.
+STOPPED_TIMEOUT_S = 3.0
+#: Seconds a template may use no CPU at all while it imports before the tasks start cold (an import that gets
+#: anywhere uses some CPU every second, even on a machine busy with several runs starting at once).
+IDLE_TIMEOUT_S = 10.0
+#: Seconds between two looks at the template's process state and CPU time.
+WATCH_INTERVAL_S = 0.25
 #: Seconds a fork request may take (a fork of the imported interpreter takes milliseconds).
 FORK_TIMEOUT_S = 10.0
 
 
 class TemplateError(Exception):
     """The template cannot start this task (or any more): start it cold."""
+
+
+class ReadinessWatch:
+    """Whether a process that has not said it is ready (a template importing TensorFlow) still gets anywhere.
+
+    :meth:`stuck` gives the reason it is not answering once it has been stopped (``SIGSTOP``, a debugger:
+    psutil's ``stopped`` or ``tracing-stop``) for ``stopped_after`` seconds, or has used no CPU time for
+    ``idle_after`` seconds; None while it may still get ready (and once it has ended: its closed socket says so).
+    """
+
+    def __init__(self, pid: int, *, stopped_after: float = STOPPED_TIMEOUT_S, idle_after: float = IDLE_TIMEOUT_S,
+                 interval: float = WATCH_INTERVAL_S) -> None:
+        self.pid = pid
+        self.stopped_after = stopped_after
+        self.idle_after = idle_after
+        self.interval = interval
+        self._process: Any = None
+        self._cpu: float | None = None
+        self._moved_at = time.monotonic()
+        self._stopped_since: float | None = None
+        self._looked_at = float("-inf")
+        self._reason: str | None = None
+
+    def _look(self) -> tuple[str, float] | None:
+        """The process's state and CPU seconds, or None where it cannot be read (ended, or no psutil)."""
+        try:
+            import psutil
+
+            if self._process is None:
+                self._process = psutil.Process(self.pid)
+            with self._process.oneshot():
+                times = self._process.cpu_times()
+                return str(self._process.status()), float(times.user + times.system)
+        except Exception:  # noqa: BLE001 - an ended process (or no psutil): the socket says the rest
+            return None
+
+    def stuck(self, now: float | None = None) -> str | None:
+        """Why the process is not answering, or None while it may still get ready."""
+        if self._reason is not None:
+            return self._reason
+        now = time.monotonic() if now is None else now
+        if now - self._looked_at < self.interval:
+            return None
+        self._looked_at = now
+        seen = self._look()
+        if seen is None:
+            return None
+        status, cpu = seen
+        if status in ("stopped", "tracing-stop"):
+            if self._stopped_since is None:
+                self._stopped_since = now
+            if now - self._stopped_since >= self.stopped_after:
+                self._reason = (f"it has been stopped ({'by a debugger' if status == 'tracing-stop' else 'SIGSTOP'}) "
+                                f"for {now - self._stopped_since:.0f} s while importing TensorFlow")
+            return self._reason
+        self._stopped_since = None
+        if self._cpu is None or cpu > self._cpu:
+            self._cpu, self._moved_at = cpu, now
+        elif now - self._moved_at >= self.idle_after:
+            self._reason = f"it has used no CPU for {now - self._moved_at:.0f} s while importing TensorFlow"
+        return self._reason
+
+    def stopped(self) -> bool:
+        """Whether the process is stopped right now (a fork request to it would wait for nothing)."""
+        seen = self._look()
+        return seen is not None and seen[0] in ("stopped", "tracing-stop")
 
 
 class ForkedTask:
@@ -66,7 +145,8 @@ class Template:
         self.env = dict(env)
         self.gpu_driver = gpu_driver
         self.ready = False
-        self.error = ""
+        self._error = ""
+        self.watch: ReadinessWatch | None = None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.sock = ours
         cmd = [python, "-m", "engine.runtime.task", warm_start.TEMPLATE_FLAG, str(theirs.fileno()),
@@ -79,8 +159,26 @@ class Template:
         except OSError as exc:
             self.proc = None
             self.error = f"the template could not start: {exc}"
+        else:
+            self.watch = ReadinessWatch(self.proc.pid)
         finally:
             theirs.close()
+
+    @property
+    def error(self) -> str:
+        """Why the template cannot serve ('' while it can, or may yet): a failure seen, or, while it imports,
+        that it is not answering (:class:`ReadinessWatch`): what the supervisor's wait for it checks on every
+        turn, so a stopped or stuck template gives cold starts within seconds, said in an ``info`` event."""
+        if not self._error and not self.ready and self.watch is not None:
+            why = self.watch.stuck()
+            if why is not None:
+                self._error = (f"the warm-start template (pid {self.watch.pid}) is not answering: {why}; "
+                               "starting the tasks cold instead of waiting for it")
+        return self._error
+
+    @error.setter
+    def error(self, value: str) -> None:
+        self._error = value
 
     def fileno(self) -> int:
         return self.sock.fileno()
@@ -114,6 +212,9 @@ class Template:
         :class:`TemplateError` (and the template is no longer used) when it cannot."""
         if not self.usable:
             raise TemplateError(self.error or "the template is not ready")
+        if self.watch is not None and self.watch.stopped():  # it would never answer: no 10 s wait for nothing
+            self.error = f"the warm-start template (pid {self.watch.pid}) is stopped (SIGSTOP or a debugger)"
+            raise TemplateError(self.error)
         try:
             socket.send_fds(self.sock, [warm_start.fork_request(args, env, cwd, cores, os.getpid())], list(fds))
             self.sock.settimeout(FORK_TIMEOUT_S)
