@@ -76,3 +76,41 @@ def run_to_end(config: Any, runs_root: Any, timeout: float = 120.0) -> list[dict
     run.start()
     assert run.wait(timeout) == "finished", run.state.summary()
     return seen
+
+
+class ScriptedRun:
+    """A started run whose events the test gives, as the app's session watches a real one
+    (``gui.run_session.WatchedRun``: ``done``, ``add_listener``, ``stop``, ``pids``).
+
+    Every event fed goes through the real encoder and decoder first (:func:`checked`), so a view is
+    never shown an event a real run could not deliver; :meth:`end` delivers the launcher's last word.
+    """
+
+    def __init__(self, *, ends_on_stop: bool = True) -> None:
+        self.listeners: list[Any] = []
+        self.done = False
+        self.stops: list[str] = []  # the reasons of every stop asked for
+        #: a stop ends the run at once, as the real one's does once its tasks are gone (False: the test ends it)
+        self.ends_on_stop = ends_on_stop
+
+    def add_listener(self, listener: Any) -> None:
+        self.listeners.append(listener)
+
+    def stop(self, reason: str = "", wait: bool = True) -> None:
+        self.stops.append(reason)
+        if self.ends_on_stop and not self.done:
+            self.end("stopped", reason=reason or "stopped by the user")
+
+    def pids(self) -> list[int]:
+        return []
+
+    def feed(self, *events_: dict[str, Any]) -> None:
+        for made in events_:
+            delivered = checked(made)
+            for listener in self.listeners:
+                listener(delivered)
+
+    def end(self, state: str, **fields: Any) -> None:
+        """The run ends as ``state`` (the launcher's ``run`` event), and reads as done."""
+        self.feed(run_state(state, **fields))
+        self.done = True

@@ -17,6 +17,7 @@ from PySide6.QtCore import QCoreApplication, QEvent, QSettings, QTimer  # noqa: 
 from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 import gui  # noqa: E402,F401 - first: guards the Qt binding before any Qt call
+from tests import kit  # noqa: E402
 from tests.conftest import wait_gone  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -76,6 +77,9 @@ def qt_settings(tmp_path: Path) -> Path:
     folder = tmp_path / "settings"
     folder.mkdir()
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(folder))
+    from gui.preferences import set_keep_runs_going
+
+    set_keep_runs_going(False)  # answered: Run starts runs in the window (tests of the question clear it)
     return folder
 
 
@@ -106,24 +110,5 @@ def window(qtbot: Any, runs_root: Path) -> Iterator[Any]:
     win.deleteLater()
 
 
-class ReplayRun:
-    """A started run as the session sees it (what ``RunSession.watch`` needs of a run): the test feeds its
-    events to the listeners, and sets ``done`` when the run has ended."""
-
-    def __init__(self) -> None:
-        self.listeners: list[Any] = []
-        self.done = False
-
-    def add_listener(self, fn: Any) -> None:
-        self.listeners.append(fn)
-
-    def stop(self, reason: str = "", wait: bool = True) -> None:
-        self.done = True
-
-    def pids(self) -> list[int]:
-        return []
-
-    def feed(self, *events: dict[str, Any]) -> None:
-        for event in events:
-            for fn in self.listeners:
-                fn(event)
+#: the scripted run the gui tests watch (tests/kit.py): events checked by the real decoder
+ReplayRun = kit.ScriptedRun

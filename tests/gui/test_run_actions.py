@@ -6,30 +6,12 @@ from typing import Any
 
 from PySide6.QtWidgets import QMessageBox
 
-from engine.contract import events
+from tests import kit
 
 
-class Replay:
-    """A run whose events the test gives (what the session needs of a launched run)."""
-
-    def __init__(self) -> None:
-        self.listeners: list[Any] = []
-        self.done = False
-        self.stops = 0
-
-    def add_listener(self, fn: Any) -> None:
-        self.listeners.append(fn)
-
-    def stop(self, reason: str = "", wait: bool = True) -> None:
-        self.stops += 1
-
-    def pids(self) -> list[int]:
-        return []
-
-    def end(self, state: str) -> None:
-        for fn in self.listeners:
-            fn(events.make("run", "launcher", state=state))
-        self.done = True
+def Replay() -> kit.ScriptedRun:  # noqa: N802 - reads as the class it makes
+    """A run whose events (and end) the test gives; a stop is only asked for."""
+    return kit.ScriptedRun(ends_on_stop=False)
 
 
 def test_quit_during_a_run_asks_then_stops_it_first(qtbot: Any, window: Any, dialogs: Any) -> None:
@@ -40,15 +22,15 @@ def test_quit_during_a_run_asks_then_stops_it_first(qtbot: Any, window: Any, dia
 
     dialogs.answers.append(QMessageBox.StandardButton.No)
     window.close()
-    assert window.isVisible() and run.stops == 0 and dialogs.kinds() == ["question"]
+    assert window.isVisible() and len(run.stops) == 0 and dialogs.kinds() == ["question"]
 
     dialogs.answers.append(QMessageBox.StandardButton.Yes)
     window.close()
-    assert window.isVisible() and run.stops == 1
+    assert window.isVisible() and len(run.stops) == 1
     assert window.statusBar().currentMessage() == "Stopping the run before quitting…"
     assert not window.stop_action.isEnabled()  # stopping already
     window.close()  # asked once: a second quit waits for the same stop
-    assert window.isVisible() and run.stops == 1 and dialogs.kinds() == ["question", "question"]
+    assert window.isVisible() and len(run.stops) == 1 and dialogs.kinds() == ["question", "question"]
 
     run.end("stopped")
     qtbot.waitUntil(lambda: not window.isVisible())
