@@ -1,9 +1,13 @@
-"""ClusterDeck's engine.
+"""ClusterDeck's engine, in five floors (docs/architecture.md is the map).
 
-The *control* half (``config``, ``cluster``, ``events``, ``telemetry``,
-``launcher``, ``supervisor``, ``cli``) imports no TensorFlow and no Qt. The
-*runtime* half (``engine.runtime``) runs inside task processes and is the only
-code that imports TensorFlow.
+- ``engine.contract``: what every other floor agrees on: the one config model, the event records, the
+  run folder, the task plan;
+- ``engine.observe``: the fold of events into a run's state (telemetry, stragglers, run folders read back);
+- ``engine.control``: the launcher, the lifecycle policy, transports and supervisors, checks before launch;
+- ``engine.cli``: the ``clusterdeck`` command;
+- ``engine.runtime``: what runs inside task processes, and the only code that imports TensorFlow.
+
+No module of the engine imports Qt or ``gui``.
 """
 
 __version__ = "0.1.0"

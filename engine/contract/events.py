@@ -3,25 +3,10 @@
 An event is one JSON object on one line. Readers never trust a line: a
 malformed, over-long or unknown one is counted and skipped.
 
-Kinds (field ``kind``), all with ``v`` (schema version), ``task`` and ``t``
-(wall time, seconds since the epoch):
-
-- ``step``: ``replica``, ``step``, ``loss``, ``examples_per_sec``, ``step_time``
-  (seconds) and optionally ``worker`` (async: the worker that ran the step), ``sync_wait`` and
-  ``own_time`` (seconds of the step spent waiting for the all-reduce, and the rest), and ``metrics``:
-  the replica's training metrics by name (the model's compiled metrics, e.g. ``{"accuracy": 0.91}``,
-  or what a program reports), each a number or null, at most :data:`MAX_METRICS` of them.
-- ``eval``: held-out evaluation at ``step``: ``loss`` and ``metrics`` (as in ``step``), ``examples``,
-  optionally ``replica`` (which replica evaluated) and the evaluator's legacy ``accuracy``.
-- ``device``: ``cpu_percent``, ``rss_bytes``, and where known ``tf_bytes``,
-  ``tf_peak_bytes``, ``gpu_util``, ``gpu_mem_bytes``, ``pid``.
-- ``status``: ``state`` (one of :data:`STATES`), optional ``reason``, ``log_tail``,
-  ``pid``, ``exit_code``.
-- ``info``: ``message`` and any extra fields (e.g. ``emulated_gpus``).
-- ``progress``: ``step``, ``total``, async queue figures ``scheduled``/``completed``.
-- ``run``: run-level state from the launcher (``state``, ``reason``; a failed run also names
-  ``failed_task``, and ``reason`` then says why without repeating that name; ``pending`` may carry a
-  scheduler's ``job_id`` and ``reason``).
+Every kind (field ``kind``: ``step``, ``eval``, ``device``, ``status``, ``info``, ``progress``, ``run``,
+``placement``) and every field of each, with its JSON types and whether it is required, is declared once in
+:mod:`engine.contract.records`; docs/events.md is generated from it. All share ``v`` (schema version),
+``task`` and ``t`` (wall time, seconds since the epoch). :func:`decode` checks a line against those records.
 
 Commands (launcher to supervisor, on the supervisor's stdin) are versioned JSON lines too, made by
 :func:`make_command` and read strictly by :func:`decode_command`: ``{"v": 1, "command": "stop",
