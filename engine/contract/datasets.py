@@ -100,17 +100,18 @@ def _nothing_there(p: Path, what: str, noun: str = "file") -> str:
 
 
 def absolute_paths(config: RunConfig, base: str | os.PathLike[str] | None = None) -> RunConfig:
-    """The config with ``data.path`` and ``model.script`` made absolute against ``base``.
+    """The config with ``data.path``, ``validation.path`` and ``model.script`` made absolute against ``base``.
 
     Task processes run in the run folder: a relative path must be resolved where the user wrote it
     (the launcher's folder, or the folder of the config file) before the config is handed to them.
     """
-    d, m = config.data, config.model
+    d, m, v = config.data, config.model, config.validation
     data = replace(d, path=str(resolve_path(d.path, base))) if d.path.strip() else d
     model = replace(m, script=str(resolve_path(m.script, base))) if m.script.strip() else m
-    if data is d and model is m:
+    validation = replace(v, path=str(resolve_path(v.path, base))) if v.path.strip() else v
+    if data is d and model is m and validation is v:
         return config
-    return replace(config, data=data, model=model)
+    return replace(config, data=data, model=model, validation=validation)
 
 
 def keras_home() -> Path:
@@ -539,14 +540,48 @@ def check(config: RunConfig, *, here: bool = False) -> list[Problem]:
         return []
     try:
         if source in KNOWN_DATA or source in ("npz", "csv"):
-            return check_arrays(config, load_arrays(config, "train"))
-        if source == "tfrecord":
-            return check_tfrecord(config)
-        if source == "image_folder":
-            return check_image_folder(config)
+            problems = check_arrays(config, load_arrays(config, "train"))
+        elif source == "tfrecord":
+            problems = check_tfrecord(config)
+        elif source == "image_folder":
+            problems = check_image_folder(config)
+        else:
+            problems = []
     except DataFileError as exc:
-        return [exc.problem]
-    return []
+        problems = [exc.problem]
+    if problems or not config.validation.path.strip() or source not in FILE_SOURCES:
+        return problems
+    return check_held_out(config)
+
+
+def check_held_out(config: RunConfig) -> list[Problem]:
+    """The problems of ``validation.path``, the held-out examples' file, read as the tasks read it (a file of
+    ``data.source``'s kind), named by ``validation.path``: a FIFO, ``/dev/zero``, text or NaN there is refused
+    before launch as it is in ``data.path``. Fewer examples than a global batch are fine (the last held-out
+    batch may be smaller); none at all is not."""
+    v = config.validation
+    held = replace(config, data=replace(config.data, path=v.path), validation=replace(v, path="", split=0.0))
+    source = config.data.source
+    try:
+        if source in ("npz", "csv"):
+            arrays = load_arrays(held, "train")
+            problems = check_arrays(held, arrays, sizes=False)
+            count, where = len(arrays.y), repr(arrays.file)
+        elif source == "tfrecord":
+            problems = check_tfrecord(held)
+            count = sum(1 for f in tfrecord_files(v.path) for _ in read_tfrecords(f, read=0))
+            where = repr(str(resolve_path(v.path)))
+        elif source == "image_folder":
+            problems = check_image_folder(held)
+            count, where = sum(n for _, n in image_folder_classes(v.path)), repr(str(resolve_path(v.path)))
+        else:
+            return []
+    except DataFileError as exc:
+        problems, count, where = [exc.problem], 1, ""
+    problems = [p for p in problems if p.field != "data.size"]  # a small held-out file is fine
+    if not problems and count == 0:
+        problems = [Problem("validation.path", f"{where} has no examples; expected held-out examples to evaluate")]
+    return [Problem("validation.path", p.message) if p.field == "data.path" else p for p in problems]
 
 
 def require(config: RunConfig) -> None:
