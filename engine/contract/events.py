@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from engine.contract import records
 from engine.contract.records import COMMAND_VERSION, EVENT_VERSION
 from engine.contract.run_folder import MAX_LINE_BYTES, bounded_lines
@@ -85,10 +87,6 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
         line = line.rstrip(b"\r\n")
         if len(line) > MAX_LINE_BYTES:
             return None
-        try:
-            line = line.decode("utf-8")
-        except UnicodeDecodeError:
-            return None
     else:
         line = line.rstrip("\r\n")
         # a character is 1 to 4 bytes: count bytes only where it matters
@@ -96,11 +94,18 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
             len(line) * 4 > MAX_LINE_BYTES and len(line.encode("utf-8", "surrogatepass")) > MAX_LINE_BYTES
         ):
             return None
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    event = _versioned_object(line, EVENT_VERSION, parse_constant=_null, parse_float=_finite_float,
-                              parse_int=_int64)
+    event = _fast_event(line)
+    if event is None:
+        line = line.strip()
+        if not line.startswith(b"{" if isinstance(line, bytes) else "{"):
+            return None
+        if isinstance(line, bytes):
+            try:
+                line = line.decode("utf-8")
+            except UnicodeDecodeError:
+                return None
+        event = _versioned_object(line, EVENT_VERSION, parse_constant=_null, parse_float=_finite_float,
+                                  parse_int=_int64)
     if event is None:
         return None
     if event.get("kind") not in KINDS:
@@ -108,6 +113,8 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
     t = event.get("t")
     if not isinstance(event.get("task"), str) or not isinstance(t, (int, float)) or isinstance(t, bool):
         return None
+    if not -_T_LIMIT < t < _T_LIMIT:
+        return None  # no clock reads that: the number only broke a reader's limits
     if event["kind"] == "step" and not _valid_step(event):
         return None
     if not records.well_typed(event["kind"], event):
@@ -115,6 +122,9 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
     if event["kind"] in ("step", "eval") and "metrics" in event and not valid_metrics(event["metrics"]):
         return None
     return event
+
+
+_T_LIMIT = 2.0**63  # a time beyond 64 bits is no time
 
 
 def valid_metrics(metrics: Any) -> bool:
@@ -132,6 +142,23 @@ def valid_metrics(metrics: Any) -> bool:
 # Numbers no reader can use read as null, as :func:`encode` writes non-finite floats: ``NaN`` and
 # ``Infinity`` (not JSON, yet Python writes them), floats that overflow (``1e999``) and integers
 # beyond 64 bits (which would break every later ``float()``).
+
+
+def _fast_event(line: str | bytes) -> dict[str, Any] | None:
+    """The versioned event object on ``line`` parsed by orjson (about ten times faster than ``json``), or None
+    where orjson refuses the line. It refuses exactly what needs the careful reader below (``NaN``,
+    ``Infinity``, a float that overflows, invalid UTF-8, anything not JSON) and reads integers beyond 64
+    bits as floats, so what it returns holds no number a later ``float()`` could break on."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return None
+    if obj.__class__ is not dict:
+        return None
+    v = obj.get("v")
+    if v.__class__ is not int or v != EVENT_VERSION:
+        return None
+    return obj
 
 
 def _versioned_object(line: str, version: int, **parse: Any) -> dict[str, Any] | None:
