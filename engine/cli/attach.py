@@ -15,11 +15,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from engine.cli.runs_list import RunNotFound, find_run, runs_root_of
+from engine.cli.runs_list import RunNotFound, add_runs_option, find_run, runs_root_of
 from engine.contract.config import ConfigError
 from engine.contract.run_folder import LIVE_STATES, RunFolder
 from engine.control import control_socket
 from engine.control.detach import launcher_alive, read_launcher, run_state
+from engine.control.remote_protocol import looks_remote
 
 #: How often a follower checks that the run's launcher still lives (seconds).
 LIVENESS_S = 0.5
@@ -108,6 +109,8 @@ def attach(args: argparse.Namespace) -> int:
 
     from engine.cli import live_view
 
+    if looks_remote(args.run):
+        return attach_remote(args)
     try:
         folder = find_run(args.run, runs_root_of(args.out))
         refused = _channel_problem(folder)
@@ -146,6 +149,8 @@ def attach(args: argparse.Namespace) -> int:
 
 def stop(args: argparse.Namespace) -> int:
     """``clusterdeck stop RUN``: 0 when it is stopped (or had ended already), 1 when it cannot be, 2 no such run."""
+    if looks_remote(args.run):
+        return stop_remote(args)
     try:
         folder = find_run(args.run, runs_root_of(args.out))
     except RunNotFound as exc:
@@ -185,3 +190,148 @@ def _ended(name: str, folder: RunFolder) -> str:
     if state == "interrupted":
         return f"{name} has ended: interrupted (its launcher is gone); nothing to stop"
     return f"{name} has ended ({state}); nothing to stop"
+
+
+# --------------------------------------------------------------------------- runs on other machines (over ssh)
+
+
+def add_remote_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--remote-clusterdeck", dest="remote_command", default=None, metavar="CMD",
+                   help="how ClusterDeck starts on the remote machine, e.g. ~/venv/bin/clusterdeck (default: "
+                        "clusterdeck on the PATH there, else ~/.local/bin/clusterdeck; or $CLUSTERDECK_REMOTE_COMMAND)")
+
+
+def _remote_failed(word: str, exc: Exception) -> int:
+    print(f"clusterdeck: {exc}", file=sys.stderr)
+    return 2
+
+
+def attach_remote(args: argparse.Namespace) -> int:
+    """``clusterdeck attach user@host:RUN``: the same view, its events through ``clusterdeck follow`` over ssh."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    from engine.cli import live_view
+    from engine.control.remote import RemoteError, RemoteRun
+
+    try:
+        run = RemoteRun(args.run, remote_command=getattr(args, "remote_command", None)).open()
+    except RemoteError as exc:
+        return _remote_failed(args.run, exc)
+    console = Console()
+    where = run.run_dir
+    try:
+        if not run.done and run.state.state not in (*_TERMINAL, "interrupted"):
+            console.print(f"attached to {escape(where)} ({run.state.state}) over ssh; Ctrl+C detaches, the run goes on")
+        view = live_view.LiveView(run, console)
+        try:
+            view.follow()
+        except KeyboardInterrupt:
+            console.print(f"\ndetached from {escape(where)}; it runs on there (clusterdeck attach {escape(where)} to "
+                          f"watch again, clusterdeck stop {escape(where)} to stop it)")
+            return 0
+    finally:
+        run.close()
+    console.print()
+    live_view.print_summary(console, run)
+    if run.lost is not None:
+        console.print(f"[yellow]connection lost[/]: {escape(run.lost)}")
+        return 1
+    if run.state.state == "interrupted":
+        console.print("[yellow]interrupted[/]: its launcher is gone and did not record an end; the history up to "
+                      "then is shown above")
+    return 0 if run.state.state == "finished" else 1
+
+
+def stop_remote(args: argparse.Namespace) -> int:
+    """``clusterdeck stop user@host:RUN`` through a follower there: as ``clusterdeck stop`` says it."""
+    from engine.control.remote import RemoteError, remote_stop
+
+    try:
+        reply = remote_stop(args.run, remote_command=getattr(args, "remote_command", None))
+    except RemoteError as exc:
+        print(f"clusterdeck: {exc}", file=sys.stderr)
+        return 1 if " refused" in str(exc) or "belongs to uid" in str(exc) or "control channel" in str(exc) else 2
+    name = args.run
+    if reply.get("already_ended"):
+        state = reply.get("state") or "ended"
+        if state == "interrupted":
+            print(f"{name} has ended: interrupted (its launcher is gone); nothing to stop")
+        else:
+            print(f"{name} has ended ({state}); nothing to stop")
+        return 0
+    total = reply.get("total_steps")
+    print(f"{name}: {reply.get('state')} at step {reply.get('step')}" + (f" of {total}" if total else ""))
+    return 0 if reply.get("done") else 1
+
+
+def add_follow_command(sub: Any) -> None:
+    """``clusterdeck follow``: the remote side of attach, ls and stop over ssh (plumbing, not in the help)."""
+    p = sub.add_parser("follow",  # no help: left out of the command list (a help of SUPPRESS prints as such)
+                       description="The remote side of clusterdeck attach/ls/stop user@host:...: the run's history, then "
+                                   "its events, as versioned JSON lines on stdout; commands on stdin.")
+    p.add_argument("run", nargs="?", default=None, metavar="RUN", help="a run folder or name (with --list: a runs "
+                                                                        "folder)")
+    add_runs_option(p)
+    p.add_argument("--protocol", type=int, default=None, help="the follower protocol the front end speaks")
+    p.add_argument("--points", type=int, default=2000, help="points per curve of the history's first view")
+    p.add_argument("--since", type=float, default=None, help="resume: raw samples newer than this wall time")
+    p.add_argument("--control", action="store_true", help="commands only: no history, no events")
+    p.add_argument("--list", action="store_true", help="list the runs of the runs folder and exit")
+    p.set_defaults(func=follow)
+
+
+def follow(args: argparse.Namespace) -> int:
+    """``clusterdeck follow RUN``: 0 when the front end detached or the run ended, 2 when there is no such run."""
+    from engine.control.remote_follower import Channel, Closed, Follower, hello_fields
+    from engine.control.remote_protocol import PROTOCOL, message
+
+    channel = Channel()
+    hello = hello_fields()
+    try:
+        if args.protocol is not None and args.protocol != PROTOCOL:
+            channel.send(message("hello", **hello), message(
+                "error", f"this follower speaks protocol {PROTOCOL} (ClusterDeck {hello['version']}); the front end "
+                         f"asked for {args.protocol}: install the same version on both machines"))
+            return 2
+        if args.list:
+            return _follow_list(args, channel, hello)
+        if not args.run:
+            channel.send(message("hello", **hello), message("error", "expected a run folder or a run's name"))
+            return 2
+        try:
+            folder = find_run(args.run, runs_root_of(args.out))
+            if not folder.is_run_folder():
+                raise RunNotFound(f"{args.run}: not a run folder: it has no config.yaml; expected a run folder")
+            refused = _channel_problem(folder)
+            if refused is not None:
+                raise RunNotFound(f"{args.run}: {refused}")
+        except RunNotFound as exc:
+            channel.send(message("hello", **hello), message("error", str(exc)))
+            return 2
+        except OSError as exc:
+            channel.send(message("hello", **hello),
+                         message("error", f"{args.run}: cannot read the run folder ({exc.strerror or exc})"))
+            return 2
+        channel.send(message("hello", **hello, run_dir=str(folder.path.resolve()), state=run_state(folder) or "starting"))
+        return Follower(folder, channel, max_points=max(10, args.points), since=args.since,
+                        control_only=args.control).run()
+    except Closed:
+        return 0
+
+
+def _follow_list(args: argparse.Namespace, channel: Any, hello: dict[str, Any]) -> int:
+    from dataclasses import asdict
+
+    from engine.cli.runs_list import listed_runs
+    from engine.control.remote_protocol import message
+
+    root = runs_root_of(args.run or args.out)
+    rows, why = listed_runs(root)
+    channel.send(message("hello", **hello, rows=str(root)))
+    if why is not None:
+        channel.send(message("error", f"the runs folder {root} {why}; expected a folder of run folders"))
+        return 2
+    channel.send_all([message("row", r.run, row=asdict(r)) for r in rows])
+    channel.send(message("end", f"{len(rows)} runs", state="listed"))
+    return 0

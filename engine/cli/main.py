@@ -4,9 +4,11 @@
     clusterdeck gui [PRESET] [--run]     the same, with a preset (and start it)
     clusterdeck gui RUN_FOLDER           the app, showing a run folder (one holding config.yaml)
     clusterdeck run PRESET [--steps N] [--out DIR] [--json] [--detach] [--program SCRIPT [-- ARGS...]]
-    clusterdeck ls [--out DIR] [--json]  the runs in the runs folder (state, step x of y, started, duration)
+    clusterdeck ls [USER@HOST[:DIR]] [--out DIR] [--json]  the runs in the runs folder (state, step x of y,
+                                         started, duration); of another machine over ssh
     clusterdeck attach RUN               watch a run (history, then live); Ctrl+C detaches, the run goes on
     clusterdeck stop RUN                 stop a run through its control socket
+                                         (RUN: a folder, a run's name, or user@host:/path over ssh: docs/remote.md)
     clusterdeck validate PRESET...
     clusterdeck tf-config PRESET         each task's TF_CONFIG, as JSON
     clusterdeck export PRESET [--out DIR] [--image IMG]   launch scripts, TF_CONFIG files, Kubeflow TFJob
@@ -436,18 +438,27 @@ def _add_run_commands(sub: Any) -> None:
     """``ls``, ``attach`` and ``stop``: runs that outlive the terminal that started them."""
     from engine.cli import attach, runs_list
 
+    remote = "; or user@host:/path/to/run on another machine, over ssh"
     p = sub.add_parser("ls", help="list the runs in the runs folder: state, step, started, duration")
+    p.add_argument("where", nargs="?", default=None, metavar="USER@HOST[:DIR]",
+                   help="list the runs of another machine over ssh (its runs folder, or DIR there)")
     runs_list.add_runs_option(p)
     p.add_argument("--json", action="store_true", help="one JSON object per run")
+    attach.add_remote_option(p)
     p.set_defaults(func=runs_list.ls)
     p = sub.add_parser("attach", help="watch a run (history, then live) until it ends; Ctrl+C detaches")
-    p.add_argument("run", metavar="RUN", help="a run folder, or a run's name under the runs folder (clusterdeck ls)")
+    p.add_argument("run", metavar="RUN", help="a run folder, or a run's name under the runs folder (clusterdeck ls)"
+                   + remote)
     runs_list.add_runs_option(p)
+    attach.add_remote_option(p)
     p.set_defaults(func=attach.attach)
     p = sub.add_parser("stop", help="stop a running run, as Ctrl+C in its terminal would")
-    p.add_argument("run", metavar="RUN", help="a run folder, or a run's name under the runs folder (clusterdeck ls)")
+    p.add_argument("run", metavar="RUN", help="a run folder, or a run's name under the runs folder (clusterdeck ls)"
+                   + remote)
     runs_list.add_runs_option(p)
+    attach.add_remote_option(p)
     p.set_defaults(func=attach.stop)
+    attach.add_follow_command(sub)  # the remote side of the three over ssh (plumbing)
 
 
 def _unknown_command(word: str, commands: list[str]) -> int:

@@ -17,7 +17,7 @@ from typing import Any
 from engine.cli.folders import expand_folder
 from engine.contract.run_folder import CONFIG_YAML, LIVE_STATES, RUN_JSON, RUNS_ENV, RunFolder, default_runs_root
 
-__all__ = ["RunNotFound", "RunRow", "find_run", "ls", "run_row", "runs_root_of"]
+__all__ = ["RunNotFound", "RunRow", "find_run", "listed_runs", "ls", "run_row", "runs_root_of"]
 
 _STAMP = "%Y-%m-%dT%H:%M:%S"
 
@@ -160,8 +160,22 @@ def _duration(seconds: float | None) -> str:
     return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
+def listed_runs(root: Path) -> tuple[list[RunRow], str | None]:
+    """The runs under ``root``, oldest first, and why the folder cannot be read (None: it can; a folder that does
+    not exist holds no runs)."""
+    why = _readable_dir(root)
+    if why == "no such folder":
+        return [], None
+    if why is not None:
+        return [], why
+    return [run_row(RunFolder(p)) for p in _run_dirs(root)], None
+
+
 def ls(args: argparse.Namespace) -> int:
-    """``clusterdeck ls``: the runs under the runs folder, oldest first."""
+    """``clusterdeck ls``: the runs under the runs folder, oldest first (``ls user@host[:DIR]``: there, over ssh)."""
+    where = getattr(args, "where", None)
+    if where:
+        return _ls_remote(args, where)
     root = runs_root_of(args.out)
     why = _readable_dir(root)
     if why is not None:
@@ -171,7 +185,24 @@ def ls(args: argparse.Namespace) -> int:
         print(f"clusterdeck: the runs folder {root} {why}; expected a folder of run folders", flush=True)
         return 2
     rows = [run_row(RunFolder(p)) for p in _run_dirs(root)]
-    if args.json:
+    return _print_rows(rows, args.json, str(root))
+
+
+def _ls_remote(args: argparse.Namespace, where: str) -> int:
+    import sys
+
+    from engine.control.remote import RemoteError, remote_list
+
+    try:
+        rows = remote_list(where, remote_command=getattr(args, "remote_command", None))
+    except RemoteError as exc:
+        print(f"clusterdeck: {exc}", file=sys.stderr)
+        return 2
+    return _print_rows(rows, args.json, where)
+
+
+def _print_rows(rows: list[Any], as_json: bool, root: str) -> int:
+    if as_json:
         for row in rows:
             print(json.dumps(asdict(row)))
         return 0

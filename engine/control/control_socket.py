@@ -171,6 +171,7 @@ class ControlServer:
                     _send(conn, {"ok": False, "refused": True,
                                  "error": f"this run belongs to uid {self.owner_uid}; you are uid {uid}; only the "
                                           "run's owner may watch or control it through its channel"})
+                    _drain(conn)
                     return
                 buffer = bytearray()
                 while (line := _read_line(conn, buffer)) is not None:
@@ -192,6 +193,16 @@ class ControlServer:
             return self.handler(message)
         except Exception as exc:  # noqa: BLE001 - a failed request is answered, never kills the launcher
             return {"ok": False, "error": f"{command} failed in the launcher: {exc!r}"}
+
+
+def _drain(conn: socket.socket, timeout: float = 2.0) -> None:
+    """Read what the peer sent until it closes: a socket closed with unread data resets the connection on
+    Linux (``ECONNRESET``), and the peer would lose the answer written before the close."""
+    conn.settimeout(timeout)
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_WR)
+        while conn.recv(4096):
+            pass
 
 
 def request(path: Path, command: str, *, timeout: float = 5.0, **fields: Any) -> dict[str, Any]:
@@ -219,7 +230,10 @@ def request(path: Path, command: str, *, timeout: float = 5.0, **fields: Any) ->
                 raise ChannelGone(f"{path}: not a control socket") from None
             raise ControlError(f"{path}: cannot connect ({exc.strerror or exc})") from None
         try:
-            _send(sock, {"command": command, **fields})
+            try:
+                _send(sock, {"command": command, **fields})
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the launcher answered and closed before reading (a refusal): its answer is still there
             line = _read_line(sock, bytearray())
         except TimeoutError:
             raise ControlError(f"{path}: the launcher did not answer {command!r} within {timeout:g} s") from None

@@ -144,13 +144,21 @@ def load_history(store: SeriesStore, history: History, state: RunState | None = 
     span = store.span()
     if span is None:
         return 0
-    owners = {o.id: o for o in store.owners()}
+    view = {group: store.view(group, max_points_per_series, span) for group in ("step", "device")}
+    return load_view(view, {o.id: o for o in store.owners()}, history, state, t0=span[0])
+
+
+def load_view(view: dict[str, Block], owners: dict[int, Owner], history: History, state: RunState | None = None,
+              t0: float | None = None) -> int:
+    """Fill ``history`` (and ``state``'s replicas and task figures) from a view of the tiers already read, by group
+    (``SeriesStore.view``; a remote follower sends it over the wire); the events its rows stand for."""
     if history.t0 is None:
-        history.t0 = span[0]
+        firsts = [float(b.t_first.min()) for b in view.values() if len(b)]
+        history.t0 = t0 if t0 is not None else (min(firsts) if firsts else None)
     represented = 0
     for group in ("step", "device"):
-        block = store.view(group, max_points_per_series, span)
-        if not len(block):
+        block = view.get(group)
+        if block is None or not len(block):
             continue
         represented += int(block.n.sum())
         bounds = np.flatnonzero(block.owner[1:] != block.owner[:-1]) + 1
