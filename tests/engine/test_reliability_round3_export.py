@@ -216,3 +216,23 @@ def test_the_command_refuses_a_secret_naming_it_and_lists_what_it_copied(tmp_pat
 
 def test_an_unsafe_copy_is_a_config_error_for_every_caller() -> None:
     assert issubclass(export.UnsafeCopy, ConfigError)  # the app and the command already show ConfigError
+
+
+def test_the_held_out_file_and_a_program_are_copied_and_named_where_the_image_holds_them(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    for name in ("train.npz", "held.npz"):
+        np.savez(tmp_path / name, x=rng.random((64, 784), dtype=np.float32), y=rng.integers(0, 2, 64))
+    cfg = _config("npz", str(tmp_path / "train.npz"))
+    cfg = replace(cfg, validation=replace(cfg.validation, path=str(tmp_path / "held.npz"), every=5))
+    report = export.write_export_report(cfg, tmp_path / "out", image="img:1")
+    assert [(c.field, c.target) for c in report.copied] == [("data.path", "user/train.npz"),
+                                                            ("validation.path", "user/held.npz")]
+    inside = export.config_in_image(cfg)
+    assert (inside.data.path, inside.validation.path) == (f"{export.IMAGE_USER_DIR}/train.npz",
+                                                           f"{export.IMAGE_USER_DIR}/held.npz")
+    program = tmp_path / "train.py"
+    program.write_text("print('training')\n")
+    with_program = replace(cfg, program=config_mod.Program(script=str(program)))
+    report = export.write_export_report(with_program, tmp_path / "program", image="img:1")
+    assert [c.field for c in report.copied] == ["program.script"]  # the program reads no data.* of ClusterDeck's
+    assert export.config_in_image(with_program).program.script == f"{export.IMAGE_USER_DIR}/train.py"  # type: ignore[union-attr]
