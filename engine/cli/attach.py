@@ -218,6 +218,10 @@ def attach_remote(args: argparse.Namespace) -> int:
         run = RemoteRun(args.run, remote_command=getattr(args, "remote_command", None)).open()
     except RemoteError as exc:
         return _remote_failed(args.run, exc)
+    except KeyboardInterrupt:
+        print("clusterdeck: interrupted (Ctrl-C) before the history came; nothing was left running there",
+              file=sys.stderr)
+        return 130
     console = Console()
     where = run.run_dir
     try:
