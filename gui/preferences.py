@@ -23,3 +23,24 @@ def app_settings() -> QSettings:
                 settings.setValue(key, earlier.value(key))
             settings.sync()
     return settings
+
+
+#: Whether Run starts runs in a launcher of their own that outlives the app (``clusterdeck run --detach``):
+#: asked at the first Run, changeable under Edit > Preferences. Absent: never asked.
+KEEP_RUNS_GOING = "runs/keepGoingWhenAppCloses"
+
+
+def keep_runs_going() -> bool | None:
+    """The user's choice of :data:`KEEP_RUNS_GOING`; None while it was never asked."""
+    value = app_settings().value(KEEP_RUNS_GOING)
+    if value is None or value == "":
+        return None
+    if isinstance(value, str):  # an INI file gives booleans back as text
+        return value.strip().lower() in ("true", "1", "yes", "on")
+    return bool(value)
+
+
+def set_keep_runs_going(on: bool) -> None:
+    settings = app_settings()
+    settings.setValue(KEEP_RUNS_GOING, bool(on))
+    settings.sync()

@@ -16,10 +16,12 @@ from typing import Any, Protocol
 from PySide6.QtCore import QObject, QTimer, Signal
 
 from engine.contract.config import ConfigError, Problem, RunConfig
+from engine.control.detach import RunHost
 from engine.control.launcher import Run
 from engine.control.memory import TRIM_INTERVAL_S, trim_heap
 from engine.observe.run_reader import ENDED, EventFileReader, read_run_folder, run_state_for
 from engine.observe.telemetry import RunState
+from gui.runs_follow import FolderRun, attach_folder
 
 DRAIN_INTERVAL_MS = 33  # <= 30 Hz: events are folded and views told at most this often
 FOLLOW_INTERVAL_MS = 500
@@ -47,6 +49,9 @@ class RunSession(QObject):
     comparisonsChanged = Signal()
     runsRootChanged = Signal(object)  # Path
     message = Signal(str)
+    startRefused = Signal(list)  # list[Problem]: a detached start its launcher refused (nothing runs)
+    stopRefused = Signal(str)  # an attached run's launcher refused to stop (another user's run), or cannot
+    runReleased = Signal(object)  # Path: an attached run was let go; it runs on
 
     def __init__(self, runs_root: Path, config: RunConfig, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -70,6 +75,7 @@ class RunSession(QObject):
         self._follow_timer.setInterval(FOLLOW_INTERVAL_MS)
         self._follow_timer.timeout.connect(self._follow_tick)
         self._trimmed_at = time.monotonic()
+        self._host: RunHost | None = None  # the control socket of the app's own live run
 
     # ------------------------------------------------------------------ reading
 
@@ -94,6 +100,11 @@ class RunSession(QObject):
         return self._stopping and self.run is not None
 
     @property
+    def attached(self) -> FolderRun | None:
+        """The live run when it is followed through its folder (it outlives the app), else None."""
+        return self.run if isinstance(self.run, FolderRun) else None
+
+    @property
     def shows_run(self) -> bool:
         """A run (live, ended, or from a folder) is shown, not just the config's tasks."""
         return self._shows_run
@@ -111,9 +122,53 @@ class RunSession(QObject):
             run_dir = run.start()
         except OSError as exc:
             raise ConfigError([Problem("", f"the run could not start: {exc}")]) from None
+        try:  # `clusterdeck stop`, the Runs panel and other windows reach it as they reach a detached run
+            self._host = RunHost(run, detached=False).start()
+        except OSError:
+            self._host = None  # the run goes on without a channel; only this window stops it
         self._watch(run, config, run_dir, events, "starting")
         self.message.emit(f"Run started in {run_dir}")
         return run_dir
+
+    def launch_detached(self, config: RunConfig) -> None:
+        """Start ``config`` in a launcher of its own under :attr:`runs_root` (it outlives the app) and follow it.
+        Returns at once; a refusal comes as ``startRefused``."""
+        self.release()
+        if self.run is not None:
+            raise RuntimeError("a run is in progress; stop it first")
+        run = FolderRun.spawn(config, self._runs_root)
+        self.watch(run, config, None, "starting")
+        run.start()
+        self.message.emit("Starting the run in a launcher of its own (it keeps going when ClusterDeck closes)…")
+
+    def attach(self, path: str | Path) -> RunConfig:
+        """Follow a running run's folder live (its history first): Stop goes through its control socket.
+        Returns its config (ConfigError when the folder is no run)."""
+        path = Path(path)
+        self.release()
+        if self.run is not None:
+            raise RuntimeError("a run is in progress; stop it first")
+        config, state, reader = read_run_folder(path)
+        run = attach_folder(path, reader)
+        events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        run.add_listener(events.put)
+        self._watch(run, config, path, events, state.state, folded=state)  # the thread reads on from there
+        run.start()
+        self.message.emit(f"Attached to {path.name}: {state.state}, {state.step} steps")
+        return config
+
+    def release(self) -> None:
+        """Let an attached run go (it runs on, outside the app); the screen keeps what it showed last."""
+        run = self.attached
+        if run is None:
+            return
+        run.close()
+        self._drain_timer.stop()
+        self.run = None
+        self._stopping = False
+        self.runStateChanged.emit(self.state.state)
+        if run.run_dir is not None:
+            self.runReleased.emit(run.run_dir)
 
     def watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None = None, state: str = "starting") -> None:
         """Show an already started run (the launcher's, or a replay of events) as the live run."""
@@ -124,10 +179,10 @@ class RunSession(QObject):
         self._watch(run, config, run_dir, events, state)
 
     def _watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None,
-               events: queue.SimpleQueue[dict[str, Any]], state: str) -> None:
+               events: queue.SimpleQueue[dict[str, Any]], state: str, folded: RunState | None = None) -> None:
         self._stop_follow()
         self._events = events
-        self.state = run_state_for(config)
+        self.state = folded if folded is not None else run_state_for(config)
         self.state.state = state
         self.config = config
         self.run = run
@@ -162,6 +217,8 @@ class RunSession(QObject):
         if run is None:
             self._drain_timer.stop()
             return
+        if isinstance(run, FolderRun) and self._attached_news(run):
+            return
         was = self.state.state
         done = run.done  # read before draining: every event precedes ``done``
         count = 0
@@ -184,8 +241,39 @@ class RunSession(QObject):
             self._drain_timer.stop()
             self.run = None
             self._stopping = False
+            if self._host is not None:
+                self._host.close()
+                self._host = None
+            final = getattr(run, "final_state", None)
+            if final and self.state.state not in ENDED:  # its launcher is gone without an end of its own
+                self.state.state = final
             self.runStateChanged.emit(self.state.state)
             self.message.emit(self.end_message())
+
+    def _attached_news(self, run: FolderRun) -> bool:
+        """What an attached run's thread learnt: its folder (a detached start), a refused stop, a refused start
+        (then the run is dropped: True)."""
+        if self.run_dir is None and run.run_dir is not None:
+            self.run_dir = run.run_dir
+            self.runLoaded.emit()  # the logs and the status now have a folder
+            self.message.emit(f"Run started detached in {run.run_dir}: it keeps going when ClusterDeck closes")
+        for notice in run.take_notices():
+            if notice.kind == "refused" and self._stopping:
+                self._stopping = False
+                self.user_stopped = False
+                self.runStateChanged.emit(self.state.state)
+                self.stopRefused.emit(notice.text)
+            else:
+                self.message.emit(notice.text)
+        if run.done and run.run_dir is None:  # the launcher never started the run
+            self._drain_timer.stop()
+            self.run = None
+            self._stopping = False
+            if run.cancelled:
+                self.message.emit("Run cancelled before it started")
+            self.startRefused.emit(list(run.start_problems or []))
+            return True
+        return False
 
     def end_message(self) -> str:
         s = self.state
@@ -201,11 +289,13 @@ class RunSession(QObject):
     # ------------------------------------------------------------------ run folders
 
     def open_folder(self, path: str | Path) -> RunConfig:
-        """Show a past (or still running) run folder; returns its config (ConfigError when it is none)."""
-        if self.run is not None:
+        """Show a past (or still running) run folder; returns its config (ConfigError when it is none). An
+        attached run shown is let go (it runs on)."""
+        if self.run is not None and self.attached is None:
             raise RuntimeError("a run is in progress; stop it first")
         path = Path(path)
         config, state, reader = read_run_folder(path)
+        self.release()
         self._stop_follow()
         self.state = state
         self.config = config
@@ -276,9 +366,13 @@ class RunSession(QObject):
             self.comparisonsChanged.emit()
 
     def shutdown(self) -> None:
-        """Stop the timers, and the run if any (without waiting for it)."""
+        """Stop the timers, and the app's own run if any (without waiting for it); an attached run is let go."""
         self._stop_follow()
+        self.release()
         if self.run is not None:
             self.stop()
         else:
             self._drain_timer.stop()
+            if self._host is not None:
+                self._host.close()
+                self._host = None
