@@ -13,11 +13,12 @@ from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QMessageBox, QWidget
 
 from engine.contract import presets
-from engine.contract.config import ConfigError
+from engine.contract.config import ConfigError, Problem
 from engine.contract.presets import presets_dir
-from engine.contract.run_folder import RunFolder
+from engine.contract.run_folder import LIVE_STATES, RunFolder
 from engine.control import export
-from gui.controller import Controller
+from engine.control.detach import run_state
+from gui.controller import Controller, auto_ports
 from gui.preferences import app_settings
 
 MAX_RECENT = 8
@@ -150,17 +151,47 @@ class FileActions(QObject):
 
     # ------------------------------------------------------------------ runs
 
+    def own_run_in_progress(self) -> bool:
+        """A run started in this window (or its pre-launch check) is in progress: it holds the screen until it
+        ends (a run followed through its folder does not: it is let go and runs on). Says so."""
+        c = self.controller
+        if c.checks.busy or (c.session.run is not None and c.session.attached is None):
+            self.message.emit("A run started in this window is in progress: stop it first (Shift+F5), or turn on "
+                              "Run ▸ Keep Runs Going After Closing to start runs that other runs may be shown beside",
+                              8000)
+            return True
+        return False
+
     def open_run_folder(self, path: str | Path | None = None) -> bool:
-        if self.controller.is_running or not self.maybe_save():
+        """Show a run folder (the picker asks without ``path``): a past run from disk; a running one is attached
+        to and followed live (Stop stops it). A run attached before is let go: it runs on."""
+        if self.own_run_in_progress() or not self.maybe_save():
             return False
         if path is None:
             path = QFileDialog.getExistingDirectory(self.window, "Open run folder", str(self.controller.runs_root))
             if not path:
                 return False
+        folder = RunFolder(path)
+        session = self.controller.session
         try:
-            self.controller.open_run(path)
+            if not folder.is_run_folder():
+                raise ConfigError([Problem("", "not a run folder: it has no config.yaml; expected a folder a run "
+                                               "wrote (the Runs panel lists those of the runs folder)")], str(path))
+            config = folder.read_config(check=False)
+            live = run_state(folder) in LIVE_STATES
+            session.release()  # first: the document's change below is no edit of that run
+            # the run's ports were fixed at its launch: the copy to edit takes new ones again
+            self.controller.document.replace(auto_ports(config), None)
+            if live:
+                session.attach(folder.path)
+            else:
+                session.open_folder(folder.path)
         except ConfigError as exc:
             QMessageBox.critical(self.window, "Cannot open the run folder", str(exc))
+            return False
+        except OSError as exc:
+            QMessageBox.critical(self.window, "Cannot open the run folder", f"{path}: cannot be read "
+                                 f"({exc.strerror or exc}); expected a run folder you may read")
             return False
         self.runOpened.emit()
         return True
@@ -189,8 +220,8 @@ class FileActions(QObject):
         return True
 
     def choose_runs_folder(self, path: str | Path | None = None) -> bool:
-        """Where new runs go (remembered); not while a run is in progress."""
-        if self.controller.is_running:
+        """Where new runs go (remembered); not while a run started in this window is in progress."""
+        if self.own_run_in_progress():
             return False
         if path is None:
             path = QFileDialog.getExistingDirectory(self.window, "Folder for new runs", str(self.controller.runs_root))
