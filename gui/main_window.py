@@ -9,7 +9,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QCloseEvent, QIcon, QShowEvent
-from PySide6.QtWidgets import QGroupBox, QMainWindow, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QGroupBox, QMainWindow, QMessageBox, QVBoxLayout, QWidget
 
 from engine.contract import resources
 from gui.canvas import ClusterCanvas
@@ -18,11 +18,14 @@ from gui.file_actions import FileActions
 from gui.logs import LogView
 from gui.messages import RunMessages
 from gui.plots import PlotsPanel
-from gui.preferences import APPLICATION, ORGANIZATION, app_settings
+from gui.preferences import APPLICATION, ORGANIZATION, app_settings, keep_runs_going, set_keep_runs_going
 from gui.problems_list import ProblemsList
 from gui.properties_panel import PropertiesPanel
-from gui.run_actions import RunActions
 from gui.run_status import RunStatus
+from gui.runs_commands import RunsCommands
+from gui.runs_launch import WindowRunActions
+from gui.runs_panel import RunsPanel
+from gui.runs_preferences import PreferencesDialog
 from gui.scaling_dialog import ScalingDialog
 from gui.settings_panel import SettingsPanel
 from gui.status_line import StatusLine
@@ -67,6 +70,7 @@ class MainWindow(QMainWindow):
         self.logs = LogView(session)
         self.messages = RunMessages(session)
         self.run_status = RunStatus(session, c.checks, doc, pre_run=c.pre_run)
+        self.runs_panel = RunsPanel(session)
         self.scaling_dialog: ScalingDialog | None = None
 
         # where they go: the cluster above the plots; the inspector right; tasks, logs and messages below
@@ -80,8 +84,11 @@ class MainWindow(QMainWindow):
         self.logs_dock = add_dock(self, "Logs", "logsDock", self.logs, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.messages_dock = add_dock(self, "Messages", "messagesDock", self.messages,
                                         Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.runs_dock = add_dock(self, "Runs", "runsDock", self.runs_panel, Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.runs_dock.setToolTip("Running and past runs of the runs folder (Ctrl+Shift+O)")
         self.tabifyDockWidget(self.tasks_dock, self.logs_dock)
         self.tabifyDockWidget(self.logs_dock, self.messages_dock)
+        self.tabifyDockWidget(self.messages_dock, self.runs_dock)
         self.tasks_dock.raise_()
         # the plots join the window last: Tab goes from the cluster to the settings and the run's tables
         # before it reaches the plots' many small buttons (Qt's focus chain follows the order widgets join)
@@ -90,7 +97,8 @@ class MainWindow(QMainWindow):
         # what the user does with them
         self.themes = ThemeSwitcher(self)
         self.files = files = FileActions(c, self)
-        self.runs = RunActions(c, self)
+        self.runs = WindowRunActions(c, self)
+        self.runs_commands = RunsCommands(c, files, self.runs_panel, self)
         self.commands = commands = WindowActions(self, doc.undo_stack)
         commands.connect({
             "new": files.new_document, "open": files.open_preset, "save": files.save, "save_as": files.save_as,
@@ -100,13 +108,18 @@ class MainWindow(QMainWindow):
             "add_slurm": lambda: doc.add_host(kind="slurm"),
             "add_task": lambda: self.add_task("worker"), "delete": doc.delete_selection, "run": self.runs.start,
             "stop": c.stop_run, "fit": self.canvas.fit_all, "about": lambda: show_about(self),
+            "runs": self.show_runs, "preferences": self.open_preferences,
         })
+        keep_going = commands["keep_going"]
+        keep_going.setCheckable(True)
+        keep_going.setChecked(bool(keep_runs_going()))
+        keep_going.toggled.connect(set_keep_runs_going)
         for role, action in commands.role_actions.items():
             action.triggered.connect(lambda _checked=False, role=role: self.add_task(role))
         commands.recent_menu.aboutToShow.connect(lambda: files.fill_recent(commands.recent_menu))
         commands.presets_menu.aboutToShow.connect(lambda: files.fill_presets(commands.presets_menu))
-        commands.build_menus(self.menuBar(), [self.settings_dock, self.tasks_dock, self.logs_dock, self.messages_dock],
-                             self.themes.actions.values())
+        commands.build_menus(self.menuBar(), [self.settings_dock, self.tasks_dock, self.logs_dock, self.messages_dock,
+                                              self.runs_dock], self.themes.actions.values())
         self.toolbar = commands.build_toolbar(self.run_status)
         self.presets_menu = commands.presets_menu
         for name, action in commands.items():  # the actions by name: window.run_action, window.save_action, ...
@@ -125,6 +138,10 @@ class MainWindow(QMainWindow):
         c.message.connect(lambda text: status.show(text, 8000))
         self.runs.message.connect(status.show)
         self.runs.closeReady.connect(self.close)
+        self.runs.keepGoingChanged.connect(keep_going.setChecked)
+        self.runs_commands.message.connect(status.show)
+        session.startRefused.connect(self.runs.refused)
+        session.stopRefused.connect(lambda text: QMessageBox.warning(self, "Cannot stop the run", text))
         session.comparisonsChanged.connect(self._update_actions)
         self.problems.fieldActivated.connect(self._focus_field)
         c.pre_run.changed.connect(self.problems.set_pre_run)
@@ -141,10 +158,17 @@ class MainWindow(QMainWindow):
         self.themes.applied.connect(self._theme_applied)
 
         self.window_layout.restore(app_settings(), self.settings_dock, self.tasks_dock)
+        self.runs_panel.restore_state(app_settings())
         self.settings_dock.setMinimumWidth(self.settings_panel.needed_width())  # the form is never cut off
         self._selection_changed(doc.selection)
         self._update_title()
-        status.show("Ready", 3000)
+        running = sum(1 for e in self.runs_panel.model.entries if e.live)
+        if running:  # runs that outlived an earlier window: where to find them
+            self.runs_dock.raise_()
+            status.show(f"{running} run{'s are' if running != 1 else ' is'} going: the Runs panel attaches to "
+                        f"{'them' if running != 1 else 'it'}", 10000)
+        else:
+            status.show("Ready", 3000)
 
     # ------------------------------------------------------------------ building
 
@@ -172,7 +196,7 @@ class MainWindow(QMainWindow):
         self.commands.update(ActionState(
             problems=c.problems, running=c.is_running, stopping=c.run_state == "stopping",
             comparing=bool(c.session.comparisons), read_only=c.document.read_only,
-            has_selection=c.selection is not None))
+            has_selection=c.selection is not None, attached=c.session.attached is not None))
 
     def _update_title(self, *_args: object) -> None:
         c = self.controller
@@ -264,6 +288,23 @@ class MainWindow(QMainWindow):
         if self.logs.show_task(task):
             show_dock(self, self.logs_dock)
 
+    def show_runs(self) -> RunsPanel:
+        """The Runs panel, raised, its list focused (arrows pick a run, Enter opens or attaches to it)."""
+        show_dock(self, self.runs_dock)
+        panel = self.runs_panel
+        panel.refresh()
+        panel.table.setFocus()
+        if not panel.selected() and panel.proxy.rowCount():
+            panel.table.selectRow(0)
+        return panel
+
+    def open_preferences(self) -> PreferencesDialog:
+        dialog = PreferencesDialog(self)
+        dialog.changed.connect(self.keep_going_action.setChecked)
+        dialog.finished.connect(dialog.deleteLater)
+        dialog.open()
+        return dialog
+
     def open_scaling_dialog(self) -> ScalingDialog:
         """Show the scaling report window (one per main window, kept between openings)."""
         if self.scaling_dialog is None:
@@ -287,10 +328,12 @@ class MainWindow(QMainWindow):
     def save_settings(self) -> None:
         settings = app_settings()
         self.window_layout.save(settings)
+        self.runs_panel.save_state(settings)
         settings.sync()
 
     def start_run(self) -> None:
-        self.runs.start()
+        """Start the config as the command line's ``--run`` does: the preference is used, never asked."""
+        self.runs.start(ask=False)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if not self.runs.may_close() or (not self.runs.quitting and not self.files.maybe_save()):
@@ -306,6 +349,7 @@ class MainWindow(QMainWindow):
         self.statusBar().clearMessage()  # its message timeout is a timer too
         self.plots.stop()
         self.logs.stop()
+        self.runs_panel.stop()
         self.run_status.stop()
         if self.scaling_dialog is not None:
             self.scaling_dialog.shutdown()

@@ -53,8 +53,11 @@ ACTIONS: tuple[ActionSpec, ...] = (
                "Kubeflow TFJob for this config into a folder", "Ctrl+E"),
     ActionSpec("scaling", "Scaling &Report…", "Run this config at 1, 2, 4, … workers and plot throughput and "
                "scaling efficiency"),
-    ActionSpec("open_run", "Open &Run Folder…", "Show a past run: its config, tasks, curves and logs",
-               "Ctrl+Shift+O", SP.SP_DirOpenIcon),
+    ActionSpec("runs", "&Runs…", "Show the Runs panel: running and past runs of the runs folder, to open, attach "
+               "to, stop, compare or delete (Ctrl+Shift+O)", "Ctrl+Shift+O"),
+    ActionSpec("open_run", "Open Run &Folder…", "Show a run folder from anywhere: its config, tasks, curves and logs "
+               "(a running run is followed live); the Runs panel lists those of the runs folder", None,
+               SP.SP_DirOpenIcon),
     ActionSpec("compare", "&Compare with Run…", "Overlay another run's replica curves, dashed"),
     ActionSpec("clear_compare", "Clear Comparison", "Remove the overlaid runs"),
     ActionSpec("runs_folder", "Runs &Folder…", "Choose the folder new runs are written to"),
@@ -69,6 +72,11 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("delete", "&Delete Selected\tDel", "Delete the selected host or task (Del on the canvas)"),
     ActionSpec("run", "&Run", RUN_TIP, "F5", SP.SP_MediaPlay),
     ActionSpec("stop", "S&top", "Stop the run: every task ends (Shift+F5)", "Shift+F5", SP.SP_MediaStop),
+    ActionSpec("keep_going", "&Keep Runs Going After Closing", "On: Run starts each run in a launcher of its own, "
+               "which keeps it going after ClusterDeck closes (find it again in the Runs panel). Off: a run lives in "
+               "its window"),
+    ActionSpec("preferences", "&Preferences…", "The app's preferences: whether runs keep going after ClusterDeck "
+               "closes (Ctrl+,)", "Ctrl+,"),
     ActionSpec("fit", "Fit Cluster in View", "Zoom the canvas so every host shows", "Ctrl+0"),
     ActionSpec("about", "&About ClusterDeck", "What ClusterDeck is"),
 )
@@ -78,9 +86,9 @@ ACTIONS: tuple[ActionSpec, ...] = (
 #: role), @docks (show or hide each dock), @theme (the colour schemes).
 MENUS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("&File", ("new", "open", "@recent", "@presets", "-", "save", "save_as", "export", "-",
-               "open_run", "compare", "clear_compare", "runs_folder", "-", "quit")),
-    ("&Edit", ("undo", "redo", "-", "add_host", "add_slurm", "@add_task", "delete")),
-    ("&Run", ("run", "stop", "-", "scaling")),
+               "runs", "open_run", "compare", "clear_compare", "runs_folder", "-", "quit")),
+    ("&Edit", ("undo", "redo", "-", "add_host", "add_slurm", "@add_task", "delete", "-", "preferences")),
+    ("&Run", ("run", "stop", "keep_going", "-", "scaling")),
     ("&View", ("@docks", "-", "fit", "@theme")),
     ("&Help", ("about",)),
 )
@@ -100,6 +108,7 @@ class ActionState:
     comparing: bool = False
     read_only: bool = False
     has_selection: bool = False
+    attached: bool = False  # the live run is followed through its folder: another may be shown or started
 
 
 def show_about(parent: QWidget) -> None:
@@ -222,11 +231,14 @@ class WindowActions:
     def update(self, state: ActionState) -> None:
         """Enable what can be done now; the Run action's tip says why it cannot."""
         run = self._actions["run"]
-        run.setEnabled(not state.problems and not state.running)
+        own_run = state.running and not state.attached  # a run of this window holds it until it ends
+        run.setEnabled(not state.problems and not own_run)
         if state.problems:
             text = "Cannot run:\n" + "\n".join(f"• {p}" for p in state.problems)
-        elif state.running:
+        elif own_run:
             text = "A run is in progress; stop it first (Shift+F5)"
+        elif state.running:
+            text = RUN_TIP + ": a new run; the run shown keeps going (it outlives this window)"
         else:
             text = RUN_TIP
         run.setToolTip(text)
@@ -234,8 +246,8 @@ class WindowActions:
         if button is not None:
             button.setToolTip(text)
         self._actions["stop"].setEnabled(state.running and not state.stopping)
-        self._actions["open_run"].setEnabled(not state.running)
-        self._actions["runs_folder"].setEnabled(not state.running)
+        self._actions["open_run"].setEnabled(not own_run)
+        self._actions["runs_folder"].setEnabled(not own_run)
         self._actions["clear_compare"].setEnabled(state.comparing)
         save = self._actions["save"]
         save.setText("&Save As…" if state.read_only else "&Save")
