@@ -1,0 +1,195 @@
+"""Runs that outlive the window, used as a person does: the question asked at the first Run, a run started
+detached from the app that goes on after the window closes, found again in a new window's Runs panel,
+attached to, watched live and stopped, with no process left behind."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from PySide6.QtCore import QPoint, Qt
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+from engine.contract.run_folder import RunFolder
+from engine.control import control_socket
+from engine.control.detach import read_launcher
+from gui import preferences
+from gui.runs_follow import folder_pids
+from gui.runs_model import COLUMNS
+from tests.conftest import alive, wait_gone
+
+TINY = """\
+schema: 1
+name: tiny-app-detach
+cluster:
+  hosts:
+  - name: local
+    address: localhost
+    gpus: 0
+    tasks:
+    - {role: worker, index: 0, port: auto}
+parallelism:
+  mode: data
+data: {source: synthetic, shape: [32], classes: 4, size: 1024}
+model: {name: mlp, hidden: [16]}
+training:
+  global_batch_size: 32
+  steps: 1000000
+  optimizer: sgd
+  learning_rate: 0.05
+  seed: 1
+  checkpoint_every: 0
+"""
+
+
+@pytest.fixture
+def tiny(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.yaml"
+    path.write_text(TINY, encoding="utf-8")
+    return path
+
+
+def never_asked() -> None:
+    settings = preferences.app_settings()
+    settings.remove(preferences.KEEP_RUNS_GOING)
+    settings.sync()
+    assert preferences.keep_runs_going() is None
+
+
+def status_step(run_dir: Path) -> int:
+    return int(control_socket.request(RunFolder(run_dir).control_socket, "status")["step"])
+
+
+def end_run(run_dir: Path | None) -> None:
+    """Whatever a failed test left: stop the run through its channel, and wait for its processes."""
+    if run_dir is None:
+        return
+    pids = folder_pids(RunFolder(run_dir))
+    try:
+        control_socket.request(RunFolder(run_dir).control_socket, "stop", timeout=60)
+    except control_socket.ControlError:
+        for pid in alive(pids):
+            psutil.Process(pid).kill()
+    wait_gone(pids, 20)
+
+
+@pytest.mark.cluster
+def test_a_run_started_from_the_app_outlives_it_and_is_attached_to_again(
+        qtbot: Any, window: Any, runs_root: Path, tiny: Path, dialogs: Any) -> None:
+    from gui.controller import Controller
+    from gui.main_window import MainWindow
+
+    never_asked()
+    c = window.controller
+    assert window.open_path(tiny, ask=False)
+    dialogs.answers.append(QMessageBox.StandardButton.Yes)  # keep runs going: asked once, at the first Run
+    qtbot.keyClick(window, Qt.Key.Key_F5)
+    assert dialogs.kinds() == ["question"] and "keep going" in dialogs.calls[0][2]
+    assert preferences.keep_runs_going() is True and window.keep_going_action.isChecked()
+    assert c.session.attached is not None  # followed through its folder once its launcher says where
+    run_dir: Path | None = None
+    again: Any = None
+    try:
+        qtbot.waitUntil(lambda: c.run_dir is not None, timeout=60_000)
+        run_dir = c.run_dir
+        assert run_dir is not None and run_dir.parent == runs_root
+        assert window.stop_action.isEnabled()
+        qtbot.waitUntil(lambda: window.plots.loss.points("replica/0/loss") >= 3, timeout=90_000)
+        assert window.run_status.badge.text() == "Running"
+        info = read_launcher(RunFolder(run_dir))
+        assert info is not None and info.detached
+        pids = folder_pids(RunFolder(run_dir))
+        assert info.pid in pids and len(pids) >= 3  # the launcher, its supervisor, the task
+
+        # closing the window asks nothing and leaves the run going
+        window.close()
+        assert window.isHidden() and dialogs.kinds() == ["question"]
+        assert alive(pids) == pids, "the launcher and the tasks outlive the window"
+        before = status_step(run_dir)
+        deadline = time.monotonic() + 30
+        while status_step(run_dir) <= before and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert status_step(run_dir) > before, "the run trains on without a window"
+
+        # a new window finds it in the Runs panel, running, and attaches to it
+        again = MainWindow(Controller(runs_root=runs_root))
+        again.show()
+        qtbot.waitExposed(again)
+        assert again.runs_dock.isVisible() and "going" in again.statusBar().currentMessage()
+        panel = again.show_runs()
+        row = panel.row_of(run_dir)
+        assert row >= 0
+        assert panel.proxy.index(row, COLUMNS.index("State")).data() == "running · detached"
+        assert panel.select(run_dir) and panel.actions_by_name["attach"].isEnabled()
+        qtbot.mouseClick(panel.buttons["attach"], Qt.MouseButton.LeftButton)
+        c2 = again.controller
+        assert c2.session.attached is not None and c2.run_dir == run_dir
+        shown = c2.state.step
+        assert shown > 0, "the history is read first"
+        qtbot.waitUntil(lambda: c2.state.step > shown + 5, timeout=30_000)  # then live steps
+        qtbot.waitUntil(lambda: again.plots.loss.points("replica/0/loss") > 3, timeout=10_000)
+        assert again.stop_action.isEnabled() and again.run_status.badge.text() == "Running"
+
+        # Stop, pressed twice: one stop, through the run's channel; every process ends
+        stop = again.toolbar.widgetForAction(again.stop_action)
+        qtbot.mouseClick(stop, Qt.MouseButton.LeftButton, pos=QPoint(8, stop.height() // 2))
+        assert again.run_status.badge.text() == "Stopping…" and not again.stop_action.isEnabled()
+        assert panel.select(run_dir)
+        qtbot.mouseClick(panel.buttons["stop"], Qt.MouseButton.LeftButton)
+        assert "Already stopping" in again.statusBar().currentMessage()
+        qtbot.waitUntil(lambda: c2.run is None, timeout=60_000)
+        assert c2.state.state == "stopped" and again.run_status.badge.text() == "Stopped"
+        assert wait_gone(pids, 15.0) == [], "no process of the run is left"
+        qtbot.waitUntil(lambda: panel.proxy.index(panel.row_of(run_dir), COLUMNS.index("State")).data()
+                        == "stopped", timeout=5000)
+        run_dir = None
+    finally:
+        end_run(run_dir)
+        if again is not None:
+            again.close()
+            again.deleteLater()
+
+
+@pytest.mark.cluster
+def test_stop_while_the_detached_launcher_starts_calls_the_run_off(qtbot: Any, window: Any, runs_root: Path,
+                                                                   tiny: Path) -> None:
+    preferences.set_keep_runs_going(True)
+    c = window.controller
+    assert window.open_path(tiny, ask=False)
+    window.run_action.trigger()
+    assert c.session.attached is not None and c.run_dir is None and window.stop_action.isEnabled()
+    window.stop_action.trigger()
+    qtbot.waitUntil(lambda: c.run is None, timeout=60_000)
+    folder = c.run_dir
+    if folder is not None:  # its launcher had said it started: it was stopped through its channel
+        assert c.state.state == "stopped"
+        assert wait_gone(folder_pids(RunFolder(folder)), 15.0) == []
+    else:
+        assert "cancelled" in window.statusBar().currentMessage() or c.state.state != "running"
+    assert window.run_action.isEnabled()
+
+
+def test_the_question_and_the_preference(qtbot: Any, window: Any, dialogs: Any) -> None:
+    never_asked()
+    dialogs.answers.append(QMessageBox.StandardButton.Cancel)
+    window.run_action.trigger()  # cancelled: nothing starts, nothing is remembered
+    assert dialogs.kinds() == ["question"] and window.controller.run is None
+    assert preferences.keep_runs_going() is None
+    # the Run menu's switch and Edit > Preferences say and change the same thing
+    window.keep_going_action.trigger()
+    assert preferences.keep_runs_going() is True
+    dialog = window.open_preferences()
+    qtbot.waitUntil(dialog.isVisible)
+    assert dialog.keep_going.isChecked() and dialog.keep_going.toolTip()
+    qtbot.mouseClick(dialog.keep_going, Qt.MouseButton.LeftButton)
+    qtbot.mouseClick(dialog.buttons.button(dialog.buttons.StandardButton.Ok), Qt.MouseButton.LeftButton)
+    assert preferences.keep_runs_going() is False and not window.keep_going_action.isChecked()
+    assert QApplication.activeModalWidget() is None
+    # a problem is said before the question is asked
+    never_asked()
+    window.controller.document.update_host(0, gpus=3)
+    window.start_run()
+    assert dialogs.kinds()[-1] == "warning" and preferences.keep_runs_going() is None
