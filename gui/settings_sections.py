@@ -250,7 +250,7 @@ class PathField(QWidget):
 
     def _full(self, value: str) -> str:
         """``value`` as a path the dialog finds: a relative one is read from the preset's folder."""
-        path = Path(value).expanduser()
+        path = Path(os.path.expanduser(value))  # "~nosuchuser" stays as written
         document = self.panel.document.path
         if not path.is_absolute() and document is not None:
             path = document.parent / path

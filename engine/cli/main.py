@@ -233,8 +233,9 @@ def _missing_scripts(cfg: config_mod.RunConfig) -> list[Problem]:
     """The user's scripts the config names that are not there (the full check imports them, with TensorFlow)."""
     named = ([("model.script", cfg.model.script)] if cfg.model.name == "script" else []) + \
             ([("data.path", cfg.data.path)] if cfg.data.source == "script" else [])
-    return [Problem(field, f"{path!r}: no such file; expected a Python script")
-            for field, path in named if not Path(path).expanduser().is_file()]
+    from engine.control.script_check import script_file_problem
+
+    return [problem for field, path in named if (problem := script_file_problem(field, path)) is not None]
 
 
 def _count(n: int, word: str) -> str:
@@ -327,7 +328,7 @@ def cmd_gui(args: argparse.Namespace) -> int:
     argv = [sys.executable, "-m", "gui"]
     target = getattr(args, "preset", None)
     if target:
-        path = Path(target).expanduser()
+        path = Path(os.path.expanduser(target))  # "~nosuchuser" stays as written (no such file)
         if path.is_dir():
             if not is_run_folder(path):
                 print(f"clusterdeck: {target}: is a folder but not a run folder (it has no {CONFIG_YAML}); "

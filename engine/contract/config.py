@@ -1009,7 +1009,8 @@ def relative_to_folder(config: RunConfig, folder: str | os.PathLike[str]) -> Run
     base = Path(os.path.abspath(folder))
 
     def anchored(value: str) -> str:
-        if not value.strip() or Path(value).expanduser().is_absolute():
+        # "~" and "~user" paths are their own anchor (and "~nosuchuser" is reported where it is read, never raised)
+        if not value.strip() or value.startswith("~") or Path(value).is_absolute():
             return value
         return os.path.normpath(base / value)
 

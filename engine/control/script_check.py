@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 import psutil
 
 from engine.contract import config as config_mod
+from engine.contract import datasets
 from engine.contract.config import Problem, RunConfig
 from engine.contract.task_logs import is_noise
 
@@ -33,6 +35,23 @@ def uses_script(config: RunConfig) -> bool:
     return config.model.name == "script" or config.data.source == "script"
 
 
+def script_file_problem(field: str, path: str) -> Problem | None:
+    """``path`` as a script ``field`` names: None where it is a regular file; else what it is, in words (a FIFO,
+    a device and a folder are refused by their type before anything opens them; "~nosuchuser" is named)."""
+    expanded = os.path.expanduser(path)
+    nobody = datasets.unknown_home(expanded)
+    if nobody is not None:
+        return Problem(field, f"{path!r} names the home folder of {nobody!r}, a user this machine does not know; "
+                              "expected a Python script")
+    try:
+        mode = os.stat(expanded).st_mode
+    except OSError:
+        return Problem(field, f"{path!r}: no such file; expected a Python script")
+    if not stat.S_ISREG(mode):
+        return Problem(field, f"{path!r} is {datasets.file_kind(mode)}; expected a Python script (a .py file)")
+    return None
+
+
 def check(config: RunConfig, *, timeout: float | None = None, python: str | None = None) -> list[Problem]:
     """Problems of the config's script (empty when it names none, or when the script passes)."""
     if not uses_script(config):
@@ -41,8 +60,9 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
     scripts = ([("model.script", config.model.script)] if config.model.name == "script" else []) + \
               ([("data.path", config.data.path)] if config.data.source == "script" else [])
     for field, path in scripts:
-        if not Path(path).is_file():
-            return [Problem(field, f"{path!r}: no such file; expected a Python script")]
+        problem = script_file_problem(field, path)
+        if problem is not None:
+            return [problem]
     limit = DEFAULT_TIMEOUT_S if timeout is None else timeout
     named = scripts[0][1]
     with tempfile.TemporaryDirectory(prefix="clusterdeck-check-") as tmp:
@@ -99,7 +119,10 @@ def _end_every_process(proc: subprocess.Popen[bytes], token: str) -> None:
 def _absolute(config: RunConfig) -> RunConfig:
     """Script paths made absolute (the check runs in a temporary folder)."""
     def absolute(path: str) -> str:
-        return os.path.abspath(os.path.expanduser(path)) if path.strip() else path
+        expanded = os.path.expanduser(path)
+        if not path.strip() or datasets.unknown_home(expanded) is not None:
+            return path  # "~nosuchuser/...": kept as written, for the message that names the user
+        return os.path.abspath(expanded)
 
     return config_mod.replace(config, data=config_mod.replace(config.data, path=absolute(config.data.path)),
                               model=config_mod.replace(config.model, script=absolute(config.model.script)))

@@ -9,7 +9,8 @@ host's ``python``, all shown before launch); everything else that would run a pr
   ``--task-epilog`` (programs Slurm runs for the step), ``--wrap`` (a command), ``--output``/``--error``/``--input``
   and ``-o``/``-e``/``-i`` (files written or read outside the run folder: a job's output appended to
   ``~/.bashrc`` runs at the next login), or ``--export`` of a variable that makes a program load code
-  (``LD_PRELOAD``, ``PYTHONSTARTUP``, …). Abbreviations count (Slurm accepts ``--pro=`` for ``--prolog=``).
+  (``LD_PRELOAD``, ``PYTHONSTARTUP``, …). Abbreviations count (Slurm accepts ``--ep=`` for ``--epilog=``), and so do short options bundled
+  as getopt reads them (``-vo FILE`` is ``-v -o FILE``); ``--bcast`` (the program copied to a path on the nodes) too.
   ``slurm.allow_program_options: true`` (a field of its own, so a shared preset cannot slip it in unseen: it is
   shown before every launch) lets them through.
 - a host's ``python`` must name a Python interpreter (``python``, ``python3``, ``python3.11``, ``pypy3``, as a
@@ -24,8 +25,14 @@ from collections.abc import Sequence
 from engine.contract.config import Problem, RunConfig
 
 #: Slurm options that run a program (or write or read files outside the run folder), without their dashes.
-PROGRAM_OPTIONS = ("prolog", "epilog", "task-prolog", "task-epilog", "wrap", "output", "error", "input")
+PROGRAM_OPTIONS = ("prolog", "epilog", "task-prolog", "task-epilog", "wrap", "output", "error", "input", "bcast")
 SHORT_FILE_OPTIONS = ("-o", "-e", "-i")
+#: srun/sbatch short options that take an argument: in a bundle such as ``-vo FILE`` the rest of the word after one
+#: of these is its argument (getopt's reading), so scanning stops there.
+_SHORT_WITH_ARGUMENT = frozenset("AbBcCdDgGJLmMnNpqRStTwWx")
+_SHORT_FILE = {"o": "output", "e": "error", "i": "input"}
+#: the shortest prefix of a long option Slurm takes (getopt_long takes any unambiguous one; one letter is never)
+_MIN_PREFIX = 2
 #: Variables that make the programs of a step load code of their own.
 CODE_VARIABLES = ("LD_PRELOAD", "LD_AUDIT", "LD_LIBRARY_PATH", "PYTHONSTARTUP", "PYTHONPATH", "PYTHONHOME",
                   "PYTHONUSERBASE", "BASH_ENV", "ENV", "PERL5OPT", "NODE_OPTIONS")
@@ -36,24 +43,37 @@ def _long_name(word: str) -> str:
     return word[2:].split("=", 1)[0].lower() if word.startswith("--") else ""
 
 
+def _short_file_option(word: str) -> str:
+    """The file option a single-dash word holds, read as getopt reads a bundle (``-vo/root/.bashrc`` is ``-v -o
+    /root/.bashrc``), or ""."""
+    if not word.startswith("-") or word.startswith("--") or len(word) < 2:
+        return ""
+    for letter in word[1:]:
+        if letter in _SHORT_FILE:
+            return _SHORT_FILE[letter]
+        if letter in _SHORT_WITH_ARGUMENT:
+            return ""  # the rest of the word is this option's argument
+    return ""
+
+
 def option_problems(options: Sequence[str], field: str) -> list[Problem]:
     """The options of ``field`` that would run a program or touch files outside the run folder."""
     problems = []
     for i, word in enumerate(options):
         name = _long_name(word)
         hit = ""
-        if name and len(name) >= 3:
+        if name and len(name) >= _MIN_PREFIX:
             hit = next((o for o in PROGRAM_OPTIONS if o.startswith(name)), "")
-        if not hit and (word in SHORT_FILE_OPTIONS or any(word.startswith(s) and len(word) > 2 and
-                                                          not word.startswith("--") for s in SHORT_FILE_OPTIONS)):
-            hit = {"-o": "output", "-e": "error", "-i": "input"}[word[:2]]
+        if not hit:
+            hit = _short_file_option(word)
         if hit:
             what = ("runs a program on the nodes" if "log" in hit else "runs a command" if hit == "wrap"
+                    else "copies the program to a path on the nodes" if hit == "bcast"
                     else "writes or reads a file outside the run folder")
             problems.append(Problem(field, f"{word!r} (--{hit}) {what}; a preset may not run what you did not choose: "
                                            "remove it, or set slurm.allow_program_options: true"))
             continue
-        if name and "export".startswith(name) and len(name) >= 3:
+        if name and "export".startswith(name) and len(name) >= _MIN_PREFIX:
             value = word.split("=", 1)[1] if "=" in word else (options[i + 1] if i + 1 < len(options) else "")
             named = {part.split("=", 1)[0].strip() for part in value.split(",")}
             bad = sorted(named & set(CODE_VARIABLES))

@@ -218,7 +218,7 @@ def run(ctx: TaskContext) -> dict[str, Any]:
     session = _session = ProgramSession(ctx)
     _setup_devices(ctx)
     _hook_fit(session)
-    script = Path(program.script).expanduser().resolve()
+    script = Path(os.path.expanduser(program.script)).resolve()
     ctx.stop.late_reason = ENDED_REASON
     ctx.emitter.status("running", program=str(script), args=list(program.args))
     timer = threading.Timer(SILENT_AFTER_S, session.say_silent)

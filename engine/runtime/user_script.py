@@ -50,7 +50,7 @@ class ScriptError(Exception):
 def script_path(config: RunConfig, field: str) -> Path:
     """The absolute path of the script named by ``model.script`` or ``data.path``."""
     raw = config.model.script if field == "model.script" else config.data.path
-    p = Path(raw).expanduser()
+    p = Path(os.path.expanduser(raw))  # "~nosuchuser" stays as written: reported as missing
     return p if p.is_absolute() else Path.cwd() / p
 
 
