@@ -259,17 +259,24 @@ def cmd_export(args: argparse.Namespace) -> int:
 
     try:
         cfg = load_preset(args.preset)
-        paths = export.write_export(cfg, args.out, image=args.image, python=args.python,
-                                    workdir=args.workdir, namespace=args.namespace, pvc=args.pvc,
-                                    pvc_size=args.pvc_size)
+        report = export.write_export_report(cfg, args.out, image=args.image, python=args.python,
+                                            workdir=args.workdir, namespace=args.namespace, pvc=args.pvc,
+                                            pvc_size=args.pvc_size)
     except ConfigError as exc:
         print(f"clusterdeck: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"clusterdeck: cannot write the export to {args.out}: {exc.strerror or exc}", file=sys.stderr)
         return 1
-    for p in paths:
+    for p in report.paths:
         print(p)
+    for copy in report.copied:  # what of the user's went into the image's build folder, and how much
+        print(f"copied {copy.describe()}", file=sys.stderr)
+    if report.skipped:
+        print(f"clusterdeck: no TFJob, Dockerfile or image build folder written (see {export.SKIPPED_NOTE}):",
+              file=sys.stderr)
+        for problem in report.skipped:
+            print(f"  {problem}", file=sys.stderr)
     return 0
 
 
