@@ -300,7 +300,7 @@ class MainWindow(QMainWindow):
 
     def open_preferences(self) -> PreferencesDialog:
         dialog = PreferencesDialog(self)
-        dialog.changed.connect(self.keep_going_action.setChecked)
+        dialog.changed.connect(self.commands["keep_going"].setChecked)
         dialog.finished.connect(dialog.deleteLater)
         dialog.open()
         return dialog

@@ -185,13 +185,19 @@ class RunSession(QObject):
         self.state = folded if folded is not None else run_state_for(config)
         self.state.state = state
         self.config = config
-        self.run = run
         self.run_dir = run_dir
         self._stopping = False
         self._shows_run = True
         self.user_stopped = False
+        # a detached start: the screen clears now, and the views take the run (a listener on it) once its launcher
+        # says where it is, with one runLoaded as for any other run
+        later = run_dir is None and isinstance(run, FolderRun)
+        if later:
+            self.runLoaded.emit()
+        self.run = run
         self._drain_timer.start()
-        self.runLoaded.emit()
+        if not later:
+            self.runLoaded.emit()
         self.runStateChanged.emit(state)
 
     def add_listener(self, listener: Any) -> bool:

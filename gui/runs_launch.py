@@ -16,7 +16,6 @@ from PySide6.QtWidgets import QMessageBox, QWidget
 from engine.contract.config import ConfigError, Problem
 from engine.control.launcher import launch_problems
 from gui import preferences
-from gui.controller import Controller
 from gui.run_actions import RunActions
 
 _Buttons = QMessageBox.StandardButton

@@ -82,15 +82,15 @@ class RunsModel(QAbstractTableModel):
                 self.endRemoveRows()
         index = {e.row.path: i for i, e in enumerate(self.entries)}
         for path, entry in new.items():
-            i = index.get(path)
-            if i is None:  # new: appended (the view sorts)
+            at = index.get(path)
+            if at is None:  # new: appended (the view sorts)
                 n = len(self.entries)
                 self.beginInsertRows(QModelIndex(), n, n)
                 self.entries.append(entry)
                 self.endInsertRows()
-            elif self.entries[i] != entry:
-                self.entries[i] = entry
-                self.dataChanged.emit(self.index(i, 0), self.index(i, len(COLUMNS) - 1))
+            elif self.entries[at] != entry:
+                self.entries[at] = entry
+                self.dataChanged.emit(self.index(at, 0), self.index(at, len(COLUMNS) - 1))
 
     def set_shown(self, path: Path | None) -> None:
         if path != self.shown:
@@ -103,10 +103,10 @@ class RunsModel(QAbstractTableModel):
 
     # ------------------------------------------------------------------ Qt's model
 
-    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802 - Qt's name
+    def rowCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008, N802 - Qt's signature
         return 0 if parent.isValid() else len(self.entries)
 
-    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: N802 - Qt's name
+    def columnCount(self, parent: _Index = QModelIndex()) -> int:  # noqa: B008, N802
         return 0 if parent.isValid() else len(COLUMNS)
 
     def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole) -> Any:  # noqa: N802

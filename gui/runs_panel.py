@@ -9,7 +9,20 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QEvent, QModelIndex, QObject, QSettings, QSize, Qt, QTimer, QUrl, Signal
+from PySide6.QtCore import (
+    QByteArray,
+    QEvent,
+    QModelIndex,
+    QObject,
+    QPoint,
+    QSettings,
+    QSize,
+    Qt,
+    QTimer,
+    QUrl,
+    Signal,
+    SignalInstance,
+)
 from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication, QHideEvent, QKeySequence, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -34,6 +47,24 @@ from gui.runs_scan import STATES, RunEntry, RunsScanner
 REFRESH_MS = 1000
 SETTINGS_PREFIX = "runsPanel"
 SP = QStyle.StandardPixmap
+#: The panel's commands (name, text, tip, icon, key): its buttons and its list's context menu.
+ACTIONS: tuple[tuple[str, str, str, QStyle.StandardPixmap | None, str | None], ...] = (
+    ("open", "Open", "Show the selected run: its config, curves, tasks and logs (a running run is attached "
+     "to and followed live) — Enter or double-click", SP.SP_DialogOpenButton, "Return"),
+    ("attach", "Attach", "Follow the selected running run live in this window; Stop then stops it. The run "
+     "shown before keeps going if it was started detached", SP.SP_MediaPlay, None),
+    ("stop", "Stop", "Stop the selected running runs through their control channel (your own runs only)",
+     SP.SP_MediaStop, None),
+    ("compare", "Compare", "Overlay the selected runs' replica curves, dashed, on the run shown",
+     SP.SP_FileDialogContentsView, None),
+    ("delete", "Delete…", "Delete the selected runs' folders (asks first; a running run is never deleted) — "
+     "Del", SP.SP_TrashIcon, "Delete"),
+    ("folder", "Open Folder…", "Open a run folder from anywhere (one not under the runs folder)",
+     SP.SP_DirOpenIcon, None),
+    ("copy", "Copy Path", "Copy the selected runs' folder paths", None, "Ctrl+C"),
+    ("reveal", "Show in File Manager", "Open the run's folder in the file manager", None, None),
+    ("find", "Filter", "Filter the runs", None, "Ctrl+F"),
+)
 
 
 class RunsPanel(QWidget):
@@ -114,12 +145,12 @@ class RunsPanel(QWidget):
             bar.addWidget(self._button(name))
         bar.addWidget(self.count, 1, Qt.AlignmentFlag.AlignRight)
         bar.addWidget(self._button("folder"))
-        column = QVBoxLayout(self)
-        column.setContentsMargins(4, 4, 4, 4)
-        column.setSpacing(3)
-        column.addLayout(bar)
-        column.addWidget(self.table, 1)
-        column.addWidget(self.empty, 1)
+        layout = QVBoxLayout(self)
+        layout.setContentsMargins(4, 4, 4, 4)
+        layout.setSpacing(3)
+        layout.addLayout(bar)
+        layout.addWidget(self.table, 1)
+        layout.addWidget(self.empty, 1)
 
         self.timer = QTimer(self)
         self.timer.setObjectName("runsRefresh")
@@ -135,25 +166,8 @@ class RunsPanel(QWidget):
     # ------------------------------------------------------------------ building
 
     def _make_actions(self) -> dict[str, QAction]:
-        specs = (
-            ("open", "Open", "Show the selected run: its config, curves, tasks and logs (a running run is attached "
-             "to and followed live) — Enter or double-click", SP.SP_DialogOpenButton, "Return"),
-            ("attach", "Attach", "Follow the selected running run live in this window; Stop then stops it. The run "
-             "shown before keeps going if it was started detached", SP.SP_MediaPlay, None),
-            ("stop", "Stop", "Stop the selected running runs through their control channel (your own runs only)",
-             SP.SP_MediaStop, None),
-            ("compare", "Compare", "Overlay the selected runs' replica curves, dashed, on the run shown",
-             SP.SP_FileDialogContentsView, None),
-            ("delete", "Delete…", "Delete the selected runs' folders (asks first; a running run is never deleted) — "
-             "Del", SP.SP_TrashIcon, "Delete"),
-            ("folder", "Open Folder…", "Open a run folder from anywhere (one not under the runs folder)",
-             SP.SP_DirOpenIcon, None),
-            ("copy", "Copy Path", "Copy the selected runs' folder paths", None, "Ctrl+C"),
-            ("reveal", "Show in File Manager", "Open the run's folder in the file manager", None, None),
-            ("find", "Filter", "Filter the runs", None, "Ctrl+F"),
-        )
         out: dict[str, QAction] = {}
-        for name, text, tip, icon, key in specs:
+        for name, text, tip, icon, key in ACTIONS:
             action = QAction(text, self)
             action.setObjectName(f"runs_{name}Action")
             action.setToolTip(tip)
@@ -277,7 +291,7 @@ class RunsPanel(QWidget):
         a["delete"].setToolTip("A running run is never deleted: stop it first" if live else
                                "Delete the selected runs' folders (asks first) — Del")
 
-    def _one(self, signal: Signal) -> None:  # type: ignore[type-arg]
+    def _one(self, signal: SignalInstance) -> None:
         entry = self.current()
         if entry is not None:
             signal.emit(entry.path)
@@ -298,7 +312,7 @@ class RunsPanel(QWidget):
         if entry is not None:
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(entry.path)))
 
-    def _context_menu(self, pos: object) -> None:
+    def _context_menu(self, pos: QPoint) -> None:
         self._update_actions()
         menu = QMenu(self)
         menu.setToolTipsVisible(True)
@@ -308,7 +322,7 @@ class RunsPanel(QWidget):
         menu.addActions([a["copy"], a["reveal"]])
         menu.addSeparator()
         menu.addAction(a["delete"])
-        menu.popup(self.table.viewport().mapToGlobal(pos))  # type: ignore[arg-type]
+        menu.popup(self.table.viewport().mapToGlobal(pos))
 
     # ------------------------------------------------------------------ keys
 
