@@ -10,21 +10,18 @@ bad ``--ms``).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from engine.cli.folders import expand_folder
-from engine.contract.run_folder import RunFolder, task_folder_name, write_atomic
-from engine.control import doctor
+from engine.contract.run_folder import RunFolder
+from engine.control import doctor, profiling
 
 #: Bounds of ``--ms``.
-MIN_MS, MAX_MS = 10, 60_000
-#: Seconds a profile may take beyond ``--ms`` (a task notices a request within 0.5 s; writing and reading the
-#: trace takes a few seconds on a busy machine).
-PROFILE_SLACK_S = 30.0
+MIN_MS, MAX_MS = profiling.MIN_MS, profiling.MAX_MS
+#: Seconds a profile may take beyond ``--ms`` (see ``engine.control.profiling``).
+PROFILE_SLACK_S = profiling.PROFILE_SLACK_S
 
 
 def _run_folder(text: str) -> RunFolder | None:
@@ -55,29 +52,29 @@ def cmd_stacks(args: argparse.Namespace) -> int:
     return 0 if got else 1
 
 
-def request_profile(folder: RunFolder, ms: int) -> str:
-    """Write ``RUN/profile/request.json``; the request's id (tasks write under ``profile/<id>/``)."""
-    rid = time.strftime("%Y%m%d-%H%M%S")
-    folder.private_dir(folder.path / "profile")
-    write_atomic(folder.path / "profile" / "request.json", json.dumps({"id": rid, "ms": ms, "t": time.time()}))
-    return rid
+def _share(value: float) -> str:
+    return f"{100 * value:.0f} %"
 
 
-def wait_for_profiles(folder: RunFolder, rid: str, tasks: list[str], timeout: float) -> dict[str, dict[str, Any]]:
-    """Each task's done file (JSON) under ``profile/<id>/``, waiting up to ``timeout`` s for all of them."""
-    deadline = time.monotonic() + timeout
-    done: dict[str, dict[str, Any]] = {}
-    while True:
-        for task in tasks:
-            path = folder.path / "profile" / rid / f"{task_folder_name(task)}.done"
-            if task not in done and path.is_file():
-                try:
-                    done[task] = json.loads(path.read_text(encoding="utf-8"))
-                except (OSError, ValueError):
-                    continue
-        if len(done) == len(tasks) or time.monotonic() >= deadline:
-            return done
-        time.sleep(0.2)
+def print_capture(result: profiling.ProfileCapture, top: int = 5) -> int:
+    """Each task's trace, its ops' time by category and its top ops by self time; how many traces were written."""
+    for task, got in result.tasks.items():
+        if not got.ok:
+            print(f"{task}: {'the capture failed: ' if not got.missing else ''}{got.error}")
+            continue
+        print(f"{task}: {got.xplane.relative_to(result.run_dir) if got.xplane else '?'}")
+        if got.breakdown:
+            print("    op time: " + ", ".join(f"{profiling.CATEGORY_LABELS[name]} {_share(got.breakdown.get(name, 0.0))}"
+                                            for name in profiling.CATEGORIES))
+        for op in got.top_ops[:top]:
+            print(f"    {op.self_us / 1000:9.1f} ms  {100 * op.share:5.1f} %  {op.type}  {op.op}")
+        if got.summary_error:
+            print(f"    (no summary: {got.summary_error})")
+    written = len(result.written())
+    if written:
+        print(f"open: tensorboard --logdir {result.logdir}  (the Profile tab needs tensorboard-plugin-profile; "
+              f"run {result.rid}, one host per task)")
+    return written
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
@@ -87,35 +84,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
     if not MIN_MS <= args.ms <= MAX_MS:
         print(f"clusterdeck: --ms: expected {MIN_MS} to {MAX_MS}, got {args.ms}", file=sys.stderr)
         return 2
-    tasks = sorted(doctor.run_task_pids(folder))
-    if not tasks:
-        print(f"clusterdeck: no live task in {folder.path} (run.json names none running): nothing to profile",
-              file=sys.stderr)
+
+    def requested(rid: str, tasks: list[str]) -> None:
+        print(f"profiling {', '.join(tasks)} for {args.ms} ms (request {rid})...", flush=True)
+
+    try:
+        result = profiling.capture(folder.path, args.ms, args.timeout, on_requested=requested)
+    except profiling.ProfileError as exc:
+        print(f"clusterdeck: {exc}", file=sys.stderr)
         return 1
-    rid = request_profile(folder, args.ms)
-    print(f"profiling {', '.join(tasks)} for {args.ms} ms (request {rid})...", flush=True)
-    done = wait_for_profiles(folder, rid, tasks, args.ms / 1000 + args.timeout)
-    written = 0
-    for task in tasks:
-        result = done.get(task)
-        if result is None:
-            print(f"{task}: no profile within {args.ms / 1000 + args.timeout:g} s (its TensorFlow not started, or it "
-                  "is blocked: try clusterdeck stacks)")
-            continue
-        if "error" in result:
-            print(f"{task}: the capture failed: {result['error']}")
-            continue
-        written += 1
-        print(f"{task}: {result.get('xplane')}")
-        for op in result.get("top_ops", [])[:5]:
-            print(f"    {op.get('self_us', 0) / 1000:9.1f} ms  {100 * op.get('share', 0):5.1f} %  "
-                  f"{op.get('type')}  {op.get('op')}")
-        if "top_ops_error" in result:
-            print(f"    (no summary: {result['top_ops_error']})")
-    if written:
-        print(f"open: tensorboard --logdir {folder.tensorboard}  (the Profile tab needs tensorboard-plugin-profile; "
-              f"run {rid}, one host per task)")
-    return 0 if written else 1
+    return 0 if print_capture(result) else 1
 
 
 def register(sub: Any) -> None:

@@ -4,7 +4,9 @@ see :class:`Series`)."""
 
 from __future__ import annotations
 
+import math
 import time
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeGuard
@@ -502,6 +504,144 @@ class _NoHistory(History):
         return None
 
 
+#: The parts of a step's time, in the order views stack them, and what views call them.
+BREAKDOWN_PARTS = ("compute", "collective", "input", "dispatch")
+BREAKDOWN_LABELS = {"compute": "compute", "collective": "collective wait", "input": "input wait",
+                    "dispatch": "dispatch wait"}
+#: Reported steps of breakdown each replica keeps for the views' curves (a run state with history).
+BREAKDOWN_KEEP = 900
+
+
+def _seconds(value: Any) -> float | None:
+    if not _is_number(value):
+        return None
+    value = float(value)
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+@dataclass(frozen=True)
+class StepBreakdown:
+    """Where a replica's reported step went, in seconds per step; a part is None where its mode does not
+    measure it.
+
+    - ``compute``: the rest of the step: the replica's own work (in ``model`` mode, where DTensor's
+      collectives run inside the one step function, it holds them too);
+    - ``collective``: waiting in the gradient all-reduce for the other replicas (``data`` mode's ``sync_wait``);
+    - ``input``: waiting for the batch (``input_wait``);
+    - ``dispatch``: ``async`` mode's wait for the chief's next function (``dispatch_wait``).
+    """
+
+    t: float
+    step: int
+    step_time: float
+    compute: float
+    collective: float | None = None
+    input: float | None = None
+    dispatch: float | None = None
+
+    def part(self, name: str) -> float:
+        """Seconds per step of part ``name`` (0 where not measured)."""
+        value = getattr(self, name)
+        return float(value) if value is not None else 0.0
+
+    @property
+    def total(self) -> float:
+        return sum(self.part(name) for name in BREAKDOWN_PARTS)
+
+    def shares(self) -> dict[str, float]:
+        """Each part's share of the step (they sum to 1; all 0 for an empty step)."""
+        total = self.total
+        return {name: (self.part(name) / total if total > 0 else 0.0) for name in BREAKDOWN_PARTS}
+
+    def measured(self) -> tuple[str, ...]:
+        """The parts this step's mode measures (``compute`` always)."""
+        return tuple(name for name in BREAKDOWN_PARTS if getattr(self, name) is not None)
+
+
+#: The step event's fields a breakdown is made of, in the order :class:`Breakdowns` keeps them.
+_BREAKDOWN_FIELDS = ("t", "step", "step_time", "sync_wait", "input_wait", "dispatch_wait", "own_time")
+
+
+def breakdown_of(event: dict[str, Any]) -> StepBreakdown | None:
+    """A ``step`` event's breakdown (None where it has no usable step time).
+
+    ``data`` mode reports ``sync_wait`` and ``input_wait`` within ``step_time``; ``async`` reports the
+    worker's function time ``own_time`` (its ``input_wait`` inside) and the ``dispatch_wait`` after it;
+    ``model`` mode reports ``input_wait`` only. What is left of the step is compute.
+    """
+    return _breakdown(*(event.get(name) for name in _BREAKDOWN_FIELDS))
+
+
+def _breakdown(t: Any, step: Any, step_time: Any, sync_wait: Any, input_wait: Any, dispatch_wait: Any,
+               own_time: Any) -> StepBreakdown | None:
+    whole = _seconds(step_time)
+    sync, waited, dispatch, own = _seconds(sync_wait), _seconds(input_wait), _seconds(dispatch_wait), _seconds(own_time)
+    t = float(t) if _is_number(t) else 0.0
+    step = int(step) if _is_number(step) else 0
+    if dispatch is not None and own is not None:
+        inside = min(waited, own) if waited is not None else None
+        return StepBreakdown(t, step, whole if whole else own + dispatch, own - (inside or 0.0), None, inside, dispatch)
+    if not whole:
+        return None
+    collective = min(sync, whole) if sync is not None else None
+    inside = min(waited, whole - (collective or 0.0)) if waited is not None else None
+    return StepBreakdown(t, step, whole, max(0.0, whole - (collective or 0.0) - (inside or 0.0)), collective, inside)
+
+
+class Breakdowns:
+    """Each replica's latest step breakdown, and its last ``keep`` ones for curves.
+
+    Folding keeps an event's raw figures only (a tuple: the launcher folds thousands of events a second);
+    breakdowns are made when a view reads them, at its own pace.
+    """
+
+    def __init__(self, keep: int = BREAKDOWN_KEEP) -> None:
+        self.keep = max(1, keep)
+        self._latest: dict[int, tuple[Any, ...]] = {}
+        self._recent: dict[int, deque[tuple[Any, ...]]] = {}
+        self.version = 0  # bumps on every step folded
+
+    def add(self, replica: int, event: dict[str, Any]) -> None:
+        raw = (event.get("t"), event.get("step"), event.get("step_time"), event.get("sync_wait"),
+               event.get("input_wait"), event.get("dispatch_wait"), event.get("own_time"))
+        self._latest[replica] = raw
+        if self.keep > 1:
+            recent = self._recent.get(replica)
+            if recent is None:
+                recent = self._recent[replica] = deque(maxlen=self.keep)
+            recent.append(raw)
+        self.version += 1
+
+    def latest(self) -> dict[int, StepBreakdown]:
+        """Each replica's latest breakdown (replicas without a usable step time left out), by replica."""
+        out = {}
+        for rid in sorted(self._latest):
+            b = _breakdown(*self._latest[rid])
+            if b is not None:
+                out[rid] = b
+        return out
+
+    def replicas(self) -> list[int]:
+        return sorted(self._latest)
+
+    def recent(self, replica: int) -> list[StepBreakdown]:
+        """The replica's last ``keep`` breakdowns, oldest first."""
+        made = (_breakdown(*raw) for raw in self._recent.get(replica, ()))
+        return [b for b in made if b is not None]
+
+    def mean(self) -> dict[str, float]:
+        """Seconds per step of each part, averaged over the replicas' latest breakdowns (empty: none yet)."""
+        latest = list(self.latest().values())
+        if not latest:
+            return {}
+        return {name: sum(b.part(name) for b in latest) / len(latest) for name in BREAKDOWN_PARTS}
+
+    def measured(self) -> tuple[str, ...]:
+        """The parts any replica's latest breakdown measures, in stacking order."""
+        seen = {name for b in self.latest().values() for name in b.measured()}
+        return tuple(name for name in BREAKDOWN_PARTS if name in seen)
+
+
 class RunState:
     """Folds events into the current picture of a run. Not thread-safe: feed it from one thread.
 
@@ -517,6 +657,8 @@ class RunState:
             self.tasks[name] = TaskState(name=name, role=role, host=host)
         self.replicas: dict[int, ReplicaState] = {}
         self.history = History() if keep_history else _NoHistory()
+        #: Each replica's step breakdown (compute, collective, input, dispatch), the latest and recent ones.
+        self.breakdowns = Breakdowns(BREAKDOWN_KEEP if keep_history else 1)
         self.infos: list[dict[str, Any]] = []
         self.evals: list[dict[str, Any]] = []
         self.state = "pending"
@@ -617,6 +759,7 @@ class RunState:
         task = self._task(event["task"])
         if task.state in ("pending", "starting"):
             task.state = "running"
+        self.breakdowns.add(rid, event)
         self.history.add(event)
 
     # -- figures

@@ -15,6 +15,15 @@ from engine.runtime import nan_guard
 from engine.runtime.emitter import Emitter
 from engine.runtime.stop import StopSignal
 
+#: Set to ``0`` to leave the step breakdown unmeasured where an adapter can (``bench/breakdown_cost.py``
+#: compares a run with and without it; nothing else turns it off).
+BREAKDOWN_ENV = "CLUSTERDECK_STEP_BREAKDOWN"
+
+
+def breakdown_measured() -> bool:
+    """Whether this task measures where its steps go (input wait, ...): always, unless a benchmark says not."""
+    return os.environ.get(BREAKDOWN_ENV, "1").strip() != "0"
+
 
 @dataclass
 class TaskContext:

@@ -11,9 +11,11 @@ marker line first (:mod:`engine.control.doctor`).
 **Profiles.** :class:`ProfileRequests` polls ``RUN/profile/request.json`` (``{"id", "ms", "t"}``) every
 :data:`POLL_S` seconds on a daemon thread; for a new, recent request it captures a TensorFlow profile of
 ``ms`` milliseconds while the task trains on, writes it in TensorBoard's profile layout
-(``RUN/tensorboard/plugins/profile/<id>/<task>.xplane.pb``: one "host" per task) and then
-``RUN/profile/<id>/<task>.done`` (JSON: the file, the top ops by self time where TensorFlow can read them,
-or the error).
+(``RUN/tensorboard/plugins/profile/<id>/<task>.xplane.pb``: one "host" per task), then its summary
+``RUN/profile/<id>/<task>.summary.json`` (:func:`summarize`: the top ops and op types by self time, and the
+ops' time by category: compute, collective, input), read back by front ends without
+TensorFlow (``engine.control.profiling``), and last ``RUN/profile/<id>/<task>.done`` (JSON: the file, the top
+ops, where the summary is, or the error).
 """
 
 from __future__ import annotations
@@ -42,8 +44,15 @@ POLL_S = 0.5
 STALE_S = 60.0
 #: Bounds of a capture, milliseconds.
 MIN_MS, MAX_MS = 10, 60_000
-#: How many ops a task names in its profile summary.
+#: How many ops (and op types) a task names in its profile summary.
 TOP_OPS = 8
+#: The summary's file beside the done file.
+SUMMARY_SUFFIX = ".summary.json"
+#: Op types by what a step waits on, as TensorFlow names them in a trace (matched case-sensitively, anywhere
+#: in the type); every other op is compute. A collective's self time includes its wait for the peers.
+COLLECTIVE_OPS = ("Collective", "AllReduce", "AllGather", "AllToAll", "ReduceScatter", "Nccl", "Recv", "Send",
+                  "CopyToMesh", "Relayout", "DTensor")
+INPUT_OPS = ("Iterator", "Dataset", "PyFunc")
 _ID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _armed: list[IO[str]] = []  # faulthandler writes to these files' descriptors: they must stay open
 
@@ -157,9 +166,17 @@ class ProfileRequests:
         out: dict[str, Any] = {"xplane": str(target.relative_to(self.folder.path)), "started": started,
                                "seconds": round(time.time() - started, 3)}
         try:
-            out["top_ops"] = top_ops(target)
+            summary = summarize(target)
         except Exception as exc:  # noqa: BLE001 - the file is there; the summary is a bonus
             out["top_ops_error"] = f"{type(exc).__name__}: {exc}"[:300]
+            return out
+        out["top_ops"] = summary["top_ops"]
+        path = self.done_file(rid).with_name(f"{task_folder_name(self.task)}{SUMMARY_SUFFIX}")
+        self.folder.private_dir(path.parent)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"task": self.task, "id": rid, "ms": ms, **out, **summary}), encoding="utf-8")
+        os.replace(tmp, path)
+        out["summary"] = str(path.relative_to(self.folder.path))
         return out
 
     def _say(self, message: str) -> None:
@@ -170,26 +187,76 @@ class ProfileRequests:
                 pass
 
 
-def top_ops(xplane: Path, limit: int = TOP_OPS) -> list[dict[str, Any]]:
-    """The ops of a profile by total self time (idle left out): ``{"type", "op", "self_us", "count", "share"}``.
+def op_table(xplane: Path) -> list[dict[str, Any]]:
+    """Every op of a profile (idle included, as type ``IDLE``): ``{"type", "operation", "occurrences",
+    "total_self_time" (microseconds), "host_total_self_time_percent" (a share, 0 to 1), ...}``.
 
-    TensorFlow's own converter (the profile plugin's ``framework_op_stats`` tool) reads the file, so no
-    TensorBoard plugin is needed here."""
+    TensorFlow's own converter (the profile plugin's ``framework_op_stats`` tool, in TensorFlow since the
+    profiler moved into it) reads the file, so no TensorBoard plugin is needed."""
     from tensorflow.python.profiler.internal import _pywrap_profiler_plugin as plugin
 
     data, ok = plugin.xspace_to_tools_data([str(xplane)], "framework_op_stats", {})
     if not ok:
         raise RuntimeError(data.decode("utf-8", "replace")[:200])
     tables = json.loads(data)
-    table = tables[-1]  # the last table leaves idle time out
+    table = tables[0]  # the first table counts idle time; the second leaves it out
     cols = [c["id"] for c in table["cols"]]
-    rows = [{k: cell.get("v") if isinstance(cell, dict) else None for k, cell in zip(cols, r["c"], strict=False)}
+    return [{k: cell.get("v") if isinstance(cell, dict) else None for k, cell in zip(cols, r["c"], strict=False)}
             for r in table["rows"]]
-    rows = [r for r in rows if r.get("type") != "IDLE"]
-    rows.sort(key=lambda r: float(r.get("total_self_time") or 0.0), reverse=True)
-    return [{"type": r.get("type"), "op": r.get("operation"), "self_us": round(float(r.get("total_self_time") or 0), 1),
-             "count": int(r.get("occurrences") or 0),
-             "share": round(float(r.get("host_total_self_time_percent") or 0), 4)} for r in rows[:limit]]
+
+
+def category_of(op_type: str) -> str:
+    """``collective``, ``input`` or ``compute``: what an op of this type is for a step."""
+    if any(word in op_type for word in COLLECTIVE_OPS):
+        return "collective"
+    if any(word in op_type for word in INPUT_OPS):
+        return "input"
+    return "compute"
+
+
+def _us(row: dict[str, Any]) -> float:
+    return float(row.get("total_self_time") or 0.0)
+
+
+def summarize(xplane: Path, limit: int = TOP_OPS) -> dict[str, Any]:
+    """A profile's summary: its top ops and op types by self time (idle left out: shares of the ops' time),
+    and the ops' time by category (``breakdown``: shares of compute, collective and input, summing to 1;
+    ``busy_us``: the ops' self time, ``idle_us``: the threads' idle time, both summed over threads).
+
+    The categories are of op time, not of the step: an input pipeline's ops run on threads of their own,
+    beside the step. A custom loop marks no steps in the trace, so TensorFlow's own step-time analysis
+    (``overview_page``) has nothing to go on; the step's own breakdown is in its ``step`` events."""
+    rows = op_table(xplane)
+    ops = sorted((r for r in rows if r.get("type") != "IDLE"), key=_us, reverse=True)
+    busy = sum(_us(r) for r in ops)
+    types: dict[str, dict[str, Any]] = {}
+    by_category = {"compute": 0.0, "collective": 0.0, "input": 0.0}
+    for r in ops:
+        by_category[category_of(str(r.get("type")))] += _us(r)
+        entry = types.setdefault(str(r.get("type")), {"type": str(r.get("type")), "self_us": 0.0, "count": 0})
+        entry["self_us"] += _us(r)
+        entry["count"] += int(r.get("occurrences") or 0)
+    top_types = sorted(types.values(), key=lambda e: e["self_us"], reverse=True)[:limit]
+
+    def share(us: float) -> float:
+        return round(us / busy, 4) if busy > 0 else 0.0
+
+    return {
+        "top_ops": [{"type": r.get("type"), "op": r.get("operation"), "category": category_of(str(r.get("type"))),
+                     "self_us": round(_us(r), 1), "count": int(r.get("occurrences") or 0),
+                     "share": share(_us(r))} for r in ops[:limit]],
+        "top_types": [{**e, "self_us": round(e["self_us"], 1), "category": category_of(e["type"]),
+                       "share": share(e["self_us"])} for e in top_types],
+        "breakdown": {name: share(us) for name, us in by_category.items()},
+        "busy_us": round(busy, 1),
+        "idle_us": round(sum(_us(r) for r in rows if r.get("type") == "IDLE"), 1),
+    }
+
+
+def top_ops(xplane: Path, limit: int = TOP_OPS) -> list[dict[str, Any]]:
+    """The ops of a profile by total self time (idle left out): ``{"type", "op", "category", "self_us",
+    "count", "share"}`` (:func:`summarize`'s ``top_ops``)."""
+    return list(summarize(xplane, limit)["top_ops"])
 
 
 def arm(run_dir: Path, task: str, emit_info: Any = None) -> None:

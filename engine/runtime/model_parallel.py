@@ -21,6 +21,12 @@ Telemetry: a ``step`` event per data-parallel replica (an index on the
 default loss), reported by the client holding that replica's device at index 0 of every
 other axis; ``device`` events per local device; a ``placement`` event with every
 parameter's live layout.
+
+Step breakdown: ``input_wait`` is the mean time a step waited for its batch since the previous report
+(taking the next global batch from the pipeline, checking its labels, packing it onto the mesh); the rest
+of the step is the one DTensor function, whose collectives run inside it, so they are not told apart from
+compute here (a profile's summary tells them apart: ``engine.runtime.diagnostics``). No ``sync_wait`` or
+``own_time`` is reported: a client's step lasts as long as the slowest client's.
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import dtensor_layers as layers
 from engine.runtime import sharded, user_script
-from engine.runtime.context import StepReporter, TaskContext
+from engine.runtime.context import StepReporter, TaskContext, breakdown_measured
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 from engine.runtime.summaries import Summaries, hparams_of
@@ -299,6 +305,9 @@ class MeshAdapter:
                                      memory_info, self.summaries)
         self.batches = _batches(config)
         self.result: tuple[tf.Tensor, tf.Tensor | None] | None = None
+        self.timed = breakdown_measured()
+        self.input_s = 0.0  # seconds the steps since the last report waited for their batch
+        self.input_steps = 0
         # validation (engine.runtime.loop): every client runs it (DTensor functions are collective), the first reports
         self.validator = MeshValidator(self) if config.validation.enabled else None
         self.validation_reported = info.client == 0
@@ -309,8 +318,15 @@ class MeshAdapter:
         return shard_batch(self.info, as_input(x, self.model.input_dtype)), shard_batch(self.info, y)
 
     def _replica_results(self) -> list[Any]:
+        """What the reporter reads of each replica: its loss (and accuracy), and the steps' mean input wait
+        since the last report."""
         assert self.result is not None
-        return per_replica(self.info, *self.result)
+        results = per_replica(self.info, *self.result)
+        if not self.input_steps:
+            return results
+        waited = self.input_s / self.input_steps
+        self.input_s, self.input_steps = 0.0, 0
+        return [(r[0], None, r[2], waited) if isinstance(r, tuple) else (r, None, None, waited) for r in results]
 
     def _replica_losses(self) -> list[float]:
         assert self.result is not None
@@ -333,10 +349,15 @@ class MeshAdapter:
         return Restored(step, latest)
 
     def run_step(self, step: int, *, last: bool) -> None:
+        t0 = time.perf_counter() if self.timed else 0.0
         x, y = next(self.batches)  # every step is its own group (steps_per_execution is 1 in this mode)
         if self.steps.loss is None:  # softmax cross-entropy of one-hot labels: one out of range would count 0
             check_labels(y, self.steps.classes, step)
-        self.result = self.steps.train(*self.pack(x, y))
+        packed = self.pack(x, y)
+        if self.timed:
+            self.input_s += time.perf_counter() - t0
+            self.input_steps += 1
+        self.result = self.steps.train(*packed)
 
     def report(self, step: int, *, force: bool) -> None:
         self.reporter.step_done(step, self._replica_results, force=force)
@@ -359,6 +380,7 @@ class MeshAdapter:
     def save(self, step: int) -> str | None:
         path = self.checkpoints.save(step)
         self.reporter.restart_clock()
+        self.input_s, self.input_steps = 0.0, 0  # the reporter's clock starts over: so does the steps' mean
         return path
 
     def final_losses(self) -> list[float]:
