@@ -330,12 +330,13 @@ class RemoteRun:
 
     def open(self) -> RemoteRun:
         """Connect, check the follower's version, and fold the run's history; raises :class:`RemoteError`."""
-        from engine.contract import config as config_mod
-        from engine.contract.config import ConfigError
-        from engine.observe.run_reader import load_view, run_state_for
-
         link = _Link(self.target, self._follow_args(), self.remote_command)
         try:
+            # numpy, pyarrow and the fold load while ssh connects and the follower starts there
+            from engine.contract import config as config_mod
+            from engine.contract.config import ConfigError
+            from engine.observe.run_reader import load_view, run_state_for
+
             self.hello = _hello(link, self.hello_timeout)
             self.remote_dir = str(self.hello.get("run_dir", ""))
             config_text, view, owners, t0, lifecycle = self._read_history(link, first=True)

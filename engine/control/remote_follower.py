@@ -15,15 +15,16 @@ import select
 import socket
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from engine.contract import events
 from engine.contract.run_folder import LIVE_STATES, LineSplitter, RunFolder
-from engine.contract.series_store import GROUPS, SeriesFollower, SeriesStore
 from engine.control import control_socket
 from engine.control.detach import STOP_ANSWER_S, launcher_alive, run_state
 from engine.control.remote_protocol import PROTOCOL, blob, encode_block, message, owner_fields, version
-from engine.observe.run_reader import MAX_POINTS, SERIES, EventFileReader, rows_to_events
+
+if TYPE_CHECKING:  # numpy and pyarrow load once the hello is sent
+    from engine.observe.run_reader import EventFileReader
 
 __all__ = ["Channel", "Closed", "Follower", "forward", "hello_fields"]
 
@@ -101,7 +102,7 @@ class Follower:
     stop user@host:RUN``); it ends when its stdin closes.
     """
 
-    def __init__(self, folder: RunFolder, channel: Channel, stdin_fd: int = 0, *, max_points: int = MAX_POINTS,
+    def __init__(self, folder: RunFolder, channel: Channel, stdin_fd: int = 0, *, max_points: int = 2000,
                  since: float | None = None, control_only: bool = False) -> None:
         self.folder = folder
         self.channel = channel
@@ -127,6 +128,9 @@ class Follower:
     # -- history
 
     def _history(self) -> None:
+        from engine.contract.series_store import GROUPS, SeriesFollower, SeriesStore
+        from engine.observe.run_reader import SERIES, EventFileReader, rows_to_events
+
         folder = self.folder
         store = SeriesStore(folder.path / SERIES)
         follower = SeriesFollower(store.root, at_end=True) if store.exists() else None  # before any row is read

@@ -42,12 +42,12 @@ import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from engine.contract import events
-from engine.contract.series_store import Block, Owner
+
+if TYPE_CHECKING:  # numpy and pyarrow load while ssh connects (a front end imports this module first)
+    from engine.contract.series_store import Block, Owner
 
 __all__ = ["FOLLOWER_TASK", "PROTOCOL", "BlobAssembler", "RemoteTarget", "TargetError", "decode_block",
            "encode_block", "is_message", "message", "version"]
@@ -153,8 +153,11 @@ def encode_block(block: Block) -> bytes:
 
 def decode_block(data: bytes) -> Block:
     """:func:`encode_block`'s bytes back as a Block (raises ``ValueError`` on anything else)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.ipc as ipc
+
+    from engine.contract.series_store import Block
 
     try:
         reader = ipc.open_stream(pa.py_buffer(data))
@@ -163,7 +166,7 @@ def decode_block(data: bytes) -> Block:
         cols = json.loads(meta.get(b"cols", b"[]"))
         width = float(meta.get(b"width", b"0"))
 
-        def col(name: str, dtype: Any) -> np.ndarray:
+        def col(name: str, dtype: Any) -> Any:
             return np.asarray(table.column(name).to_numpy(), dtype)
 
         block = Block(col("owner", np.uint32), col("t_first", np.float64), col("t_last", np.float64),
@@ -184,6 +187,8 @@ def owner_fields(owner: Owner) -> dict[str, Any]:
 
 
 def owner_of(fields: dict[str, Any]) -> Owner:
+    from engine.contract.series_store import Owner
+
     return Owner(int(fields["id"]), str(fields["group"]), str(fields.get("task", "")), fields.get("replica"),
                  fields.get("device"), dict(fields.get("first") or {}))
 
