@@ -156,20 +156,24 @@ def test_a_run_started_from_the_app_outlives_it_and_is_attached_to_again(
 @pytest.mark.cluster
 def test_stop_while_the_detached_launcher_starts_calls_the_run_off(qtbot: Any, window: Any, runs_root: Path,
                                                                    tiny: Path) -> None:
-    preferences.set_keep_runs_going(True)
+    preferences.set_keep_runs_going(True)  # answered before: nothing is asked
     c = window.controller
     assert window.open_path(tiny, ask=False)
     window.run_action.trigger()
-    assert c.session.attached is not None and c.run_dir is None and window.stop_action.isEnabled()
+    run = c.session.attached
+    assert run is not None and c.run_dir is None and window.stop_action.isEnabled()
+    assert window.run_status.badge.text() == "Starting…"
+    qtbot.waitUntil(lambda: run._spawn_proc is not None, timeout=10_000)  # `clusterdeck run --detach` is starting
     window.stop_action.trigger()
     qtbot.waitUntil(lambda: c.run is None, timeout=60_000)
-    folder = c.run_dir
-    if folder is not None:  # its launcher had said it started: it was stopped through its channel
+    if c.run_dir is None:  # called off before its launcher said it started: nothing runs
+        assert "cancelled" in window.statusBar().currentMessage()
+        assert not [p for p in runs_root.glob("*") if (p / "config.yaml").exists() and
+                    folder_pids(RunFolder(p)) and alive(folder_pids(RunFolder(p)))]
+    else:  # it had started: it was stopped through its channel
         assert c.state.state == "stopped"
-        assert wait_gone(folder_pids(RunFolder(folder)), 15.0) == []
-    else:
-        assert "cancelled" in window.statusBar().currentMessage() or c.state.state != "running"
-    assert window.run_action.isEnabled()
+        assert wait_gone(folder_pids(RunFolder(c.run_dir)), 15.0) == []
+    assert window.run_action.isEnabled() and not window.stop_action.isEnabled()
 
 
 def test_the_question_and_the_preference(qtbot: Any, window: Any, dialogs: Any) -> None:
@@ -193,3 +197,63 @@ def test_the_question_and_the_preference(qtbot: Any, window: Any, dialogs: Any) 
     window.controller.document.update_host(0, gpus=3)
     window.start_run()
     assert dialogs.kinds()[-1] == "warning" and preferences.keep_runs_going() is None
+
+
+@pytest.mark.cluster
+def test_a_start_its_launcher_refuses_is_told_like_any_other(qtbot: Any, window: Any, runs_root: Path,
+                                                             tmp_path: Path, dialogs: Any) -> None:
+    from engine.contract import config as config_mod
+    from tests.gui.conftest import PRESETS
+
+    preferences.set_keep_runs_going(True)
+    script = tmp_path / "broken_model.py"
+    script.write_text("def build_model(config):\n    raise RuntimeError('my model is broken on purpose')\n",
+                      encoding="utf-8")
+    cfg = config_mod.load(PRESETS / "data-1worker-2gpus.yaml")
+    cfg = config_mod.replace(cfg, model=config_mod.replace(cfg.model, name="script", script=str(script)))
+    c = window.controller
+    c.document.set_config(cfg)
+    t0 = time.monotonic()
+    qtbot.keyClick(window, Qt.Key.Key_F5)
+    assert time.monotonic() - t0 < 1.0, "a detached start never blocks the window"
+    assert c.session.attached is not None and window.run_status.badge.text() == "Starting…"
+    qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=120_000)
+    kind, title, text = dialogs.calls[-1]
+    assert kind == "warning" and title == "Cannot run" and "my model is broken on purpose" in text
+    assert c.run is None and not c.is_running and window.run_action.isEnabled()
+    assert any("broken on purpose" in p.message for p in c.pre_run.problems) or "problem" in \
+        window.statusBar().currentMessage()
+    assert not [p for p in runs_root.glob("*") if p.is_dir()], "a refused start leaves no run folder"
+
+
+@pytest.mark.cluster
+def test_an_attached_run_whose_launcher_dies_reads_interrupted_with_its_history(qtbot: Any, window: Any,
+                                                                                runs_root: Path, tiny: Path) -> None:
+    import os
+    import signal
+
+    preferences.set_keep_runs_going(True)
+    c = window.controller
+    assert window.open_path(tiny, ask=False)
+    window.run_action.trigger()
+    qtbot.waitUntil(lambda: c.run_dir is not None, timeout=60_000)
+    run_dir = c.run_dir
+    assert run_dir is not None
+    pids: list[int] = []
+    try:
+        qtbot.waitUntil(lambda: window.plots.loss.points("replica/0/loss") >= 3, timeout=90_000)
+        pids = folder_pids(RunFolder(run_dir))
+        info = read_launcher(RunFolder(run_dir))
+        assert info is not None
+        os.kill(info.pid, signal.SIGKILL)
+        qtbot.waitUntil(lambda: c.run is None, timeout=20_000)
+        assert c.state.state == "interrupted" and window.run_status.badge.text() == "Interrupted"
+        assert window.plots.loss.points("replica/0/loss") >= 3, "the history stays on screen"
+        assert wait_gone(pids, 15.0) == [], "its tasks end with their launcher"
+        panel = window.show_runs()
+        qtbot.waitUntil(lambda: panel.proxy.index(panel.row_of(run_dir), COLUMNS.index("State")).data()
+                        == "interrupted", timeout=5000)
+        assert window.run_action.isEnabled() and not window.stop_action.isEnabled()
+    finally:
+        for pid in alive(pids):
+            psutil.Process(pid).kill()
