@@ -255,7 +255,7 @@ def stop_remote(args: argparse.Namespace) -> int:
         reply = remote_stop(args.run, remote_command=getattr(args, "remote_command", None))
     except RemoteError as exc:
         print(f"clusterdeck: {exc}", file=sys.stderr)
-        return 1 if " refused" in str(exc) or "belongs to uid" in str(exc) or "control channel" in str(exc) else 2
+        return 1 if exc.refused else 2  # as here: a run that cannot be stopped 1, no run (or no machine) 2
     name = args.run
     if reply.get("already_ended"):
         state = reply.get("state") or "ended"
@@ -309,7 +309,8 @@ def follow(args: argparse.Namespace) -> int:
                 raise RunNotFound(f"{args.run}: not a run folder: it has no config.yaml; expected a run folder")
             refused = _channel_problem(folder)
             if refused is not None:
-                raise RunNotFound(f"{args.run}: {refused}")
+                channel.send(message("hello", **hello), message("error", f"{args.run}: {refused}", refused=True))
+                return 2
         except RunNotFound as exc:
             channel.send(message("hello", **hello), message("error", str(exc)))
             return 2

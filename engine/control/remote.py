@@ -71,7 +71,12 @@ _END = object()  # a link's stream ended
 
 
 class RemoteError(Exception):
-    """A remote run cannot be reached, read or controlled; the one-line message names the host and what is wrong."""
+    """A remote run cannot be reached, read or controlled; the one-line message names the host and what is wrong.
+    ``refused``: the run is there but its launcher (or its channel's owner check) refused the request."""
+
+    def __init__(self, message: str, *, refused: bool = False) -> None:
+        super().__init__(message)
+        self.refused = refused
 
 
 @dataclass(frozen=True)
@@ -254,11 +259,16 @@ def _hello(link: _Link, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
     where = link.target.login
     deadline = time.monotonic() + timeout
     first = link.get(deadline - time.monotonic())
-    if first is None or first is _END or not is_message(first) or first.get("follow") != "hello":
-        if first is None:
-            link.close(0.5)
-        raise RemoteError(link.failure() if first is None or first is _END else
-                          f"{where}: the follower's first line is not its hello; expected ClusterDeck {version()} there")
+    if first is None:
+        said = " | ".join(list(link.stderr)[-2:])
+        link.close(0.5)
+        raise RemoteError(f"{where}: no answer within {timeout:g} s (ssh connected and logged in, but the follower "
+                          f"did not start{': ' + said if said else ''})")
+    if first is _END:
+        raise RemoteError(link.failure())
+    if not is_message(first) or first.get("follow") != "hello":
+        raise RemoteError(f"{where}: the follower's first line is not its hello; expected ClusterDeck {version()} "
+                          "there")
     theirs = first.get("protocol")
     if theirs != PROTOCOL:
         raise RemoteError(f"{where}: ClusterDeck {first.get('version', '?')} there speaks follower protocol {theirs}, "
@@ -266,7 +276,7 @@ def _hello(link: _Link, timeout: float = HELLO_TIMEOUT_S) -> dict[str, Any]:
     if "run_dir" not in first and "rows" not in first:
         error = link.get(min(10.0, max(0.1, deadline - time.monotonic())))
         if isinstance(error, dict) and is_message(error) and error.get("follow") == "error":
-            raise RemoteError(f"{where}: {error.get('message')}")
+            raise RemoteError(f"{where}: {error.get('message')}", refused=error.get("refused") is True)
     return first
 
 
@@ -308,6 +318,7 @@ class RemoteRun:
         self._seen: set[str] = set()
         self._last_t: dict[tuple[Any, ...], float] = {}
         self._pump: threading.Thread | None = None
+        self._connecting: _Link | None = None
 
     # -- the API
 
@@ -422,6 +433,9 @@ class RemoteRun:
         self._closed.set()
         with self._link_lock:
             link, self._link = self._link, None
+            connecting = self._connecting
+        if connecting is not None:  # a reconnection under way: its follower ends too
+            connecting.close(1.0)
         if link is not None:
             link.close()
         if self._pump is not None and self._pump is not threading.current_thread():
@@ -557,9 +571,18 @@ class RemoteRun:
         delay = 0.5
         while not self._closed.is_set():
             try:
-                link = _Link(self.target, self._follow_args(self._since()), self.remote_command)
-                _hello(link, self.hello_timeout)
-                _, _, _, _, got = self._read_history(link, first=False)
+                with self._link_lock:
+                    if self._closed.is_set():
+                        return None
+                    link = self._connecting = _Link(self.target, self._follow_args(self._since()), self.remote_command)
+                try:
+                    _hello(link, self.hello_timeout)
+                    _, _, _, _, got = self._read_history(link, first=False)
+                except RemoteError:
+                    link.close(0.5)
+                    raise
+                finally:
+                    self._connecting = None
             except RemoteError as exc:
                 if time.monotonic() - started + delay > self.reconnect_s:
                     self.lost = f"{exc}; gave up after {time.monotonic() - started:.0f} s"
@@ -638,7 +661,7 @@ def _owner_key(group: str, task: str, replica: Any, device: Any) -> tuple[Any, .
 
 def _checked(target: RemoteTarget, command: str, reply: dict[str, Any]) -> dict[str, Any]:
     if not reply.get("ok"):
-        raise RemoteError(f"{target.login}: {reply.get('error') or f'{command} was refused'}")
+        raise RemoteError(f"{target.login}: {reply.get('error') or f'{command} was refused'}", refused=True)
     return reply
 
 

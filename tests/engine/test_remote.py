@@ -315,6 +315,8 @@ def test_bad_runs_over_ssh_get_one_line_naming_the_host_and_never_hang(ssh_env: 
         with pytest.raises(RemoteError, match=said.replace("(", r"\(").replace(")", r"\)")) as exc:
             RemoteRun(f"cdtest:{runs}", remote_command=command).open()
         assert str(exc.value).startswith("cdtest: ")
+    with pytest.raises(RemoteError, match="cdtest: no answer within 3 s"):  # logged in, but nothing answers
+        RemoteRun(f"cdtest:{runs}", remote_command="cat >/dev/null; true", hello_timeout=3).open()
     out = cli("ls", "cdtest", "--remote-clusterdeck", str(fake_new))
     assert out.returncode == 2 and "speaks follower protocol 99" in out.stderr
     out = cli("attach", "nohost.invalid:/x")
