@@ -119,9 +119,16 @@ def problems(config: RunConfig) -> list[Problem]:
 
 
 def shown(config: RunConfig) -> list[Problem]:
-    """What runs code by the user's choice and is said before every launch: a host's ``python`` other than the
-    default, and Slurm options let through by ``slurm.allow_program_options``."""
+    """What runs code by the user's choice and is said before every launch: the scripts the config names (the
+    check before launch imports them), a host's ``python`` other than the default, and Slurm options let through
+    by ``slurm.allow_program_options``."""
     out = []
+    scripts = [("model.script", config.model.script, "builds the model") if config.model.name == "script" else None,
+               ("data.path", config.data.path, "makes the data") if config.data.source == "script" else None,
+               ("program.script", config.program.script, "is the training program")
+               if config.program is not None and config.program.script.strip() else None]
+    for field_name, path, role in filter(None, scripts):
+        out.append(Problem(field_name, f"runs your script {path!r} in every task (it {role})"))
     for i, host in enumerate(config.cluster.hosts):
         python = str(getattr(host, "python", "") or "").strip()
         if python and python != "python3" and not host.is_local:

@@ -118,3 +118,13 @@ def test_a_log_planted_as_a_link_is_never_followed(runs_root: Path, tmp_path: Pa
     assert victim.read_text() == "precious\n"
     log = RunFolder(run_dir).task_log("worker:0")
     assert not log.is_symlink() and "replaced, never followed" in log.read_text()
+
+
+def test_the_scripts_a_preset_runs_are_said_before_launch() -> None:
+    from engine.control import unchosen_code
+
+    presets = Path(__file__).resolve().parents[2] / "presets"
+    cfg = config_mod.load(presets / "data-user-script.yaml")
+    said = {p.field: p.message for p in unchosen_code.shown(cfg)}
+    assert "model.script" in said and "user_script.py" in said["model.script"] and "every task" in said["model.script"]
+    assert unchosen_code.shown(config_mod.load(presets / "data-2workers.yaml")) == []
