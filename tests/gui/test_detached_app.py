@@ -257,3 +257,50 @@ def test_an_attached_run_whose_launcher_dies_reads_interrupted_with_its_history(
     finally:
         for pid in alive(pids):
             psutil.Process(pid).kill()
+
+
+@pytest.mark.cluster
+def test_two_detached_runs_go_on_while_the_window_switches_between_them(qtbot: Any, window: Any, runs_root: Path,
+                                                                        tiny: Path, dialogs: Any) -> None:
+    preferences.set_keep_runs_going(True)
+    c = window.controller
+    assert window.open_path(tiny, ask=False)
+    runs: list[Path] = []
+    try:
+        for _ in range(2):  # Run, and Run again while the first is shown: the first is let go, not stopped
+            assert window.run_action.isEnabled()
+            window.run_action.trigger()
+            qtbot.waitUntil(lambda: c.run_dir is not None and c.run_dir not in runs, timeout=60_000)
+            assert c.run_dir is not None
+            runs.append(c.run_dir)
+            qtbot.waitUntil(lambda: c.state.step > 0, timeout=90_000)
+        first, second = runs
+        panel = window.show_runs()
+        running = lambda path: panel.proxy.index(panel.row_of(path), COLUMNS.index("State")).data()  # noqa: E731
+        qtbot.waitUntil(lambda: running(first) == running(second) == "running · detached", timeout=5000)
+        step = status_step(first)
+        qtbot.waitUntil(lambda: status_step(first) > step, timeout=30_000)  # not shown, still training
+
+        # back to the first: the second goes on; its history, then live steps
+        assert panel.select(first)
+        qtbot.keyClick(panel.table, Qt.Key.Key_Return)
+        assert c.run_dir == first and c.session.attached is not None
+        shown = c.state.step
+        qtbot.waitUntil(lambda: c.state.step > shown, timeout=30_000)
+        step = status_step(second)
+        qtbot.waitUntil(lambda: status_step(second) > step, timeout=30_000)
+
+        # both stopped from the panel: the shown one as Stop does, the other through its channel (asked once)
+        panel.table.selectAll()
+        dialogs.answers.append(QMessageBox.StandardButton.Yes)
+        qtbot.mouseClick(panel.buttons["stop"], Qt.MouseButton.LeftButton)
+        assert dialogs.kinds() == ["question"] and second.name in dialogs.calls[-1][2]
+        qtbot.waitUntil(lambda: c.run is None, timeout=60_000)
+        qtbot.waitUntil(lambda: running(second) == "stopped", timeout=60_000)
+        assert c.state.state == "stopped"
+        for path in runs:
+            assert wait_gone(folder_pids(RunFolder(path)), 15.0) == []
+        runs = []
+    finally:
+        for path in runs:
+            end_run(path)
