@@ -142,6 +142,8 @@ class MainWindow(QMainWindow):
         self.runs_commands.message.connect(status.show)
         session.startRefused.connect(self.runs.refused)
         session.stopRefused.connect(lambda text: QMessageBox.warning(self, "Cannot stop the run", text))
+        session.runReleased.connect(lambda path: status.show(f"{path.name} keeps going; the Runs panel attaches to it "
+                                                             "again", 8000))
         session.comparisonsChanged.connect(self._update_actions)
         self.problems.fieldActivated.connect(self._focus_field)
         c.pre_run.changed.connect(self.problems.set_pre_run)
