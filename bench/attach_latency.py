@@ -30,6 +30,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -313,6 +314,7 @@ def main() -> int:
     parser.add_argument("--no-ssh", action="store_true", help="the local side only")
     add_doc_flags(parser)
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the sshd and the folder are cleaned up on a kill too
     if args.quick:
         args.hours, args.replicas, args.rounds, args.seconds = min(args.hours, 0.01), min(args.replicas, 2), \
             min(args.rounds, 2), min(args.seconds, 2.0)

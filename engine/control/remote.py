@@ -344,6 +344,8 @@ class RemoteRun:
         link = _Link(self.target, self._follow_args(), self.remote_command)
         try:
             # numpy, pyarrow and the fold load while ssh connects and the follower starts there
+            import numpy as np
+
             from engine.contract import config as config_mod
             from engine.contract.config import ConfigError
             from engine.observe.run_reader import load_view, run_state_for
@@ -356,13 +358,19 @@ class RemoteRun:
             except ConfigError as exc:
                 raise RemoteError(f"{self.target.login}: {exc}") from None
             state = run_state_for(self.config)
-            state.events += load_view(view, owners, state.history, state, t0=t0)
-            for group, block in view.items():
-                for i in range(len(block)):
-                    owner = owners.get(int(block.owner[i]))
+            with np.errstate(divide="ignore", invalid="ignore"):  # a bucket of zero width (as a local attach)
+                state.events += load_view(view, owners, state.history, state, t0=t0)
+            for group, block in view.items():  # each owner's newest sample: live ones at or before it are had
+                if not len(block):
+                    continue
+                ids = block.owner.astype("int64")
+                newest = np.full(int(ids.max()) + 1, -np.inf)
+                np.maximum.at(newest, ids, block.t_last)
+                for oid in np.unique(ids).tolist():
+                    owner = owners.get(oid)
                     if owner is not None:
                         key = _owner_key(group, owner.task, owner.replica, owner.device)
-                        self._last_t[key] = max(self._last_t.get(key, float("-inf")), float(block.t_last[i]))
+                        self._last_t[key] = max(self._last_t.get(key, float("-inf")), float(newest[oid]))
             for event in lifecycle:
                 if self._fresh(event):
                     state.apply(event)

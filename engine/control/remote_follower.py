@@ -124,6 +124,13 @@ class Follower:
             return self._loop()
         except Closed:
             return 0
+        except OSError as exc:  # the folder vanished or became unreadable while it was read
+            try:
+                self.channel.send(message("error", f"{self.folder.path}: cannot read the run folder "
+                                                   f"({exc.strerror or exc})"))
+            except Closed:
+                pass
+            return 2
 
     # -- history
 
