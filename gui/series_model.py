@@ -101,30 +101,48 @@ def series_xy(state: RunState, key: str, by_time: bool) -> tuple[np.ndarray, np.
 
 
 def ema(y: np.ndarray, weight: float, start: int = 0, prev: np.ndarray | None = None) -> np.ndarray:
-    """Exponential moving average (TensorBoard-style weight in [0, 1)), extending ``prev`` from ``start``."""
-    out = np.empty_like(y)
+    """Exponential moving average (TensorBoard-style weight in [0, 1)), extending ``prev`` from ``start``.
+
+    A point that is not finite (NaN, +-inf: a diverged loss, a figure out of range) is drawn as a gap
+    (NaN) and leaves the smoothing's state as it was: the points after it are smoothed from the last
+    finite ones, so one bad value does not erase the rest of the curve."""
+    out = np.empty(len(y), dtype=np.float64)
     if start and prev is not None:
         out[:start] = prev[:start]
-    last = out[start - 1] if start else (y[0] if len(y) else 0.0)
+    last = math.nan
+    if start:
+        done = out[:start]
+        finite = done[np.isfinite(done)]
+        last = float(finite[-1]) if len(finite) else math.nan
     w, a = weight, 1.0 - weight
     for i in range(start, len(y)):
-        last = w * last + a * y[i]
+        v = float(y[i])
+        if v - v != 0.0:
+            out[i] = math.nan
+            continue
+        last = v if last != last else w * last + a * v
         out[i] = last
     return out
 
 
 def ema_from(y: np.ndarray, weight: float, state: float) -> np.ndarray:
-    """EMA of ``y`` (float64) continued from ``state`` (the smoothed value before ``y[0]``), vectorised:
-    blocks of :data:`EMA_BLOCK` points are smoothed from zero by one matrix product, then each block
-    gets what the state before it adds (one step per block). Falls back to the plain loop where a
-    point is not finite (a NaN smooths to NaN from there on, as the loop does)."""
+    """EMA of ``y`` (float64) continued from ``state`` (the smoothed value before ``y[0]``; NaN: none yet,
+    the first finite point starts it), vectorised: blocks of :data:`EMA_BLOCK` points are smoothed from
+    zero by one matrix product, then each block gets what the state before it adds (one step per
+    block). Falls back to the plain loop where a point is not finite: such a point is a gap (NaN) and
+    the smoothing goes on from the state before it (see :func:`ema`)."""
     n = len(y)
     w, a = weight, 1.0 - weight
-    if n <= 32 or not np.isfinite(y).all():
+    if state != state and n > 32 and np.isfinite(y[0]):
+        state = float(y[0])  # the first point starts the smoothing (w * y0 + a * y0 is y0)
+    if n <= 32 or state != state or not np.isfinite(y).all():
         out = np.empty(n)
         last = state
         for i, v in enumerate(y.tolist()):
-            last = w * last + a * v
+            if v - v != 0.0:
+                out[i] = math.nan
+                continue
+            last = v if last != last else w * last + a * v
             out[i] = last
         return out
     size = EMA_BLOCK
@@ -189,22 +207,48 @@ def to_screen(x: np.ndarray, y: np.ndarray, log: tuple[bool, bool]) -> Points:
     return x, y
 
 
+#: The largest magnitude a plot's range reaches: values beyond it (finite, but near float64's end, where
+#: a span or a pixel's size overflows to inf) are drawn at the edge of the view, never made its range.
+RANGE_LIMIT = 1e300
+
+
+def finite_span(lo: float, hi: float) -> tuple[float, float] | None:
+    """``(lo, hi)`` clipped to +-:data:`RANGE_LIMIT`, or None when either is not a number or ``lo > hi``:
+    what a view's range may be (pyqtgraph raises "Cannot set range [-inf, inf]" on anything else)."""
+    if lo != lo or hi != hi or lo > hi:  # (a NaN, or nothing finite: finite_range's (inf, -inf))
+        return None
+    return max(-RANGE_LIMIT, min(RANGE_LIMIT, lo)), max(-RANGE_LIMIT, min(RANGE_LIMIT, hi))
+
+
+def _checked_range(lo: float, hi: float) -> tuple[float, float] | None:
+    return (lo, hi) if math.isfinite(lo) and math.isfinite(hi) and lo < hi else None
+
+
 def follow_x(lo: float, hi: float, view: tuple[float, float]) -> tuple[float, float] | None:
     """The x range that keeps ``[lo, hi]`` in view, moved only when the data leaves the view or fills
-    less than half of it (then x grows by a quarter ahead); None: leave it."""
+    less than half of it (then x grows by a quarter ahead); None: leave it (or no finite range holds
+    the data: the view is never given an infinite or NaN range)."""
+    clipped = finite_span(lo, hi)
+    if clipped is None:
+        return None
+    lo, hi = clipped
     x0, x1 = view
     span = max(hi - lo, 1e-9)
     if hi > x1 or lo < x0 or span < 0.5 * (x1 - x0):
-        return lo, lo + span * 1.25
+        return _checked_range(lo, lo + span * 1.25)
     return None
 
 
 def follow_y(lo: float, hi: float, view: tuple[float, float]) -> tuple[float, float] | None:
     """As :func:`follow_x` for y: a little room below (5 %) and above (15 %) the data."""
+    clipped = finite_span(lo, hi)
+    if clipped is None:
+        return None
+    lo, hi = clipped
     y0, y1 = view
     span = max(hi - lo, abs(hi) * 1e-3, 1e-12)
     if hi > y1 or lo < y0 or span < 0.5 * (y1 - y0):
-        return lo - 0.05 * span, hi + 0.15 * span
+        return _checked_range(lo - 0.05 * span, hi + 0.15 * span)
     return None
 
 
@@ -220,7 +264,7 @@ def robust_top(samples: list[np.ndarray], scale: float, current: float) -> float
     if not len(values):
         return None
     top = float(np.percentile(values, 99)) * scale * 1.3
-    if not (top > 0 and np.isfinite(top)):
+    if not (0 < top <= RANGE_LIMIT):
         return None
     if current <= 0 or top > current or top < 0.6 * current:
         return nice_ceiling(top)
@@ -237,6 +281,30 @@ def grown_to(a: np.ndarray, n: int, keep: int) -> np.ndarray:
 # ---------------------------------------------------------------------------- envelopes
 
 
+FLOAT32_MAX = float(np.finfo(np.float32).max)
+
+
+def _fmin(a: float, b: float) -> float:
+    """The smaller of two values, a NaN (no value) ignored."""
+    return b if a != a else a if b != b else min(a, b)
+
+
+def _fmax(a: float, b: float) -> float:
+    return b if a != a else a if b != b else max(a, b)
+
+
+def _finite_only(a: np.ndarray) -> np.ndarray:
+    """``a`` as float64 with every value that is not finite as NaN (what block extremes skip)."""
+    a = np.asarray(a, dtype=np.float64)
+    return a if np.isfinite(a).all() else np.where(np.isfinite(a), a, np.nan)
+
+
+def _carry(values: np.ndarray, state: float) -> float:
+    """The smoothing's state after ``values`` (drawn values, NaN at gaps), from ``state`` before them."""
+    finite = np.flatnonzero(np.isfinite(values))
+    return float(values[finite[-1]]) if len(finite) else state
+
+
 class Summary:
     """What a curve keeps of its points for drawing, besides the history's own arrays: the min and
     max of each block of :data:`SUMMARY_BLOCK` drawn (smoothed) points, and the smoothing's state
@@ -245,84 +313,125 @@ class Summary:
 
     No smoothed copy of the curve is kept: a frame smooths its new points, a full draw smooths
     only the stretches it shows at full resolution (a zoom, the last block). ~0.3 bytes per point.
+
+    Points that are not finite are drawn as gaps and counted (:attr:`bad`: NaN, +inf, -inf), never
+    given to a block's extremes; a block with no finite point is NaN (a gap). An unsmoothed curve
+    read back from a run's tiers brings its buckets' extremes (``lo``/``hi`` of :meth:`extend`): a
+    block's min and max are those of the points it summarises, not of their means.
     """
 
-    __slots__ = ("weight", "n", "last", "lo", "hi", "marks", "plo", "phi")
+    __slots__ = ("weight", "n", "last", "carry", "lo", "hi", "marks", "plo", "phi", "bad")
 
     def __init__(self, weight: float) -> None:
         self.weight = weight  # 0: drawn as recorded
         self.n = 0  # points summarised
-        self.last = math.nan  # the smoothed value of point n - 1
+        self.last = math.nan  # the drawn value of point n - 1 (NaN: a gap)
+        self.carry = math.nan  # the smoothing's state after point n - 1 (its last finite smoothed value)
         self.lo = np.empty(64, dtype=np.float32)  # per full block
         self.hi = np.empty(64, dtype=np.float32)
-        self.marks = np.empty(16)  # marks[j]: the smoothed value before point j * CHECKPOINT
+        self.marks = np.empty(16)  # marks[j]: the smoothing's state before point j * CHECKPOINT
         self.plo = self.phi = math.nan  # min and max of the partial block at the end
+        self.bad = [0, 0, 0]  # points summarised that are NaN, +inf, -inf
 
     @property
     def blocks(self) -> int:
         return self.n // SUMMARY_BLOCK
 
+    @property
+    def non_finite(self) -> int:
+        """Points summarised that are not finite (drawn as gaps)."""
+        return self.bad[0] + self.bad[1] + self.bad[2]
+
     def values(self, y: np.ndarray, i0: int, i1: int) -> np.ndarray:
-        """The drawn (smoothed) values of points ``[i0, i1)`` (``i1 <= n``), float64."""
+        """The drawn (smoothed) values of points ``[i0, i1)`` (``i1 <= n``), float64 (NaN at a point
+        that is not finite)."""
         if i1 <= i0:
             return np.empty(0)
         if not self.weight:
-            return y[i0:i1].astype(np.float64)
+            return _finite_only(y[i0:i1])
         j = i0 // CHECKPOINT
         start = j * CHECKPOINT
         return ema_from(y[start:i1], self.weight, float(self.marks[j]))[i0 - start:]
 
-    def extend(self, y: np.ndarray) -> np.ndarray:
-        """Summarise the points from ``n`` to ``len(y)``; their drawn values."""
+    def _count_bad(self, part: np.ndarray, sign: int) -> None:
+        """Add (``sign`` 1) or take back (-1) the non-finite points of ``part``."""
+        if len(part) <= 8:
+            bad = [v for v in part.tolist() if v - v != 0.0]
+            if not bad:
+                return
+            nan, pos, neg = (sum(1 for v in bad if v != v), bad.count(math.inf), bad.count(-math.inf))
+        else:
+            if np.isfinite(part).all():
+                return
+            nan, pos, neg = int(np.isnan(part).sum()), int(np.isposinf(part).sum()), int(np.isneginf(part).sum())
+        self.bad = [self.bad[0] + sign * nan, self.bad[1] + sign * pos, self.bad[2] + sign * neg]
+
+    def _store(self, i0: int, lo: np.ndarray | float, hi: np.ndarray | float) -> None:
+        """Blocks from ``i0`` on get these extremes (the arrays become float64 at a value beyond float32,
+        which would read as inf there)."""
+        lo_a, hi_a = np.atleast_1d(lo), np.atleast_1d(hi)
+        if self.lo.dtype == np.float32:
+            with np.errstate(invalid="ignore"):
+                big = bool((np.abs(lo_a) > FLOAT32_MAX).any() or (np.abs(hi_a) > FLOAT32_MAX).any())
+            if big:
+                self.lo, self.hi = self.lo.astype(np.float64), self.hi.astype(np.float64)
+        self.lo[i0: i0 + len(lo_a)], self.hi[i0: i0 + len(hi_a)] = lo_a, hi_a
+
+    def extend(self, y: np.ndarray, lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> np.ndarray:
+        """Summarise the points from ``n`` to ``len(y)``; their drawn values. ``lo``/``hi`` (as long as
+        ``y``; NaN where a point stands for itself): the extremes of what each point summarises, taken
+        into the blocks' extremes of an unsmoothed curve."""
         n, end = self.n, len(y)
         if end <= n:
             return np.empty(0)
+        raw = y[n:end]
+        self._count_bad(raw, 1)
         if self.weight:
-            if n == 0:
-                self.last = float(y[0])  # the EMA starts at the first point
+            new = ema_from(raw, self.weight, self.carry)
             # the states at the checkpoints this stretch passes
-            new = ema_from(y[n:end], self.weight, self.last)
             first, last_mark = -(-n // CHECKPOINT), (end - 1) // CHECKPOINT
             if last_mark >= first:
                 if last_mark >= len(self.marks):
                     self.marks = grown_to(self.marks, last_mark + 1, first)
                 for j in range(first, last_mark + 1):
-                    self.marks[j] = self.last if j * CHECKPOINT == n else new[j * CHECKPOINT - n - 1]
+                    self.marks[j] = _carry(new[: j * CHECKPOINT - n], self.carry)
         else:
-            new = y[n:end].astype(np.float64)
+            new = _finite_only(raw) if len(raw) > 8 else np.array([v if v - v == 0.0 else math.nan
+                                                                   for v in raw.tolist()])
         self.last = float(new[-1])
+        self.carry = _carry(new, self.carry) if self.weight else self.last
+        blo = bhi = new
+        if lo is not None and hi is not None and not self.weight:
+            blo, bhi = np.fmin(new, _finite_only(lo[n:end])), np.fmax(new, _finite_only(hi[n:end]))
         # blocks: finish the partial one, add the full ones, start the next
         size = SUMMARY_BLOCK
         done = n // size
         full = end // size
         head = min(end, (done + 1) * size) - n  # points of ``new`` that belong to block ``done``
-        part = new[:head]
         if head <= 8:  # a frame's few points: plain floats beat numpy's per-call cost
-            values = part.tolist()
-            lo = hi = values[0]
-            for v in values:
-                if v != v:
-                    lo = hi = math.nan  # NaN propagates, as a block's min/max do
-                    break
-                lo, hi = min(lo, v), max(hi, v)
+            a, b = math.nan, math.nan
+            for v in blo[:head].tolist():
+                a = _fmin(a, v)
+            for v in bhi[:head].tolist():
+                b = _fmax(b, v)
         else:
-            lo, hi = float(part.min()), float(part.max())
+            a, b = float(np.fmin.reduce(blo[:head])), float(np.fmax.reduce(bhi[:head]))
         if n % size:  # the block's earlier points
-            lo = math.nan if lo != lo or self.plo != self.plo else min(lo, self.plo)
-            hi = math.nan if hi != hi or self.phi != self.phi else max(hi, self.phi)
+            a, b = _fmin(a, self.plo), _fmax(b, self.phi)
         if full > done:
             if full > len(self.lo):
                 self.lo = grown_to(self.lo, full, done)
                 self.hi = grown_to(self.hi, full, done)
-            self.lo[done], self.hi[done] = lo, hi
-            rest = new[head: head + (full - done - 1) * size].reshape(-1, size)
-            if len(rest):
-                self.lo[done + 1: full] = rest.min(axis=1)
-                self.hi[done + 1: full] = rest.max(axis=1)
-            tail = new[head + (full - done - 1) * size:]
-            self.plo, self.phi = (float(tail.min()), float(tail.max())) if len(tail) else (math.nan, math.nan)
+            self._store(done, a, b)
+            stop = head + (full - done - 1) * size
+            if stop > head:
+                self._store(done + 1, np.fmin.reduce(blo[head:stop].reshape(-1, size), axis=1),
+                            np.fmax.reduce(bhi[head:stop].reshape(-1, size), axis=1))
+            tail_lo, tail_hi = blo[stop:], bhi[stop:]
+            self.plo = float(np.fmin.reduce(tail_lo)) if len(tail_lo) else math.nan
+            self.phi = float(np.fmax.reduce(tail_hi)) if len(tail_hi) else math.nan
         else:
-            self.plo, self.phi = lo, hi
+            self.plo, self.phi = a, b
         self.n = end
         return new
 
@@ -334,7 +443,17 @@ class Summary:
             self.__init__(self.weight)  # type: ignore[misc]
             return
         start = (k // SUMMARY_BLOCK) * SUMMARY_BLOCK  # from the start of its block
-        self.last = float(self.values(y, start - 1, start)[0]) if start else math.nan
+        self._count_bad(y[start:self.n], -1)
+        if start:
+            if self.weight:
+                j = (start - 1) // CHECKPOINT
+                before = self.values(y, j * CHECKPOINT, start)
+                self.carry = _carry(before, float(self.marks[j]))
+                self.last = float(before[-1])
+            else:
+                self.last = self.carry = float(self.values(y, start - 1, start)[0])
+        else:
+            self.last = self.carry = math.nan
         self.n = start
         self.plo = self.phi = math.nan
 
@@ -348,8 +467,8 @@ class Summary:
     def peaks(self, size: int, b0: int, b1: int) -> Points:
         """Min and max of blocks ``[b0, b1)`` of ``size`` points (a multiple of SUMMARY_BLOCK)."""
         g = size // SUMMARY_BLOCK
-        lo = self.lo[b0 * g: b1 * g].reshape(-1, g).min(axis=1)
-        hi = self.hi[b0 * g: b1 * g].reshape(-1, g).max(axis=1)
+        lo = np.fmin.reduce(self.lo[b0 * g: b1 * g].reshape(-1, g), axis=1)  # (a gap's NaN skipped)
+        hi = np.fmax.reduce(self.hi[b0 * g: b1 * g].reshape(-1, g), axis=1)
         return lo, hi
 
     def sample(self, most: int = 512) -> np.ndarray:
@@ -394,7 +513,7 @@ def decimate(src: Source, x_range: tuple[float, float] | None, pixels: int) -> P
         lo, hi = summary.peaks(size, b0, b1)
     else:  # zoomed in: few enough points to smooth those in view again
         block = summary.values(y, b0 * size, b1 * size).reshape(-1, size)
-        lo, hi = block.min(axis=1), block.max(axis=1)
+        lo, hi = np.fmin.reduce(block, axis=1), np.fmax.reduce(block, axis=1)
     m = b1 - b0
     xd = np.empty(2 * m + (i1 - b1 * size))
     yd = np.empty_like(xd)
@@ -468,6 +587,10 @@ class RawCurves:
 
     def get(self, key: str, default: object = None) -> object:
         return self[key] if key in self._d else default
+
+    def stored(self, key: str) -> tuple[np.ndarray, np.ndarray, float, float]:
+        """The history's arrays of curve ``key``, its x offset and its scale (no copy)."""
+        return self._d[key]
 
     def length(self, key: str) -> int:
         entry = self._d.get(key)
@@ -557,16 +680,25 @@ class SeriesModel:
     def points(self, key: str) -> int:
         return self.raw.length(key)
 
+    def non_finite(self, key: str) -> tuple[int, int, int]:
+        """The points of curve ``key`` that are NaN, +inf and -inf (drawn as gaps)."""
+        summary = self.summaries.get(key)
+        return (0, 0, 0) if summary is None else (summary.bad[0], summary.bad[1], summary.bad[2])
+
     def put(self, key: str, x: np.ndarray, y: np.ndarray, smoothing: float, view: View, *,
-            x_offset: float = 0.0, stable: int | None = None) -> Grown | Reset | None:
+            x_offset: float = 0.0, stable: int | None = None, revision: int = 0,
+            envelope: tuple[np.ndarray, np.ndarray] | None = None) -> Grown | Reset | None:
         """The curve ``key`` now has the points ``(x - x_offset, y * scale)``, smoothed by ``smoothing``
         where the plot smooths; ``stable``: how many leading points are unchanged since the last call
-        (default: all that were there; the history only grows). None: nothing to draw."""
+        (default: all that were there; the history only grows); ``revision``: changes whenever points
+        before the end changed (so a call is never skipped as unchanged); ``envelope``: per point the min
+        and max of what it stands for (a bucket of a run's tiers; NaN where a point is itself), drawn
+        as the blocks' extremes of an unsmoothed curve. None: nothing to draw."""
         x_range, pixels = view
         n = len(x)
         # a curve whose points and view did not change is not touched
         signature = (n, float(x[0]) if n else 0.0, float(x[-1]) if n else 0.0, float(y[-1]) if n else 0.0,
-                     smoothing, x_offset, pixels, *(x_range or ()))
+                     smoothing, x_offset, pixels, revision, *(x_range or ()))
         src = self.sources.get(key)
         if src is not None and src.signature == signature:
             return None
@@ -576,6 +708,7 @@ class SeriesModel:
         if spec.skip_first:  # also while it is the only point: it must not seed the smoothing
             x, y = x[1:], y[1:]
             stable = None if stable is None else max(0, stable - 1)
+            envelope = None if envelope is None else (envelope[0][1:], envelope[1][1:])
         m = min(len(x), len(y))
         weight = smoothing if spec.smooth and smoothing > 0 else 0.0
         summary = self.summaries.get(key)
@@ -584,7 +717,7 @@ class SeriesModel:
         elif stable is not None:
             summary.rewind(y, stable)  # the points from ``stable`` on changed (the "total" curve)
         old, joint = summary.n, summary.last
-        new = summary.extend(y[:m])
+        new = summary.extend(y[:m], *(envelope if envelope is not None else (None, None)))
         shape = (float(x[0]) if m else math.nan, x_offset, weight, pixels, x_range)
         if src is not None and src.shape == shape and src.summary is summary and 0 < len(src.x) == old:
             # the curve grew at its end: only its new segments are drawn (from the last point it had)
@@ -644,3 +777,360 @@ class SeriesModel:
         latest values: the percentile of hours of points would cost a frame."""
         samples = [src.summary.sample() for key, src in self.sources.items() if src.summary.n and visible(key)]
         return robust_top(samples, self.spec.scale, current)
+
+
+# ---------------------------------------------------------------------------- crowds (many owners)
+
+#: Bins a :class:`Crowd` keeps at most: past this its bins are merged in pairs (twice as wide).
+CROWD_BINS = 1 << 16
+#: Points a :class:`Crowd` folds per call at most, and owners it visits: a run of thousands of replicas
+#: (or a metric chosen again after hours) is folded over several frames, each a bounded amount of work.
+CROWD_BUDGET = 300_000
+CROWD_OWNERS = 4096
+#: How much of an owner's level (its ranking) each batch of its new points moves.
+LEVEL_WEIGHT = 0.3
+#: An owner whose last point is this many bins behind the newest owner's no longer holds the crowd's
+#: last bins open (a stopped task): its late points, if any come, redraw what they change.
+STALE_BINS = 64
+
+
+def nice_width(spacing: float) -> float:
+    """A bin width of 1, 2 or 5 x 10^k at or above ``spacing`` (1 for none)."""
+    if not (spacing > 0 and math.isfinite(spacing)):
+        return 1.0
+    exp = 10.0 ** math.floor(math.log10(spacing))
+    for step in (1.0, 2.0, 5.0, 10.0):
+        if step * exp >= spacing * (1 - 1e-9):
+            return float(step * exp)
+    return float(10.0 * exp)
+
+
+def envelope_points(x: np.ndarray, base: float, env_x: np.ndarray, env_lo: np.ndarray, env_hi: np.ndarray
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """A history envelope (its buckets' x, min and max) as per-point arrays of a series whose x (as
+    stored, ``x - base`` in its dtype) is ``x``: NaN where a point stands for itself."""
+    lo = np.full(len(x), np.nan)
+    hi = np.full(len(x), np.nan)
+    if len(x) and len(env_x):
+        at = np.asarray(np.asarray(env_x, np.float64) - base, dtype=x.dtype)
+        i = np.clip(np.searchsorted(x, at), 0, len(x) - 1)
+        hit = x[i] == at
+        lo[i[hit]] = np.asarray(env_lo, np.float64)[hit]
+        hi[i[hit]] = np.asarray(env_hi, np.float64)[hit]
+    return lo, hi
+
+
+class CrowdFigures(NamedTuple):
+    """What a crowd draws: per settled bin with points, the mean x, and the mean, min and max of the
+    owners' points in it; ``stable``: how many leading bins are as last given; ``revision`` moves
+    when bins given before changed (a late owner's points)."""
+
+    x: np.ndarray
+    mean: np.ndarray
+    lo: np.ndarray
+    hi: np.ndarray
+    stable: int
+    revision: int
+
+
+class Crowd:
+    """One metric of many owners (replicas or tasks) folded into bins of x, incrementally: per bin the
+    count, mean, min and max of the owners' finite points (a point read back from a run's tiers brings
+    its bucket's min and max); per owner its level (a moving mean of its latest points, for ranking),
+    its last x and how many of its points were not finite.
+
+    :meth:`feed` folds the points each owner gained since the last call, visiting at most
+    :data:`CROWD_OWNERS` owners and :data:`CROWD_BUDGET` points (the next call goes on where it
+    stopped): a frame's work is bounded whatever the number of owners. A bin is drawn once every
+    owner still reporting has passed it (:meth:`figures`), so drawn bins change only when a late
+    owner's points fall into them.
+    """
+
+    def __init__(self) -> None:
+        self.width = 0.0  # bin width in x (0: chosen at the first points)
+        self.b0 = 0  # the bin number of index 0
+        self.n = 0  # bins in use
+        self.count = np.zeros(0)
+        self.sum = np.zeros(0)
+        self.sumx = np.zeros(0)
+        self.lo = np.zeros(0)
+        self.hi = np.zeros(0)
+        self.keys: list[str] = []
+        self._index: dict[str, int] = {}
+        self.done: list[int] = []  # points folded of each owner
+        self.level = np.zeros(0)  # per owner (NaN: no finite point yet)
+        self.last_x = np.zeros(0)
+        self.last_bad = np.zeros(0, dtype=bool)  # its latest point is not finite
+        self.bad = np.zeros(0, dtype=np.int64)  # its points that were not finite
+        self.cursor = 0
+        self.folded = 0  # points folded so far
+        self._envelopes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        # the drawn (settled, non-empty) bins, compressed
+        self.settled = 0  # bins [0, settled) are settled and compressed
+        self._changed = math.inf  # lowest bin changed since the last figures()
+        self.revision = 0
+        self._c = [np.zeros(0) for _ in range(5)]  # bin index, x, mean, lo, hi
+        self._cn = 0
+
+    # -- owners
+    def set_owners(self, keys: list[str]) -> None:
+        """The owners' series keys (new ones are appended; a crowd whose owners otherwise changed
+        starts again)."""
+        if keys == self.keys:
+            return
+        if keys[: len(self.keys)] != self.keys:
+            self.__init__()  # type: ignore[misc]
+        new = keys[len(self.keys):]
+        self._index.update({k: len(self.keys) + i for i, k in enumerate(new)})
+        self.keys = list(keys)
+        self.done += [0] * len(new)
+        grow = len(new)
+        self.level = np.append(self.level, np.full(grow, np.nan))
+        self.last_x = np.append(self.last_x, np.full(grow, np.nan))
+        self.last_bad = np.append(self.last_bad, np.zeros(grow, dtype=bool))
+        self.bad = np.append(self.bad, np.zeros(grow, dtype=np.int64))
+
+    @property
+    def caught_up(self) -> bool:
+        """Every owner's points were folded at the last call."""
+        return self._behind == 0
+
+    _behind = 0
+
+    # -- folding
+    def feed(self, series: dict[str, object], by_time: bool, envelopes: dict[str, object] | None = None) -> int:
+        """Fold what the owners' series (``series[key]``: the history's :class:`~engine.observe.telemetry.Series`)
+        gained since the last call, within the budget; the points folded. ``by_time``: x is the wall time
+        (seconds from the series' base), else the step."""
+        keys, done = self.keys, self.done
+        owners = len(keys)
+        if not owners:
+            return 0
+        xs: list[np.ndarray] = []
+        ys: list[np.ndarray] = []
+        who: list[int] = []
+        lens: list[int] = []
+        envs: list[tuple[int, int, int]] = []  # (chunk, key index, start) of chunks with an envelope
+        budget = CROWD_BUDGET
+        i = self.cursor % owners
+        behind = 0
+        for _ in range(min(owners, CROWD_OWNERS)):
+            s = series.get(keys[i])
+            if s is not None:
+                n = len(s)  # type: ignore[arg-type]
+                d = done[i]
+                if n > d:
+                    if budget <= 0:
+                        behind += 1
+                    else:
+                        if n - d > budget:
+                            n = d + budget
+                            behind += 1
+                        xr = s.t_rel if by_time else s.x_rel  # type: ignore[attr-defined]
+                        xs.append(xr[d:n])
+                        ys.append(s.y[d:n])  # type: ignore[attr-defined]
+                        if envelopes and keys[i] in envelopes:
+                            envs.append((len(who), i, d))
+                        who.append(i)
+                        lens.append(n - d)
+                        done[i] = n
+                        budget -= n - d
+            i = i + 1 if i + 1 < owners else 0
+        self.cursor = i
+        self._behind = behind + (owners - min(owners, CROWD_OWNERS))
+        if not who:
+            return 0
+        x = np.concatenate(xs).astype(np.float64) if len(xs) > 1 else xs[0].astype(np.float64)
+        y = np.concatenate(ys).astype(np.float64) if len(ys) > 1 else ys[0].astype(np.float64)
+        lo = hi = y
+        if envs:
+            lo, hi = y.copy(), y.copy()
+            starts = np.cumsum([0, *lens])
+            for chunk, k, d in envs:
+                env_lo, env_hi = self._envelope(keys[k], series[keys[k]], by_time, envelopes)  # type: ignore[arg-type]
+                a, b = int(starts[chunk]), int(starts[chunk + 1])
+                m = max(0, min(b - a, len(env_lo) - d))
+                if m:
+                    lo[a:a + m] = np.fmin(lo[a:a + m], env_lo[d:d + m])
+                    hi[a:a + m] = np.fmax(hi[a:a + m], env_hi[d:d + m])
+        owner = np.repeat(np.asarray(who, dtype=np.intp), lens)
+        ends = np.cumsum(lens) - 1
+        self._fold(x, y, lo, hi, owner, np.asarray(who, dtype=np.intp), ends)
+        return len(x)
+
+    def _envelope(self, key: str, s: object, by_time: bool, envelopes: dict[str, object]) -> tuple[np.ndarray, np.ndarray]:
+        got = self._envelopes.get(key)
+        if got is None:
+            env = envelopes[key]
+            xr = s.t_rel if by_time else s.x_rel  # type: ignore[attr-defined]
+            base = s.t_base if by_time else s.x_base  # type: ignore[attr-defined]
+            got = self._envelopes[key] = envelope_points(np.asarray(xr), base, env.x, env.lo, env.hi)  # type: ignore[attr-defined]
+        return got
+
+    def _fold(self, x: np.ndarray, y: np.ndarray, lo: np.ndarray, hi: np.ndarray, owner: np.ndarray,
+              who: np.ndarray, ends: np.ndarray) -> None:
+        owners = len(self.keys)
+        finite = np.isfinite(y)
+        all_finite = bool(finite.all())
+        if not all_finite:
+            self.bad += np.bincount(owner[~finite], minlength=owners)
+        self.last_x[who] = x[ends]
+        self.last_bad[who] = ~finite[ends]
+        if not all_finite:
+            x, y, lo, hi, owner = x[finite], y[finite], lo[finite], hi[finite], owner[finite]
+        ok = np.isfinite(x)
+        if not ok.all():
+            x, y, lo, hi, owner = x[ok], y[ok], lo[ok], hi[ok], owner[ok]
+        self.folded += len(y)
+        if not len(y):
+            return
+        # each owner's level: a moving mean of its batches
+        sums = np.bincount(owner, weights=y, minlength=owners)
+        counts = np.bincount(owner, minlength=owners)
+        got = counts > 0
+        batch = sums[got] / counts[got]
+        old = self.level[got]
+        self.level[got] = np.where(np.isnan(old), batch, (1 - LEVEL_WEIGHT) * old + LEVEL_WEIGHT * batch)
+        if not self.width:
+            spacing = np.diff(x[: min(len(x), lens_first(owner))])
+            spacing = spacing[spacing > 0]
+            self.width = nice_width(float(np.median(spacing)) if len(spacing) else 1.0)
+            self.b0 = int(math.floor(float(x.min()) / self.width))
+        b = np.floor(x / self.width).astype(np.int64)
+        low, high = int(b.min()), int(b.max())
+        while max(high, self.b0 + self.n - 1) - min(low, self.b0) + 1 > CROWD_BINS:
+            self._coarsen()  # (every point keeps its bin: the bins nest)
+            b = np.floor(x / self.width).astype(np.int64)
+            low, high = int(b.min()), int(b.max())
+        if low < self.b0:
+            self._shift(self.b0 - low)
+        need = high - self.b0 + 1
+        if need > len(self.count):
+            self._grow(need)
+        self.n = max(self.n, need)
+        idx = b - self.b0
+        m0 = int(idx.min())
+        rel = idx - m0
+        span = int(rel.max()) + 1
+        self.count[m0:m0 + span] += np.bincount(rel, minlength=span)
+        self.sum[m0:m0 + span] += np.bincount(rel, weights=y, minlength=span)
+        self.sumx[m0:m0 + span] += np.bincount(rel, weights=x, minlength=span)
+        np.minimum.at(self.lo, idx, np.fmin(lo, y))
+        np.maximum.at(self.hi, idx, np.fmax(hi, y))
+        self._changed = min(self._changed, m0)
+
+    def _grow(self, need: int) -> None:
+        size = min(CROWD_BINS, max(need, len(self.count) + len(self.count) // 2, 256))
+        for name, fill in (("count", 0.0), ("sum", 0.0), ("sumx", 0.0), ("lo", np.inf), ("hi", -np.inf)):
+            old = getattr(self, name)
+            new = np.full(size, fill)
+            new[: len(old)] = old
+            setattr(self, name, new)
+
+    def _shift(self, by: int) -> None:
+        """Bins start ``by`` earlier (a point older than any before it)."""
+        for name, fill in (("count", 0.0), ("sum", 0.0), ("sumx", 0.0), ("lo", np.inf), ("hi", -np.inf)):
+            old = getattr(self, name)
+            setattr(self, name, np.concatenate([np.full(by, fill), old]))
+        self.b0 -= by
+        self.n += by
+        self._restart_drawn()
+
+    def _coarsen(self) -> None:
+        """Bins twice as wide (pairs merged: every point stays in the bin that holds its x)."""
+        first = self.b0 // 2
+        pairs = (np.arange(self.n) + self.b0) // 2 - first
+        size = int(pairs[-1]) + 1 if self.n else 0
+        merged = {}
+        for name, ufunc, fill in (("count", np.add, 0.0), ("sum", np.add, 0.0), ("sumx", np.add, 0.0),
+                                  ("lo", np.minimum, np.inf), ("hi", np.maximum, -np.inf)):
+            out = np.full(max(size, 256), fill)
+            ufunc.at(out, pairs, getattr(self, name)[: self.n])
+            merged[name] = out
+        for name, value in merged.items():
+            setattr(self, name, value)
+        self.width *= 2
+        self.b0 = first
+        self.n = size
+        self._restart_drawn()
+
+    def _restart_drawn(self) -> None:
+        self.settled = 0
+        self._cn = 0
+        self._changed = 0
+        self.revision += 1
+
+    # -- what is drawn
+    def figures(self) -> CrowdFigures:
+        """The settled bins with points (see :class:`CrowdFigures`)."""
+        live = np.isfinite(self.last_x)
+        stable = self._cn
+        if live.any() and self.width:
+            newest = float(self.last_x[live].max())
+            live &= self.last_x >= newest - STALE_BINS * self.width
+            slowest = float(self.last_x[live].min())
+            final = min(self.n, int(math.floor(slowest / self.width)) - self.b0)
+        else:
+            final = 0
+        if self._changed < self.settled:  # points fell into bins already drawn: from there again
+            c = int(self._changed)
+            k = int(np.searchsorted(self._c[0][: self._cn], c))
+            self._cn, self.settled = k, c
+            stable = min(stable, k)
+            self.revision += 1
+        self._changed = math.inf
+        if final > self.settled:
+            s0 = self.settled
+            counts = self.count[s0:final]
+            keep = np.flatnonzero(counts > 0)
+            m = len(keep)
+            if m:
+                need = self._cn + m
+                if need > len(self._c[0]):
+                    self._c = [grown_to(a, need, self._cn) for a in self._c]
+                at = keep + s0
+                c = self.count[at]
+                k0 = self._cn
+                self._c[0][k0:need] = at
+                self._c[1][k0:need] = self.sumx[at] / c
+                self._c[2][k0:need] = self.sum[at] / c
+                self._c[3][k0:need] = self.lo[at]
+                self._c[4][k0:need] = self.hi[at]
+                self._cn = need
+            self.settled = final
+        n = self._cn
+        return CrowdFigures(self._c[1][:n], self._c[2][:n], self._c[3][:n], self._c[4][:n], min(stable, n),
+                            self.revision)
+
+    # -- ranking
+    def ranked(self, k: int, highest: bool = True) -> list[int]:
+        """The ``k`` owners whose level is highest (or lowest); an owner whose latest point is not
+        finite (a diverged loss) comes first either way."""
+        if not len(self.level) or k <= 0:
+            return []
+        level = self.level if highest else -self.level
+        key = np.where(self.last_bad, np.inf, np.where(np.isnan(level), -np.inf, level))
+        k = min(k, len(key))
+        top = np.argpartition(-key, k - 1)[:k]
+        top = top[np.argsort(-key[top], kind="stable")]
+        return [int(i) for i in top if key[i] > -np.inf]
+
+
+def lens_first(owner: np.ndarray) -> int:
+    """How many of the leading points belong to the first owner (its spacing chooses the bins' width)."""
+    change = np.flatnonzero(owner[1:] != owner[:-1])
+    return int(change[0]) + 1 if len(change) else len(owner)
+
+
+def owner_matches(query: str, tokens: list[tuple[str, ...]]) -> list[int]:
+    """The owners a search names: ``tokens[i]`` are owner i's names (``r17``, ``17``, ``worker:17``,
+    ``host-3``). Terms are separated by commas or spaces; a term equal to a name (any case) selects
+    its owners, a term naming none selects the owners with a name containing it."""
+    terms = [t for t in re.split(r"[,\s]+", query.strip().lower()) if t]
+    chosen: dict[int, None] = {}
+    for term in terms:
+        exact = [i for i, names in enumerate(tokens) if term in names]
+        if not exact:
+            exact = [i for i, names in enumerate(tokens) if any(term in name for name in names)]
+        chosen.update(dict.fromkeys(exact))
+    return list(chosen)

@@ -117,9 +117,13 @@ def test_smoothing_of_known_inputs() -> None:
 def test_the_vectorised_smoothing_is_the_loop(weight: float) -> None:
     y = np.random.default_rng(2).normal(size=3001) * 100
     assert np.allclose(ema_from(y, weight, 5.0), ema(np.r_[5.0, y], weight)[1:], rtol=1e-12, atol=1e-9)
-    y[1500] = np.nan  # a gap: NaN from there on, as the loop has it, and every point before it kept
+    y[1500] = np.nan  # a gap at that point only: the smoothing goes on from the state before it
+    y[2000] = np.inf
     got = ema_from(y, weight, 5.0)
-    assert np.isfinite(got[:1500]).all() and np.isnan(got[1500:]).all()
+    assert np.isnan(got[1500]) and np.isnan(got[2000])
+    assert np.isfinite(np.delete(got, [1500, 2000])).all()
+    assert got[1501] == pytest.approx(weight * got[1499] + (1 - weight) * y[1501])
+    assert np.allclose(got, ema(np.r_[5.0, y], weight)[1:], rtol=1e-12, atol=1e-9, equal_nan=True)
 
 
 @pytest.mark.parametrize("weight", [0.0, 0.6, 0.95])
@@ -154,13 +158,25 @@ def test_the_envelope_is_each_blocks_min_and_max() -> None:
     assert s.bounds() == (pytest.approx(y.min(), abs=1e-6), pytest.approx(y.max(), abs=1e-6))
 
 
-def test_a_nan_makes_its_blocks_envelope_nan_and_the_bounds_skip_it() -> None:
-    y = np.arange(3.0 * SUMMARY_BLOCK)
-    y[40] = np.nan
-    s = Summary(0.0)
-    s.extend(y)
-    assert math.isnan(s.lo[1]) and math.isnan(s.hi[1]) and s.lo[0] == 0.0
-    assert s.bounds() == (0.0, 3.0 * SUMMARY_BLOCK - 1)
+def test_points_that_are_not_finite_are_gaps_left_out_of_the_envelope_and_counted() -> None:
+    y = np.arange(4.0 * SUMMARY_BLOCK)
+    y[40], y[41], y[63] = np.nan, np.inf, -np.inf
+    y[2 * SUMMARY_BLOCK: 3 * SUMMARY_BLOCK] = np.inf  # a block of nothing finite: a gap
+    for weight in (0.0, 0.6):
+        s = Summary(weight)
+        s.extend(y[:50])
+        s.extend(y)
+        assert s.bad == [1, 1 + SUMMARY_BLOCK, 1] and s.non_finite == SUMMARY_BLOCK + 3
+        assert np.isfinite(s.lo[1]) and np.isfinite(s.hi[1]) and s.lo[0] == 0.0
+        assert math.isnan(s.lo[2]) and math.isnan(s.hi[2])
+        drawn = s.values(y, 0, len(y))
+        assert np.isnan(drawn[[40, 41, 63]]).all() and np.isfinite(drawn[3 * SUMMARY_BLOCK:]).all()
+        assert s.bounds()[1] <= 4.0 * SUMMARY_BLOCK - 1 and np.isfinite(s.bounds()).all()
+        s.rewind(y, 45)
+        assert s.bad == [0, 0, 0] and s.n == SUMMARY_BLOCK
+    plain = Summary(0.0)
+    plain.extend(y)
+    assert plain.lo[1] == SUMMARY_BLOCK and plain.hi[1] == 62.0 and plain.bounds() == (0.0, 4.0 * SUMMARY_BLOCK - 1)
 
 
 def test_a_rewound_summary_is_made_again_from_the_changed_point() -> None:
