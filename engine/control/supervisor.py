@@ -20,7 +20,15 @@ Stopping a task: SIGTERM to its process group, then SIGKILL to the group after t
 (:data:`TASK_STOP_GRACE` unless the command says otherwise): a task may use the grace to
 flush its last steps and write a final checkpoint. When a task's process ends, its whole
 process group is killed at once (children of a user's script go with it), and at the end
-every process still carrying the run's folder in ``CLUSTERDECK_RUN_DIR`` is killed.
+every process still carrying the run's folder in ``CLUSTERDECK_RUN_DIR`` *and this supervisor's own mark* in
+``CLUSTERDECK_SUPERVISOR`` is killed: never the tasks of another supervisor of the run (a later one of this host,
+started again after its connection was lost, or another host's where hosts share a machine's processes).
+
+Taking over: a supervisor the launcher starts again for a host (``takeover`` in the spec: its earlier one lost its
+connection, or a whole-run restart) first ends what an earlier supervisor of this run and host left on this
+machine: that supervisor (named in ``hosts/<host>/supervisor.json``, checked against its start time, machine
+and boot) and every process carrying its mark. Its tasks would otherwise hold their ports, and a cut-off
+supervisor that hears of its lost launcher late would still be running them.
 """
 
 from __future__ import annotations
@@ -29,9 +37,11 @@ import json
 import os
 import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -42,6 +52,7 @@ from engine.contract import events, parent_death, warm_start
 from engine.contract.plan import (
     CUDA_ORDER,
     CUDA_ORDER_ENV,
+    INTER_OP_ENV,
     INTRA_OP_ENV,
     CoreShare,
     TaskPlan,
@@ -64,8 +75,15 @@ OWN_PROCESS_GROUP: dict[str, Any] = ({"process_group": 0} if sys.version_info >=
                                      else {"preexec_fn": os.setpgrp})
 #: Seconds a task gets between SIGTERM (to its process group) and SIGKILL when it is stopped.
 TASK_STOP_GRACE = 3.0  # a task gives itself 2.5 s after SIGTERM (engine.runtime.stop): it ends first
+#: The fewest inter-op threads a task gets (unless the user chose): TensorFlow sizes its inter-op pool by the
+#: cores it sees, and with one thread (a one-core host) an async worker's first group of steps never ended.
+MIN_INTER_OP_THREADS = 2
 #: Every task process (and what it starts) carries its run folder here: what is left is found by it.
 RUN_DIR_ENV = "CLUSTERDECK_RUN_DIR"
+#: … and its supervisor's mark (``<host>/<pid>-<random>``): what a supervisor ends is its own.
+SUPERVISOR_ENV = "CLUSTERDECK_SUPERVISOR"
+#: The record of a host's supervisor in the run folder (``hosts/<host>/``): what a later one takes over.
+RECORD_NAME = "supervisor.json"
 USER_STOP = "stopped by the user"
 
 
@@ -165,6 +183,11 @@ class Supervisor:
         self.bad_commands = 0
         self.template: Template | None = None
         self.subreaper = False
+        self.token = f"{self.host}/{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this supervisor's mark on its tasks
+        self.takeover = bool(spec.get("takeover"))
+        for name, count in dict(spec.get("restarts", {})).items():  # a host started again keeps its tasks' counts
+            if name in self.tasks and isinstance(count, int):
+                self.tasks[name].restarts = count
 
     # -- output
 
@@ -204,6 +227,7 @@ class Supervisor:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
         env["PYTHONUNBUFFERED"] = "1"
         env[RUN_DIR_ENV] = str(self.run_dir)
+        env[SUPERVISOR_ENV] = self.token  # the template's too: a forked task's /proc environment is the template's
         env[CUDA_ORDER_ENV] = CUDA_ORDER  # the template's too: tasks fork from it with the plan's env unchanged
         env[STOP_MARKERS_ENV] = "1"  # a SIGTERM without the task's marker is not ours (engine.runtime.stop)
         root = str(Path(__file__).resolve().parents[2])  # the folder holding the engine package
@@ -288,6 +312,8 @@ class Supervisor:
         if share is not None:
             for key, value in share.env.items():
                 env.setdefault(key, value)
+        if self.cores < MIN_INTER_OP_THREADS:  # a one-core host: TensorFlow's pool of one inter-op thread hangs
+            env.setdefault(INTER_OP_ENV, str(MIN_INTER_OP_THREADS))
         cores = share.cores if share else ()
         args = ["--run-dir", str(self.run_dir)]
         with os.fdopen(open_log(tdir / "log.txt"), "ab") as log:
@@ -579,9 +605,24 @@ class Supervisor:
         for line in self.stdin_lines.feed(chunk):
             self.command(line)
 
+    def take_over(self) -> None:
+        """End what an earlier supervisor of this run and host left here (``takeover``), then record this one."""
+        record = self.folder.host_dir(self.host) / RECORD_NAME
+        if self.takeover:
+            ended = end_earlier_supervisor(record, str(self.run_dir), self.host, self.token)
+            if ended:
+                self.send(events.make("info", f"supervisor@{self.host}", ended_pids=ended, message=(
+                    f"ended {len(ended)} process(es) an earlier supervisor of this host left running (pids "
+                    f"{', '.join(map(str, ended))}): this host was started again")))
+        try:
+            write_record(self.folder, record, self.token)
+        except OSError:
+            pass  # without it a later supervisor finds the earlier one's tasks by their mark only
+
     def run(self, stdin_fd: int) -> int:
         os.set_blocking(stdin_fd, False)
         self.sel.register(stdin_fd, selectors.EVENT_READ, None)
+        self.take_over()
         self.announce_threads()
         self.start_template()
         self.wait_for_template()
@@ -626,7 +667,7 @@ class Supervisor:
                                           reason=self.stop_reason or USER_STOP))
             if self.template is not None:
                 self.template.close()
-            kill_run_processes(str(self.run_dir))
+            kill_run_processes(str(self.run_dir), self.token)
             if self.stats.bad:
                 self.send(events.make("info", f"supervisor@{self.host}", message=f"{self.stats.bad} malformed "
                                       "event line(s) from tasks were skipped", bad_lines=self.stats.bad))
@@ -689,22 +730,82 @@ def _signal_group(pid: int, sig: int, group_only: bool = False) -> None:
             pass
 
 
-def kill_run_processes(run_dir: str) -> list[int]:
+def kill_run_processes(run_dir: str, owner: str | None = None) -> list[int]:
     """Kill every process of this user on this machine whose environment names ``run_dir`` in
-    :data:`RUN_DIR_ENV` (tasks and whatever they started, even in a session of its own). Returns their pids."""
+    :data:`RUN_DIR_ENV` (tasks and whatever they started, even in a session of its own) and, given an
+    ``owner``, carries that supervisor's mark in :data:`SUPERVISOR_ENV`. Returns their pids."""
+    return _kill_marked(run_dir, lambda mark: owner is None or mark == owner)
+
+
+def _kill_marked(run_dir: str, mine: Any) -> list[int]:
     killed = []
     me = os.getpid()
     for proc in psutil.process_iter(["pid"]):
         if proc.pid == me:
             continue
         try:
-            if proc.environ().get(RUN_DIR_ENV) != run_dir:
+            env = proc.environ()
+            if env.get(RUN_DIR_ENV) != run_dir or not mine(env.get(SUPERVISOR_ENV)):
                 continue
             proc.kill()
             killed.append(proc.pid)
         except psutil.Error:
             continue
     return killed
+
+
+def _machine() -> dict[str, str]:
+    """What tells this machine (and this boot of it) from another one sharing the run folder."""
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return {"node": socket.gethostname(), "boot": boot}
+
+
+def write_record(folder: RunFolder, record: Path, token: str) -> None:
+    """``hosts/<host>/supervisor.json``: this supervisor's pid, start time, mark and machine."""
+    folder.private_dir(record.parent)
+    me = psutil.Process()
+    data = json.dumps({"pid": me.pid, "created": me.create_time(), "token": token, **_machine()})
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as fh:
+        fh.write(data)
+    os.replace(tmp, record)
+
+
+def end_earlier_supervisor(record: Path, run_dir: str, host: str, token: str, wait_s: float = 3.0) -> list[int]:
+    """Kill the earlier supervisor of ``host`` that ``record`` names (where it is this machine's, of this boot,
+    and still that process) and every process of the run marked by any supervisor of ``host`` but ``token``;
+    wait up to ``wait_s`` for them to be gone (their ports free). Returns the pids killed."""
+    killed: list[int] = []
+    try:
+        earlier = json.loads(record.read_text())
+    except (OSError, ValueError):
+        earlier = None
+    if isinstance(earlier, dict) and earlier.get("token") != token and all(
+            earlier.get(k) == v for k, v in _machine().items()):
+        try:
+            proc = psutil.Process(int(earlier.get("pid", 0)))
+            if abs(proc.create_time() - float(earlier.get("created", 0))) < 1.0 and \
+                    "engine.control.supervisor" in " ".join(proc.cmdline()):
+                proc.kill()
+                killed.append(proc.pid)
+        except (psutil.Error, ValueError, TypeError):
+            pass
+    killed += _kill_marked(run_dir, lambda mark: bool(mark) and mark != token and mark.rpartition("/")[0] == host)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline and any(psutil.pid_exists(pid) and _live(pid) for pid in killed):
+        time.sleep(0.05)
+    return killed
+
+
+def _live(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
 
 
 def main() -> int:
@@ -735,7 +836,7 @@ def main() -> int:
     except SystemExit:
         sup.stopping = True
         sup.stop_tasks(list(sup.tasks.values()), sup.stop_grace)
-        kill_run_processes(str(sup.run_dir))
+        kill_run_processes(str(sup.run_dir), sup.token)
         return 143
 
 
