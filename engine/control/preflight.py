@@ -19,6 +19,8 @@ def preflight(config: RunConfig, *, scripts: bool = True, timeout: float | None 
     problems += machine_fit.check(config) + datasets.check(config) + program_problems(config)
     if not problems:  # other hosts' addresses and task ports, in seconds, instead of a hang 60 s after launch
         problems += reachability.problems(config)
+    if not problems:  # and each SSH host logged in to, as its supervisor will be: a host whose sshd is gone is named
+        problems += reachability.login_problems(config)
     if scripts and script_check.uses_script(config):
         problems += script_check.check(config, timeout=timeout)
     return problems

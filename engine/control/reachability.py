@@ -9,6 +9,14 @@ Checked from this machine (the launcher's), before any supervisor starts:
   within the timeout is cut off (the host down, a firewall dropping, a wrong address);
 - each task of this machine can bind its port (TensorFlow's server listens on ``0.0.0.0:<port>``).
 
+Each host reached over SSH is also logged in to (:func:`login_problems`: ``ssh ... true`` with the launcher's own
+options, in parallel, a few seconds at most): a host whose sshd is gone, a refused key or an unknown alias is named
+before any supervisor starts, not as a failed run after the others started.
+
+While a run runs, a host that went silent is probed (:func:`probe_host`): whether anything at its address answers
+on its tasks' ports (a refused connection is an answer: the host is up). The lifecycle decides what a host that
+does not answer means (``engine.control.lifecycle``: ``ProbeHost``).
+
 What this cannot see: whether host A reaches host B when neither is this machine (a firewall between two
 remote hosts). That check needs code on every host, so it belongs to the supervisors: a supervisor command
 ``probe`` (``{"targets": ["host:port", ...]}``) answered by an ``info`` event per unreachable target, sent by
@@ -19,12 +27,14 @@ barrier in the supervisor (engine/control/supervisor.py) that the launcher relea
 from __future__ import annotations
 
 import errno
+import os
 import socket
+import subprocess
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from engine.contract.config import Problem, RunConfig
+from engine.contract.config import Host, Problem, RunConfig
 
 #: Seconds the whole check may take (names resolved and ports tried in parallel).
 TIMEOUT_S = 3.0
@@ -144,3 +154,99 @@ def check(items: list[Target], timeout: float = TIMEOUT_S, resolver: Resolver = 
 def problems(config: RunConfig, timeout: float = TIMEOUT_S, resolver: Resolver = resolve) -> list[Problem]:
     """:func:`check` of the config's cluster as launch problems (empty for a cluster of this machine only)."""
     return [Problem("cluster", message) for message in check(targets(config), timeout, resolver)]
+
+
+# -- logging in over SSH before launch
+
+#: Seconds ssh may take to connect (its ConnectTimeout) in the login check; the whole check takes at most a
+#: couple of seconds more.
+LOGIN_TIMEOUT_S = 4.0
+
+
+def ssh_hosts(config: RunConfig) -> list[Host]:
+    """The hosts a supervisor reaches over SSH (machines other than this one, not Slurm groups)."""
+    return [h for h in config.cluster.hosts if not h.is_local and not h.is_slurm]
+
+
+def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
+    """Why the launcher cannot log in to ``host`` the way it will start its supervisor (the same ``ssh`` command,
+    running ``true``), or None."""
+    from engine.control import transports  # the one place an ssh command line is made
+
+    cmd = transports.ssh_command(host, ["true"], connect_timeout=timeout)
+    where = f"host {host.name!r} ({host.ssh_target}, ssh port {host.ssh_port})"
+    try:
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 2.0,
+                              env=dict(os.environ))
+    except FileNotFoundError:
+        return f"{where}: no ssh client on this machine; expected OpenSSH's ssh"
+    except subprocess.TimeoutExpired:
+        return f"{where}: ssh did not log in within {timeout + 2.0:g} s; expected to log in without a prompt"
+    if done.returncode == 0:
+        return None
+    said = transports.ssh_complaint(done.stderr.decode("utf-8", "replace").splitlines())
+    if done.returncode == 255:
+        return f"{where}: ssh cannot log in: {said or 'ssh failed without a word'}; expected to log in over SSH " \
+               "without a prompt (BatchMode: a key or an agent)"
+    return f"{where}: a command run over ssh exited with code {done.returncode}" + (f": {said}" if said else "")
+
+
+def login_problems(config: RunConfig, timeout: float = LOGIN_TIMEOUT_S) -> list[Problem]:
+    """:func:`login_problem` of every SSH host, in parallel, as launch problems."""
+    hosts = ssh_hosts(config)
+    results: dict[int, str | None] = {}
+    threads = [threading.Thread(target=lambda i=i, h=h: results.__setitem__(i, login_problem(h, timeout)),
+                                daemon=True) for i, h in enumerate(hosts)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout + 3.0)
+    return [Problem("cluster", str(results[i])) for i in range(len(hosts)) if results.get(i)]
+
+
+# -- is a silent host still there?
+
+#: Seconds a probe of a silent host waits for any of its ports to answer.
+PROBE_TIMEOUT_S = 1.5
+
+
+def probe_host(address: str, ports: Sequence[int], timeout: float = PROBE_TIMEOUT_S,
+               resolver: Resolver = resolve) -> str:
+    """Empty when anything at ``address`` answers on one of ``ports`` within ``timeout`` (a connection accepted, or
+    refused: the host is up); else why not, naming the address and ports."""
+    try:
+        ip = resolver(address)
+    except OSError as exc:
+        return f"its address {address!r} no longer resolves ({exc.strerror or exc})"
+    ports = [p for p in ports if p] or [22]
+    answered = threading.Event()
+    codes: list[int] = []
+    lock = threading.Lock()
+
+    def one(port: int) -> None:
+        family = socket.AF_INET6 if ":" in ip else socket.AF_INET
+        with socket.socket(family, socket.SOCK_STREAM) as s:
+            s.settimeout(timeout)
+            try:
+                code = s.connect_ex((ip, port))
+            except TimeoutError:
+                code = errno.ETIMEDOUT
+            except OSError as exc:
+                code = exc.errno or errno.EHOSTUNREACH
+        with lock:
+            codes.append(code)
+        if code in (0, errno.ECONNREFUSED):
+            answered.set()
+
+    threads = [threading.Thread(target=one, args=(port,), daemon=True) for port in ports]
+    for th in threads:
+        th.start()
+    answered.wait(timeout + 0.2)
+    if answered.is_set():
+        return ""
+    where = f"{ip} (port{'s' if len(ports) > 1 else ''} {', '.join(map(str, ports))})"
+    with lock:
+        errors = sorted({c for c in codes if c not in (errno.ETIMEDOUT, errno.EAGAIN, errno.EINPROGRESS)})
+    if errors:
+        return f"{where} unreachable from this machine ({'; '.join(_strerror(c) for c in errors)})"
+    return f"no answer from {where} within {timeout:g} s"

@@ -193,17 +193,21 @@ class SshTransport(BaseTransport):
         return self._popen(ssh_command(launch.host, list(launch.command)), launch)
 
     def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
+        """Who ended: the ssh client here (a signal), ssh itself (its own complaint quoted), or the supervisor there
+        (its own last words quoted, never ssh's chatter or TensorFlow's start-up lines)."""
         target = launch.host.ssh_target if launch.host is not None else launch.group
+        ssh_said = [line for line in log_tail if ssh_error(line)]
+        theirs = [line for line in log_tail if not ssh_error(line) and not ssh_chatter(line)]
         if exit_code < 0:  # the ssh process here ended by a signal: the client, not the remote supervisor
             return _with_tail(f"the ssh client on this machine (to {target}) {describe_exit(exit_code)}; the "
-                              f"supervisor on {target} ended with its connection", log_tail)
+                              f"supervisor on {target} ended with its connection", [])
         if exit_code == 255:
-            if any(ssh_error(line) for line in log_tail):  # ssh's own failure: connect, authenticate, connection lost
-                return _with_tail(f"ssh to {target} failed", log_tail)
+            if ssh_said:  # ssh's own failure: connect, authenticate, connection lost
+                return _with_tail(f"ssh to {target} failed", ssh_said[-2:])
             # 255 without a word from ssh: the remote command ended by a signal (OpenSSH passes no status)
             return _with_tail(f"the supervisor on {target} (over ssh) ended abruptly, most likely killed by a "
-                              "signal there (ssh itself reported no error)", log_tail)
-        return _with_tail(f"the supervisor on {target} (over ssh) {describe_exit(exit_code)}", log_tail)
+                              "signal there (ssh itself reported no error)", theirs)
+        return _with_tail(f"the supervisor on {target} (over ssh) {describe_remote_exit(exit_code)}", theirs)
 
 
 #: What OpenSSH's client prints when it fails itself (connect, authenticate, keep-alive, host keys).
@@ -214,18 +218,39 @@ SSH_ERRORS = ("ssh:", "Permission denied", "Connection closed", "Connection refu
               "client_loop:", "Timeout, server")
 
 
+#: What an ssh client says that is neither a failure nor the remote command's words.
+SSH_CHATTER = ("Warning: Permanently added", "to the list of known hosts")
+
+
 def ssh_error(line: str) -> bool:
     """Whether a line of an ssh client's stderr is its own complaint (not the remote command's output)."""
     return any(marker in line for marker in SSH_ERRORS)
 
 
-def ssh_command(host: Host, remote_cmd: list[str]) -> list[str]:
+def ssh_chatter(line: str) -> bool:
+    return any(marker in line for marker in SSH_CHATTER)
+
+
+def ssh_complaint(lines: list[str]) -> str:
+    """ssh's own complaint among ``lines`` (its stderr), TensorFlow's start-up lines and ssh's chatter left out."""
+    meaningful = [line.strip() for line in lines if line.strip() and not is_noise(line) and not ssh_chatter(line)]
+    said = [line for line in meaningful if ssh_error(line)] or meaningful
+    return " | ".join(said[-2:])[:500]
+
+
+#: Seconds ssh may take to reach a host before it gives up (a host that is down is named, not waited for).
+SSH_CONNECT_TIMEOUT_S = 10
+
+
+def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = SSH_CONNECT_TIMEOUT_S) -> list[str]:
     """The user's own OpenSSH client (their ~/.ssh/config, agent and keys) running ``remote_cmd`` on ``host``.
 
     ``CLUSTERDECK_SSH_CONFIG`` names another ssh config file (``ssh -F``). ``--`` ends ssh's options,
-    so the destination is never read as one.
+    so the destination is never read as one. A connection that gets no answer for 15 s (3 keep-alives 5 s
+    apart) is given up; so is a host that does not answer within ``connect_timeout`` seconds.
     """
-    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3"]
+    cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
+           "-o", f"ConnectTimeout={max(1, round(connect_timeout))}"]
     extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
     if extra_config:
         cmd += ["-F", extra_config]
@@ -289,6 +314,17 @@ def describe_exit(code: int) -> str:
     return f"exited with code {code}"
 
 
+def describe_remote_exit(code: int) -> str:
+    """An exit code relayed by ssh or a shell: 128 + N reads as the signal N that most likely ended it."""
+    if 128 < code < 128 + 65:
+        try:
+            name = signal.Signals(code - 128).name
+        except ValueError:
+            name = f"signal {code - 128}"
+        return f"exited with code {code} (ended by {name}, most likely)"
+    return describe_exit(code)
+
+
 def log_tail(path: Path, lines: int = 3, max_bytes: int = 4096) -> list[str]:
     """The last non-empty lines of a log (a supervisor's stderr), read from its end only."""
     try:
@@ -300,8 +336,8 @@ def log_tail(path: Path, lines: int = 3, max_bytes: int = 4096) -> list[str]:
     except OSError:
         return []
     text = data.decode("utf-8", "replace").splitlines()
-    # TensorFlow's start-up chatter (absl, oneDNN) is never "the message" of a failure
-    return [line.strip()[:500] for line in text if line.strip() and not is_noise(line)][-lines:]
+    # TensorFlow's start-up chatter (absl, oneDNN) and ssh's (known hosts) are never "the message" of a failure
+    return [line.strip()[:500] for line in text if line.strip() and not is_noise(line) and not ssh_chatter(line)][-lines:]
 
 
 def _with_tail(message: str, tail: list[str]) -> str:
