@@ -10,6 +10,15 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from engine.cli import metrics_view
+from engine.observe.telemetry import BREAKDOWN_PARTS, StepBreakdown
+
+#: Cells of a replica's breakdown bar, and how each part is drawn: a glyph (told apart without colour) and
+#: a colour.
+BAR_CELLS = 8
+PART_GLYPHS = {"compute": ("█", "green"), "collective": ("▓", "magenta"), "input": ("▒", "yellow"),
+               "dispatch": ("░", "cyan")}
+#: The parts a step waits in (the bar's note names the largest by its glyph).
+WAITS = ("collective", "input", "dispatch")
 
 
 class Source(Protocol):
@@ -37,6 +46,44 @@ def fmt_rate(value: float | None) -> str:
 
 def fmt_loss(value: float | None) -> str:
     return "-" if value is None else f"{value:.4f}"
+
+
+def bar_cells(shares: dict[str, float], cells: int = BAR_CELLS) -> list[tuple[str, int]]:
+    """How many of ``cells`` each part fills (largest remainders: they always add up to ``cells``; a part
+    with any share gets a cell where one is left to give)."""
+    exact = [(name, max(0.0, shares.get(name, 0.0)) * cells) for name in BREAKDOWN_PARTS]
+    total = sum(v for _, v in exact)
+    if total <= 0:
+        return []
+    exact = [(name, v * cells / total) for name, v in exact]
+    counts = {name: int(v) for name, v in exact}
+    left = cells - sum(counts.values())
+    for name, _ in sorted(exact, key=lambda item: item[1] - int(item[1]), reverse=True)[:left]:
+        counts[name] += 1
+    return [(name, counts[name]) for name in BREAKDOWN_PARTS if counts[name]]
+
+
+def breakdown_text(b: StepBreakdown | None, cells: int = BAR_CELLS) -> str:
+    """A replica's step as a stacked bar, then its largest wait's glyph and share (rich markup), ``-`` without
+    figures: ``[green]█████[/][yellow]▒▒▒[/] [yellow]▒[/]41%`` (13 columns)."""
+    if b is None or b.total <= 0:
+        return "-"
+    shares = b.shares()
+    bar = "".join(f"[{PART_GLYPHS[name][1]}]{PART_GLYPHS[name][0] * n}[/]" for name, n in bar_cells(shares, cells))
+    waits = [(shares[name], name) for name in WAITS if getattr(b, name) is not None]
+    if not waits:
+        return bar
+    share, name = max(waits)
+    glyph, colour = PART_GLYPHS[name]
+    return f"{bar} [{colour}]{glyph}[/]{100 * share:.0f}%"
+
+
+def breakdown_legend(parts: tuple[str, ...]) -> str:
+    """The bar's key for the parts the run measures (rich markup)."""
+    from engine.observe.telemetry import BREAKDOWN_LABELS
+
+    keys = "  ".join(f"[{PART_GLYPHS[p][1]}]{PART_GLYPHS[p][0]}[/] {BREAKDOWN_LABELS[p]}" for p in parts)
+    return f"[dim]step:[/] {keys}"
 
 
 class Notes:
@@ -123,19 +170,31 @@ class LiveView:
         from rich.markup import escape
         from rich.table import Table
 
-        table = Table(box=None, pad_edge=False, show_header=True, header_style="bold dim")
+        # one column apart (not two): the breakdown fits 80 columns beside a metric
+        table = Table(box=None, pad_edge=False, padding=(0, 1, 0, 0), show_header=True, header_style="bold dim")
         replicas = sorted(self.source.state.replicas.values(), key=lambda r: r.replica)
         names = metrics_view.metric_names(replicas)  # accuracy etc., as the replicas report them
+        breakdowns = self.source.state.breakdowns.latest() if hasattr(self.source.state, "breakdowns") else {}
         for col in ("replica", "task", "step", "loss", *names, "examples/s", "step ms", "slow"):
             table.add_column(escape(col), justify="right" if col != "task" else "left")
+        if breakdowns:
+            table.add_column("time in step", justify="left", no_wrap=True)
         slow = self.detector.flagged()
         for r in replicas:
             flag = f"[yellow]{slow[r.replica].ratio:.2f}x[/]" if r.replica in slow else ""
-            table.add_row(str(r.replica), r.task, str(r.step), fmt_loss(r.loss),
-                          *(metrics_view.fmt_metric(r.metrics.get(n)) for n in names),
-                          fmt_rate(r.examples_per_sec), "-" if r.step_time is None else f"{r.step_time * 1000:.1f}",
-                          flag)
+            row = [str(r.replica), r.task, str(r.step), fmt_loss(r.loss),
+                   *(metrics_view.fmt_metric(r.metrics.get(n)) for n in names),
+                   fmt_rate(r.examples_per_sec), "-" if r.step_time is None else f"{r.step_time * 1000:.1f}", flag]
+            if breakdowns:
+                row.append(breakdown_text(breakdowns.get(r.replica)))
+            table.add_row(*row)
         return table
+
+    def legend(self) -> list[str]:
+        """The breakdown bar's key, once the run reports a breakdown."""
+        breakdowns = getattr(self.source.state, "breakdowns", None)
+        parts = breakdowns.measured() if breakdowns is not None else ()
+        return [breakdown_legend(parts)] if parts else []
 
     def render(self) -> Any:
         from rich.console import Group
@@ -145,8 +204,8 @@ class LiveView:
         self.progress.update(self.bar, completed=state.step, total=state.total_steps or None)
         tasks = "  ".join(f"{t.name}:{t.state}" for t in state.tasks.values())
         lines = [escape(line) for line in figure_lines(state)]
-        return Group(self.progress, self.replica_table(), *(f"[dim]{line}[/]" for line in lines), f"[dim]{tasks}[/]",
-                     *self.notes.last(4))
+        return Group(self.progress, self.replica_table(), *self.legend(), *(f"[dim]{line}[/]" for line in lines),
+                     f"[dim]{tasks}[/]", *self.notes.last(4))
 
     def follow(self) -> None:
         """Draw the view (8 times a second) until the source is done; Ctrl+C reaches the caller."""

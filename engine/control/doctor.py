@@ -66,13 +66,18 @@ class Dump:
             return self.threads[self.main_thread]
         return next(iter(self.threads.values()), [])
 
+    def own_frame(self) -> Frame | None:
+        """The main thread's innermost frame of the user's or ClusterDeck's code (not a library's): where to
+        look first."""
+        return next((f for f in self.main_frames if not any(part in f.file for part in _LIBRARY)), None)
+
     def where(self) -> str:
         """"waiting in TensorFlow: quick_execute (execute.py:53), from train_step (data_parallel.py:123)"."""
         frames = self.main_frames
         if not frames:
             return "no stacks were dumped" if not self.text else "no main thread found in its dump"
         inner = frames[0]
-        own = next((f for f in frames if not any(part in f.file for part in _LIBRARY)), None)
+        own = self.own_frame()
         if "tensorflow" in inner.file:
             what = "waiting in TensorFlow (an op or a tf.function; a collective waits here for its peers)"
         else:

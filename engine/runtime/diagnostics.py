@@ -6,7 +6,8 @@ faulthandler's handler is C and async-signal-safe, so it answers while the main 
 TensorFlow (a collective waiting for a peer), where a Python handler would never run. The file starts each
 arming with a line naming the task, its pid and its main thread (``# clusterdeck stacks … main thread
 0x…``), so a reader can tell which dumped thread is the main one; whoever asks for a dump writes its own
-marker line first (:mod:`engine.control.doctor`).
+marker line first (:mod:`engine.control.doctor`). A fatal signal (SIGSEGV, SIGABRT: a crash inside TensorFlow)
+appends a last dump to the same file, headed ``Fatal Python error``.
 
 **Profiles.** :class:`ProfileRequests` polls ``RUN/profile/request.json`` (``{"id", "ms", "t"}``) every
 :data:`POLL_S` seconds on a daemon thread; for a new, recent request it captures a TensorFlow profile of
@@ -71,6 +72,8 @@ def arm_stack_dumps(task_dir: Path, task: str) -> Path | None:
     out.write(f"# clusterdeck stacks of {task}: pid {os.getpid()}, main thread 0x{threading.get_ident():016x}\n")
     out.flush()
     faulthandler.register(DUMP_SIGNAL, file=out, all_threads=True, chain=False)
+    # a fatal signal (a crash inside TensorFlow) leaves every thread's stack there too, then ends the task as before
+    faulthandler.enable(file=out, all_threads=True)
     _armed.append(out)
     return path
 
