@@ -101,10 +101,14 @@ class ChipItem(QGraphicsObject):
         self.gpu_color: QColor | None = None  # the colour of its GPUs on the host's GPU row
         self.node: int | None = None  # a Slurm group's task: the node of the allocation it runs on
         self.emulated = False  # its GPUs are logical CPU devices (no GPU on the machine)
+        self.shown: tuple[object, ...] = ()  # what of its run state it shows (see ClusterCanvas.refresh_states)
         self.home = QPointF()
         self.setFlags(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable | QGraphicsItem.GraphicsItemFlag.ItemIsMovable)
         self.setCursor(Qt.CursorShape.OpenHandCursor)
         self.setAcceptHoverEvents(True)
+        # drawn from a cache: a chip is painted again only when it changed, not whenever the view scrolls
+        # or a neighbour repaints (a cluster of 1,024 tasks scrolls at the speed of a blit)
+        self.setCacheMode(QGraphicsItem.CacheMode.DeviceCoordinateCache)
         self.update_tooltip()
 
     @property
