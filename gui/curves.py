@@ -13,7 +13,9 @@ whose old points changed) draws every visible line again from its points for the
 A :class:`Curve` is one line: its pen and visibility, what a pyqtgraph legend entry asks of
 an item (``opts['pen']``, ``isVisible``/``setVisible``), and where its points come from: a
 *source* callable that returns the line's points for the current view (already cut and
-downsampled for the screen), asked only when everything is drawn again.
+downsampled for the screen), asked only when everything is drawn again. A curve with a
+``brush`` is a band: its points are a closed outline (the upper edge forward, the lower edge
+back), filled; appended stretches are outlines of their own.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QLineF, QRectF, Qt
-from PySide6.QtGui import QImage, QPainter, QPen, QTransform
+from PySide6.QtGui import QBrush, QImage, QPainter, QPen, QTransform
 
 from gui.series_model import Points, finite_range
 
@@ -41,6 +43,7 @@ class Curve:
         self.opts: dict[str, object] = {"pen": pen, "name": name, "antialias": False}
         self._visible = True
         self.on_top = False  # drawn after the lines that are not (see CurveSet.add)
+        self.brush: QBrush | None = None  # a band: its points are an outline, filled (drawn first)
         self.source: Callable[[], Points] | None = None
         self._pending: list[Points] = []  # segments appended since the image was drawn
         self.bounds = [math.inf, -math.inf, math.inf, -math.inf]  # x lo, x hi, y lo, y hi (finite points)
@@ -73,8 +76,16 @@ class Curve:
         self.bounds = list(bounds)
         self.owner.invalidate()
 
+    def set_brush(self, brush: QBrush) -> None:
+        """Make this curve a band filled with ``brush`` (its legend sample shows the fill)."""
+        self.brush = brush
+        self.opts["fillLevel"] = 0.0
+        self.opts["fillBrush"] = brush
+        self.owner.invalidate()
+
     def append(self, x: np.ndarray, y: np.ndarray) -> None:
-        """New points at the end of the line; ``x[0], y[0]`` is the last point it had (the joint)."""
+        """New points at the end of the line; ``x[0], y[0]`` is the last point it had (the joint). A
+        band's: the outline of its new stretch."""
         if len(x) < 2:
             return
         if len(self._pending) >= MAX_PENDING:
@@ -228,20 +239,24 @@ class CurveSet(pg.GraphicsObject):
             if full:
                 self._draw_all(painter)
             else:
-                for curve in self.curves.values():
+                for curve in self._order():
                     segments = curve.take_pending()
                     if segments and curve.isVisible():
                         painter.setPen(curve.pen())
                         for x, y in segments:
-                            _draw_line(painter, x, y)
+                            _draw(painter, curve, x, y)
             painter.end()
         p.save()
         p.resetTransform()
         p.drawImage(rect.topLeft(), image)
         p.restore()
 
+    def _order(self) -> list[Curve]:
+        """Bands first (under every line), then the lines, those ``on_top`` last."""
+        return sorted(self.curves.values(), key=lambda c: (c.brush is None, c.on_top))
+
     def _draw_all(self, painter: QPainter, keep_pending: bool = False) -> None:
-        for curve in sorted(self.curves.values(), key=lambda c: c.on_top):
+        for curve in self._order():
             if not keep_pending:
                 curve.take_pending()  # drawn in full below
             if not curve.isVisible() or curve.source is None:
@@ -250,7 +265,21 @@ class CurveSet(pg.GraphicsObject):
             if len(x) < 2:
                 continue
             painter.setPen(curve.pen())
-            _draw_line(painter, x, y)
+            _draw(painter, curve, x, y)
+
+
+def _draw(painter: QPainter, curve: Curve, x: np.ndarray, y: np.ndarray) -> None:
+    if curve.brush is None:
+        _draw_line(painter, x, y)
+        return
+    ok = np.isfinite(x) & np.isfinite(y)
+    if not ok.all():
+        x, y = x[ok], y[ok]
+    if len(x) < 3:
+        return
+    path = pg.arrayToQPath(np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64), connect="all")
+    path.closeSubpath()
+    painter.fillPath(path, curve.brush)
 
 
 def _draw_line(painter: QPainter, x: np.ndarray, y: np.ndarray) -> None:

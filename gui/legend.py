@@ -73,6 +73,15 @@ class CompactLegend(pg.GraphicsWidget):
         self.first_row = 0
         self.update()
 
+    def relabel(self, line: Line, name: str, label: str) -> bool:
+        """``line``'s entry now reads ``name`` (its tooltip ``label``); False when it has none."""
+        for i, other in enumerate(self.lines):
+            if other is line:
+                self.names[i], self.labels[i] = name, label
+                self.update()
+                return True
+        return False
+
     def __len__(self) -> int:
         return len(self.lines)
 
@@ -211,3 +220,13 @@ class ToggleLegend(pg.LegendItem):
         self.items.append((sample, label))
         self._addItemToLayout(sample, label)
         self.updateSize()
+
+    def relabel(self, item: Any, text: str) -> bool:
+        """The entry of ``item`` now reads ``text``; False when it has none."""
+        for sample, label in self.items:
+            if sample.item is item:
+                if label.text != text:
+                    label.setText(text)
+                    self.updateSize()
+                return True
+        return False

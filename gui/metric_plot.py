@@ -5,20 +5,22 @@ from its :class:`~gui.series_model.SeriesModel` (decimation, smoothing, envelope
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, Qt, Signal
-from PySide6.QtGui import QAction, QPalette
+from PySide6.QtCore import QEvent, QPointF, Qt, Signal
+from PySide6.QtGui import QAction, QColor, QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from engine.observe.telemetry import History
 from gui.curves import Curve, CurveSet
+from gui.legend_crowd import CrowdControls
 from gui.plot_export import ask_and_write, raw_series, write_csv, write_png
 from gui.plot_hover import PlotHover
-from gui.plot_legend import PlotLegend
+from gui.plot_legend import PlotLegend, short_label
 from gui.plot_view import PlotView
 from gui.series_model import (
     COMPARE_PREFIX,
@@ -35,6 +37,15 @@ from gui.series_model import (
 #: Above this many curves a plot draws 1-pixel lines: Qt strokes wider ones many times slower,
 #: and with that many curves wide lines only hide one another.
 THIN_ABOVE = 8
+#: How opaque a band (the min–max of many replicas) is drawn over the plot's background.
+BAND_ALPHA = 60
+
+
+def non_finite_note(bad: tuple[int, int, int]) -> str:
+    """What a legend entry adds for a curve with points that are not finite (drawn as gaps):
+    ``⚠ 3× +inf, 1× NaN not drawn``; '' for none."""
+    parts = [f"{n}× {name}" for n, name in zip(bad, ("NaN", "+inf", "−inf"), strict=True) if n]
+    return f" ⚠ {', '.join(parts)} not drawn" if parts else ""
 
 
 def plot_widget(unit: str) -> pg.PlotWidget:
@@ -66,6 +77,7 @@ class MetricPlot(QWidget):
 
     viewChanged = Signal()
     exported = Signal(str)  # a file was written: what to tell the user (the status bar)
+    crowdChanged = Signal()  # the search or the choice of lines of a crowded plot changed
 
     def __init__(self, spec: PlotSpec, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -82,6 +94,13 @@ class MetricPlot(QWidget):
         header = self.header = QHBoxLayout()
         header.setContentsMargins(4, 0, 4, 0)
         header.addWidget(self.title, 1)
+        # a plot of many replicas or tasks: search and top-k (shown while crowded, see gui.plots_crowd)
+        noun = "replica" if spec.scope == "replica" else "task"
+        self.crowd_controls = CrowdControls(spec.key, noun, highest=spec.key not in ("throughput",))
+        self.crowd_controls.hide()
+        self.crowd_controls.changed.connect(self.crowdChanged)
+        header.addWidget(self.crowd_controls)
+        self.crowded = False
         header.addWidget(self.log_button)
         header.addWidget(self.png_button)
         header.addWidget(self.csv_button)
@@ -92,6 +111,9 @@ class MetricPlot(QWidget):
         self.item.addItem(self.lines)
         self.curves: dict[str, Curve] = self.lines.curves
         self.labels: dict[str, str] = {}
+        self._given: dict[str, str] = {}  # curve -> its label as given (before a non-finite note)
+        self._bad: dict[str, tuple[int, int, int]] = {}  # curve -> its points that are NaN, +inf, -inf
+        self.band_model = SeriesModel(spec)  # bands' edges (kept apart: no line, no robust range of their own)
         self.legends = PlotLegend(self, self.widget, self.item, self.curves, self.labels)
         self.legend, self.compact_legend = self.legends.legend, self.legends.compact_legend
         self.lines.on_log_mode = self._log_mode_changed
@@ -113,6 +135,7 @@ class MetricPlot(QWidget):
         self.png_button.clicked.connect(self._ask_png)
         self.log_button.toggled.connect(lambda on: self.item.setLogMode(x=self.lines.log[0], y=on))
         self.hover = PlotHover(self)
+        self.item.scene().sigMouseMoved.connect(self._hover_note)  # (after the hover's own reading)
         # the plot's right-click "Export…" offers these two instead of pyqtgraph's export dialog, whose
         # exporters know only pyqtgraph's own data items
         png_action = QAction("Export as PNG…", self)
@@ -175,6 +198,11 @@ class MetricPlot(QWidget):
             curve = self.curves.get(key)
             if curve is not None:
                 curve.set_source(functools.partial(self._display, key), bounds)
+        self.band_model.set_log(self.lines.log)
+        for key in {k.rsplit("#", 1)[0] for k in self.band_model.sources}:
+            curve = self.curves.get(key)
+            if curve is not None:
+                curve.set_source(functools.partial(self._band_outline, key), self._band_bounds(key))
         self.viewChanged.emit()
 
     def screen_points(self, x: np.ndarray, y: np.ndarray) -> Points:
@@ -203,6 +231,7 @@ class MetricPlot(QWidget):
         if spec == self.spec:
             return
         self.spec = spec
+        self.band_model.spec = spec
         self.title.setText(f"<b>{spec.title}</b>")
         self.title.setToolTip(f"{spec.title}; click a legend entry to hide or show its curve")
         self.clear()
@@ -239,7 +268,35 @@ class MetricPlot(QWidget):
         self.legends.clear()
         self._empty_axes()
         self.model.clear()
+        self.band_model.clear()
         self.labels.clear()
+        self._given.clear()
+        self._bad.clear()
+
+    def set_crowded(self, crowded: bool) -> None:
+        """Show the search and top-k of a plot of many replicas or tasks (or hide them); the curves start again."""
+        if crowded != self.crowded:
+            self.crowded = crowded
+            self.clear()
+            self.crowd_controls.setVisible(crowded)
+
+    def relabel(self, key: str, label: str) -> None:
+        """Curve ``key`` is named ``label`` (and its legend entry, with a note of its points that are not finite)."""
+        self._given[key] = label
+        shown = label + non_finite_note(self._bad.get(key, (0, 0, 0)))
+        if self.labels.get(key) == shown:
+            return
+        curve = self.curves.get(key)
+        if curve is None:
+            return
+        self.labels[key] = shown
+        curve.opts["name"] = shown
+        legends = self.legends
+        if legends.compact:
+            legends.compact_legend.relabel(curve, short_label(shown), shown)
+        else:
+            legends.legend.relabel(curve, short_label(shown) if legends._short else shown)
+            legends._fit()  # (the entry's new width)
 
     def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
                width: float = 1.6, rank: tuple[object, ...] = ()) -> Curve:
@@ -280,6 +337,10 @@ class MetricPlot(QWidget):
     def remove_curve(self, key: str) -> None:
         curve = self.lines.remove(key)
         self.labels.pop(key, None)
+        self._given.pop(key, None)
+        self._bad.pop(key, None)
+        self.band_model.remove(key + "#lo")
+        self.band_model.remove(key + "#hi")
         self.legends.removed(key, curve)
         if curve is not None:
             self._empty_axes()
@@ -287,20 +348,71 @@ class MetricPlot(QWidget):
 
     def set_curve(self, key: str, label: str, color: str, x: np.ndarray, y: np.ndarray, smoothing: float,
                   style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6, *, x_offset: float = 0.0,
-                  stable: int | None = None, rank: tuple[object, ...] = ()) -> None:
+                  stable: int | None = None, rank: tuple[object, ...] = (), revision: int = 0,
+                  envelope: tuple[np.ndarray, np.ndarray] | None = None) -> None:
         """Show ``(x - x_offset, y * scale)``: ~2 points per horizontal pixel of the view (each block's
         min and max), or every point in view when fewer (see :meth:`SeriesModel.put`).
 
         ``stable``: how many leading points are unchanged since the last call (default: all that were
-        there; the history only grows)."""
+        there; the history only grows); ``revision``: moves when earlier points changed; ``envelope``:
+        per point the min and max of what it summarises (a run's tiers). Points that are not finite
+        are gaps, and the legend entry says how many."""
         curve = self._curve(key, label, color, style, width, rank)
-        change = self.model.put(key, x, y, smoothing, self._view(), x_offset=x_offset, stable=stable)
+        change = self.model.put(key, x, y, smoothing, self._view(), x_offset=x_offset, stable=stable,
+                                revision=revision, envelope=envelope)
         if change is None:
+            if self._given.get(key, label) != label:
+                self.relabel(key, label)
             return
         if isinstance(change, Grown):
             curve.append(change.x, change.y)
         else:
             curve.set_source(functools.partial(self._display, key), change.bounds)
+        bad = self.model.non_finite(key)
+        if bad != self._bad.get(key, (0, 0, 0)) or self._given.get(key, label) != label:
+            self._bad[key] = bad
+            self.relabel(key, label)
+
+    def set_band(self, key: str, label: str, color: str, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, *,
+                 x_offset: float = 0.0, stable: int | None = None, revision: int = 0,
+                 rank: tuple[object, ...] = ()) -> None:
+        """A filled band from ``lo`` to ``hi`` at ``x`` (the min and max of many curves), under every line,
+        downsampled as lines are (each block's lowest ``lo`` and highest ``hi``)."""
+        fill = QColor(color)
+        fill.setAlpha(BAND_ALPHA)
+        edge = QColor(color)
+        edge.setAlpha(2 * BAND_ALPHA)
+        curve = self._curve(key, label, edge.name(QColor.NameFormat.HexArgb), width=1.0, rank=rank)
+        if curve.brush is None:
+            curve.set_brush(pg.mkBrush(fill))
+        view = self._view()
+        kw = {"x_offset": x_offset, "stable": stable, "revision": revision}
+        low = self.band_model.put(key + "#lo", x, lo, 0.0, view, **kw)  # type: ignore[arg-type]
+        high = self.band_model.put(key + "#hi", x, hi, 0.0, view, **kw)  # type: ignore[arg-type]
+        if self._given.get(key, label) != label:
+            self.relabel(key, label)
+        if low is None and high is None:
+            return
+        if isinstance(low, Grown) and isinstance(high, Grown) and np.array_equal(low.x, high.x):
+            curve.append(np.concatenate([high.x, low.x[::-1]]), np.concatenate([high.y, low.y[::-1]]))
+        else:
+            curve.set_source(functools.partial(self._band_outline, key), self._band_bounds(key))
+
+    def _band_outline(self, key: str) -> tuple[np.ndarray, np.ndarray]:
+        """A band's outline for the current view: its upper edge forward, its lower edge back."""
+        view = self._view()
+        xl, yl = self.band_model.display(key + "#lo", view)
+        xh, yh = self.band_model.display(key + "#hi", view)
+        return np.concatenate([xh, xl[::-1]]), np.concatenate([yh, yl[::-1]])
+
+    def _band_bounds(self, key: str) -> list[float]:
+        b = [math.inf, -math.inf, math.inf, -math.inf]
+        for edge in ("#lo", "#hi"):
+            src = self.band_model.sources.get(key + edge)
+            if src is not None:
+                e = self.band_model.bounds(src)
+                b = [min(b[0], e[0]), max(b[1], e[1]), min(b[2], e[2]), max(b[3], e[3])]
+        return b
 
     def _display(self, key: str) -> Points:
         """What the curve draws for the current view (the curve asks when it draws every point)."""
@@ -335,6 +447,37 @@ class MetricPlot(QWidget):
     def points(self, key: str) -> int:
         """Points of one curve (tests and the status line use it)."""
         return self.model.points(key)
+
+    def _hover_note(self, scene_pos: QPointF) -> None:
+        """The readout also says where the curve it reads is not finite: at the pointer (the value a
+        gap stands for), and how many such points it has."""
+        reading = self.hover.reading
+        if reading is None or reading.key not in self.model.raw:
+            return
+        key = reading.key
+        note = ""
+        x, y, offset, _scale = self.model.raw.stored(key)
+        if len(x):
+            at = self.item.getViewBox().mapSceneToView(scene_pos).x()
+            if self.lines.log[0]:
+                at = 10.0 ** min(at, 300.0)
+            i = int(np.searchsorted(x, at + offset))
+            near = [j for j in (i - 1, i) if 0 <= j < min(len(x), len(y))]
+            if near:
+                j = min(near, key=lambda k: abs(float(x[k]) - offset - at))
+                v = float(y[j])
+                if v - v != 0.0:
+                    label = self.x_label or "step"
+                    xj = float(x[j]) - offset
+                    where = f"{xj:.0f}" if label == "step" else f"{xj:.1f}"
+                    value = "NaN" if v != v else "+inf" if v > 0 else "−inf"
+                    note = f"\n{label} {where}: {value} (not drawn)"
+        bad = self._bad.get(key, (0, 0, 0))
+        if any(bad):
+            note += "\n" + non_finite_note(bad).strip()
+        if note:
+            self.hover.text += note
+            self.hover.label.setText(self.hover.text, color=self.palette().color(QPalette.ColorRole.ToolTipText))
 
     # ------------------------------------------------------------------ export
 

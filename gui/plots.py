@@ -24,6 +24,7 @@ from gui.metric_plot import THIN_ABOVE, MetricPlot
 from gui.metric_series import NO_METRICS_NOTE, csv_series, plot_title, reports_no_metrics, training_text
 from gui.plot_legend import COMPACT_LEGEND_ABOVE, LEGEND_ROW_HEIGHT, LEGEND_ROWS, short_label
 from gui.plots_bar import NO_CURVES_HINT, MetricChooser, PlotsBar
+from gui.plots_crowd import CROWD_ABOVE, CrowdDraw, crowded
 from gui.run_curves import COMPARE_SHIFT, SECONDARY_LABEL, draw_run, short_run_label
 from gui.run_session import RunSession
 from gui.series_model import (
@@ -41,7 +42,7 @@ from gui.series_model import ema_from as _ema_from
 from gui.series_model import total as _total
 
 __all__ = [
-    "CHECKPOINT", "COMPACT_LEGEND_ABOVE", "COMPARE_PREFIX", "COMPARE_SHIFT", "EMA_BLOCK", "LEGEND_ROWS",
+    "CHECKPOINT", "COMPACT_LEGEND_ABOVE", "COMPARE_PREFIX", "CROWD_ABOVE", "COMPARE_SHIFT", "EMA_BLOCK", "LEGEND_ROWS",
     "LEGEND_ROW_HEIGHT", "MIN_REDRAW_SPACING_S", "NO_CURVES_HINT", "PIXELS_PER_BLOCK", "PLOTS",
     "REDRAW_INTERVAL_MS", "SECONDARY_LABEL", "SUMMARY_BLOCK", "THIN_ABOVE", "MetricPlot", "PlotSpec",
     "PlotsPanel", "_ema_from", "_total", "ema", "short_label", "short_run_label",
@@ -67,6 +68,8 @@ class PlotsPanel(QWidget):
         self.x_mode, self.smoothing, self.smoothing_label = self.bar.x_mode, self.bar.smoothing, self.bar.smoothing_label
         self.compare_button, self.clear_compare, self.hint = self.bar.compare_button, self.bar.clear_compare, self.bar.hint
         self.plots: dict[str, MetricPlot] = {spec.key: MetricPlot(spec) for spec in PLOTS}
+        # a plot of more replicas or tasks than lines a person reads: mean, band and a few (gui.plots_crowd)
+        self.crowds: dict[str, CrowdDraw] = {key: CrowdDraw(plot) for key, plot in self.plots.items()}
         # the first plot shows one metric at a time: the loss, or any metric the training reports
         self.metric_chooser = MetricChooser()
         self.loss.header.insertWidget(1, self.metric_chooser)
@@ -109,6 +112,7 @@ class PlotsPanel(QWidget):
         for plot in self.plots.values():
             plot.viewChanged.connect(self._view_changed)
             plot.exported.connect(self.exported)
+            plot.crowdChanged.connect(self._settings_changed)
         session.runLoaded.connect(self._note_run)
         self._settings_changed()
         self.timer.start()
@@ -145,6 +149,7 @@ class PlotsPanel(QWidget):
     def _metric_chosen(self, *_args: object) -> None:
         metric = self.shown_metric
         self.loss.show_spec(replace(PLOTS[0], title=plot_title(metric), metrics=(metric,)))
+        self.crowds["loss"].forget()
         self._dirty = True
         self.redraw_if_needed()
 
@@ -165,16 +170,19 @@ class PlotsPanel(QWidget):
         self._dirty = True  # the fallback timer redraws: curves are cut for the new range or width
 
     def _reset(self) -> None:
-        for plot in self.plots.values():
+        for key, plot in self.plots.items():
+            plot.set_crowded(False)
             plot.clear()
+            self.crowds[key].forget()
         self.metric_chooser.forget()
         self._list_metrics()
         self._dirty = True
         self.redraw_if_needed()
 
     def _comparisons_changed(self) -> None:
-        for plot in self.plots.values():
+        for key, plot in self.plots.items():
             plot.forget_runs(COMPARE_PREFIX)
+            self.crowds[key].forget()
         self.clear_compare.setEnabled(bool(self.session.comparisons))
         self._dirty = True
         self.redraw_if_needed()
@@ -195,7 +203,7 @@ class PlotsPanel(QWidget):
         history = self.session.state.history
         if not self.session.state.replicas:
             self._note_missing_metrics()
-        if history.version == self._version and not self._dirty:
+        if history.version == self._version and not self._dirty and self._caught_up():
             return
         self._version = history.version
         self._dirty = False
@@ -207,20 +215,33 @@ class PlotsPanel(QWidget):
         state = self.session.state
         weight, by_time = self.weight, self.by_time
         self._list_metrics()
-        for plot in self.plots.values():
+        for key, plot in self.plots.items():
             spec = plot.spec
             plot.set_x_label(x_label(spec.scope, by_time))
-            draw_run(plot, state, "", weight, by_time, Qt.PenStyle.SolidLine)
+            crowd = self.crowds[key]
+            plot.set_crowded(plot.crowded or crowded(plot, state.history))
+            if plot.crowded:
+                crowd.draw(state, "", weight, by_time, Qt.PenStyle.SolidLine)
+            else:
+                draw_run(plot, state, "", weight, by_time, Qt.PenStyle.SolidLine)
             if spec.compare:
                 for n, (label, other) in enumerate(self.session.comparisons.items()):
                     style = (Qt.PenStyle.DashLine, Qt.PenStyle.DashDotLine, Qt.PenStyle.DotLine)[n % 3]
-                    draw_run(plot, other, label, weight, by_time, style, shift=COMPARE_SHIFT * (n + 1))
+                    if plot.crowded or crowded(plot, other.history):
+                        crowd.draw(other, label, weight, by_time, style)
+                    else:
+                        draw_run(plot, other, label, weight, by_time, style, shift=COMPARE_SHIFT * (n + 1))
+            crowd.prune()
             plot.fit_robust_y()
             plot.follow_data()
             plot.lines.flush()
         self.clear_compare.setEnabled(bool(self.session.comparisons))
         self._show_hint()
         self.redrawn.emit()
+
+    def _caught_up(self) -> bool:
+        """Every crowded plot has folded every point it has (else the next frames go on folding)."""
+        return all(c.caught_up for c in self.crowds.values())
 
     def _show_hint(self) -> None:
         """The bar's note: how to get curves while there are none, then what trained (the run's
