@@ -8,6 +8,12 @@ threads, and from one dispatcher thread hands each event to the run's
 :class:`~engine.control.lifecycle.Lifecycle`, which decides when the run finishes, fails, restarts or
 stops. It never imports TensorFlow and never blocks its caller for long.
 
+Hosts of other machines: one that went silent is probed on a thread of its own (``reachability.probe_host``) when
+the lifecycle asks (``ProbeHost``); a host that does not answer has its supervisor's connection ended at once when
+the run stops (it cannot hear a stop). An async host of workers only whose supervisor ended is started again once it
+answers (``RelaunchHost``): its lost workers reported failed (to be restarted), the new supervisor taking over what
+the earlier one left there (``takeover`` in its spec), the others training on meanwhile.
+
 The record keeps ``run.json`` current while the run runs (state, the launcher's pid, host and start
 token, supervisors' and tasks' pids, step, summary) from what :class:`Run` describes. A run folder that
 cannot be written, or vanishes, fails the run within a second or two; the dispatcher survives any error
@@ -36,7 +42,7 @@ from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
 from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
 from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder, default_runs_root, launcher_identity
-from engine.control import background, doctor, netns, preflight, transports, unchosen_code
+from engine.control import background, doctor, netns, preflight, reachability, transports, unchosen_code
 from engine.control import lifecycle as lc
 from engine.control.run_record import FLUSH_S as FLUSH_S  # the record's flush cadence, also read from here
 from engine.control.run_record import RunRecord
@@ -113,6 +119,18 @@ class _SupervisorGone:
     exit_code: int
 
 
+@dataclass(frozen=True)
+class _HostAnswer:
+    """Queued by a probe of a silent host: why it does not answer, or "" (it does)."""
+
+    host: str
+    problem: str
+
+
+#: Marks an event the launcher says of a task on a lost host: shown and recorded, but not news from that host.
+LOST_WITH_HOST = "lost_with_host"
+
+
 class Run:
     """One launch of a config. ``start()``, then ``wait()`` or ``stop()``; listeners see every event.
 
@@ -156,6 +174,8 @@ class Run:
         self._base_config = config  # ports still 'auto': re-resolved on a whole-run restart
         self._lifecycle = lc.Lifecycle([], mode=config.parallelism.mode)
         self._launcher = launcher_identity()
+        self._relaunching: set[str] = set()  # hosts waiting to be started again (their workers were lost)
+        self._cut: set[str] = set()  # hosts a probe found not answering (a stop does not wait for them)
 
     # -- public API
 
@@ -223,7 +243,10 @@ class Run:
             progress_timeout_s=0.0 if self.config.program is not None else
             float(getattr(training, "progress_timeout_s", 0.0) or 0.0),
             steps_per_execution=training.steps_per_execution, now=time.monotonic(),
-            report_interval_s=1.0 / training.metrics_hz if training.metrics_hz > 0 else 0.0)
+            report_interval_s=1.0 / training.metrics_hz if training.metrics_hz > 0 else 0.0,
+            remote_hosts=[h.name for h in self.config.cluster.hosts if transports.kind_of(
+                None if h.is_local else h) == "ssh"],
+            max_relaunches=MAX_WORKER_RESTARTS)
         self._dispatcher = background.thread(self._dispatch, name="run-dispatch")
         self._dispatcher.start()
         self.started = True
@@ -369,13 +392,16 @@ class Run:
     def _emit_run(self, state: str, **fields: Any) -> None:
         self._queue.put(events.make("run", "launcher", state=state, **fields))
 
-    def _start_supervisor(self, host: str, plans: list[TaskPlan]) -> None:
+    def _start_supervisor(self, host: str, plans: list[TaskPlan], *, takeover: bool = False,
+                          restarts: dict[str, int] | None = None) -> None:
         remote = self._remote(host)
         restartable = [p.name for p in plans if self.config.parallelism.mode == "async" and p.role == "worker"]
         python = remote.python if remote is not None else self.python
         spec = {"run_dir": str(self.run_dir.resolve()), "host": host, "python": python,
                 "tasks": [p.to_dict() for p in plans], "env": self.task_env,
                 "restart_on_failure": restartable, "max_task_restarts": MAX_WORKER_RESTARTS,
+                # a host started again (lost, or a whole-run restart) first ends what its earlier supervisor left
+                "takeover": takeover or self._lifecycle.generation > 0, "restarts": restarts or {},
                 # a remote host has no copy of the run folder: it writes the config its tasks read
                 "config_yaml": config_mod.dumps(self.config)}
         transport = self._transports[transports.kind_of(remote, isolated=self.isolated)]
@@ -433,7 +459,8 @@ class Run:
                     sup.reader.join()
             with self._restart_lock:
                 launched = bool(self._supervisors) or self._stopping
-                if launched and not self._restarting.is_set() and current == self._supervisors:
+                if launched and not self._restarting.is_set() and not self._relaunching \
+                        and current == self._supervisors:
                     break
             time.sleep(0.05)
         self._queue.put(None)
@@ -483,8 +510,12 @@ class Run:
                 message = sup.transport.failure(sup.launch, item.exit_code, tail)
             self._act(self._feed(lc.SupervisorExited(sup.group, item.exit_code, message, tuple(sup.tasks),
                                                      sup.generation)))
+        elif isinstance(item, _HostAnswer):
+            self._act(self._feed(lc.HostProbed(item.host, item.problem)))
         else:
             self._deliver(item, line)
+            if item.get(LOST_WITH_HOST):
+                return  # the launcher's word of a lost task: no news from its host
             policy_input = lc.from_event(item)
             if policy_input is not None:
                 self._act(self._feed(policy_input))
@@ -525,6 +556,78 @@ class Run:
             elif isinstance(action, lc.RestartTask):
                 self._emit_info(f"{action.task}: {action.reason}; its supervisor restarts it", task_hung=action.task)
                 self.send(action.task, "restart", reason=action.reason)
+            elif isinstance(action, lc.ProbeHost):
+                threading.Thread(target=self._probe_host, args=(action.host,), name=f"probe-{action.host}",
+                                 daemon=True).start()
+            elif isinstance(action, lc.HostNotice):
+                (self._cut.add if action.unreachable else self._cut.discard)(action.host)
+                self._emit_info(action.message, host=action.host, host_unreachable=action.unreachable,
+                                **({"warning": "host-unreachable", "lost_tasks": list(action.tasks)}
+                                   if action.unreachable else {}))
+            elif isinstance(action, lc.RelaunchHost):
+                self._relaunch_host(action)
+
+    # -- hosts of other machines
+
+    def _host_problem(self, host: str) -> str:
+        """Why ``host`` does not answer on its tasks' ports (its address named), or "" (it answers)."""
+        remote = self._remote(host)
+        if remote is None:
+            return ""
+        return reachability.probe_host(remote.address.strip(), [t.port for t in remote.tasks if t.port])
+
+    def _probe_host(self, host: str) -> None:
+        try:
+            problem = self._host_problem(host)
+        except Exception as exc:  # noqa: BLE001 - a probe that breaks says nothing, it never ends the run
+            problem = ""
+            print(f"clusterdeck: probing host {host} failed: {exc!r}", file=sys.stderr)
+        (self._cut.add if problem else self._cut.discard)(host)
+        self._queue.put(_HostAnswer(host, problem))
+
+    def _relaunch_host(self, action: lc.RelaunchHost) -> None:
+        """Report ``action.host``'s tasks lost, then start its supervisor again on a thread once it answers."""
+        with self._lock:
+            restarts = {name: (t.restarts or 0) + 1 for name in action.tasks
+                        if (t := self.state.tasks.get(name)) is not None}
+        for name in action.tasks:
+            why = f"lost with host {action.host}: {action.reason}"
+            self._queue.put(events.make("status", name, state="failed", reason=why, will_restart=True,
+                                        **{LOST_WITH_HOST: action.host}))
+            self._queue.put(events.make("status", name, state="restarting", restarts=restarts.get(name, 1),
+                                        reason=f"{why}; its host's supervisor is started again once it answers",
+                                        **{LOST_WITH_HOST: action.host}))
+        with self._restart_lock:
+            self._relaunching.add(action.host)
+        threading.Thread(target=self._relaunch, args=(action, restarts), name=f"relaunch-{action.host}",
+                         daemon=True).start()
+
+    def _relaunch(self, action: lc.RelaunchHost, restarts: dict[str, int]) -> None:
+        host = action.host
+        try:
+            waited = 0
+            while not self._stop_asked.is_set():
+                problem = self._host_problem(host)
+                if not problem:
+                    break
+                waited += 1
+                if waited == 1:
+                    self._emit_info(f"host {host} does not answer ({problem}): its supervisor is started again once "
+                                    "it does", host=host)
+                self._stop_asked.wait(1.0)
+            with self._restart_lock:
+                if self._stopping or self._stop_asked.is_set():
+                    return
+                plans = self._groups(self.config).get(host, [])
+                self._supervisors = [s for s in self._supervisors if s.group != host]
+                self._start_supervisor(host, plans, takeover=True, restarts=restarts)
+            self._emit_info(f"host {host}: its supervisor started again ({action.relaunch}. time) for "
+                            f"{', '.join(action.tasks)}", host=host, relaunch=action.relaunch)
+        except Exception as exc:  # noqa: BLE001 - a relaunch that breaks fails the run, visibly
+            self._act(self._feed(lc.LauncherFailed(f"host {host} could not be started again: {exc}")))
+        finally:
+            with self._restart_lock:
+                self._relaunching.discard(host)
 
     def _ask_for_stacks(self, action: lc.Action) -> None:
         with self._lock:
@@ -622,6 +725,9 @@ class Run:
         for sup in sups:
             grace = self._stop_grace(sup, task_state)
             sup.send(events.make_command("stop", state=str(task_state), reason=reason, grace_s=grace))
+            if sup.group in self._cut:  # it cannot hear the stop: its connection ends now, not after the timeout
+                sup.transport.kill(sup.proc)
+                sup.close_stdin()
         for sup in sups:
             try:
                 sup.proc.wait(timeout=max(0.05, deadline - time.monotonic()))

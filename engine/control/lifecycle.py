@@ -26,6 +26,14 @@ Rules, written once here:
   100 s: a healthy run is never called hung between its reports).
 - A hang whose culprit's host sent nothing at all for :data:`SUPERVISOR_SILENCE_S` while it had been sending
   its samples (a supervisor samples its tasks every 0.5 s) is blamed on that host's supervisor (stopped, frozen or cut off), not on a task.
+- Hosts of other machines: one silent for :data:`HOST_PROBE_AFTER_S` is probed by the launcher (:class:`ProbeHost`,
+  answered by :class:`HostProbed`). One that does not answer fails the run naming the host (blamed on
+  ``supervisor@<host>``: a synchronous run cannot go on without its tasks), except in async runs where it holds
+  workers only: they are lost and the run goes on (:class:`HostNotice`); the host is told to be back once it speaks
+  again. A peer's report of a task on a host that does not answer names the host, not TensorFlow's heartbeat alone.
+- An async host of workers only whose supervisor ends (its ssh connection lost, the supervisor killed) loses its
+  workers, not the run: the launcher starts that supervisor again once the host answers (:class:`RelaunchHost`,
+  at most ``max_relaunches`` times per host).
 - The user's stop wins over anything decided later; the first decided end is kept.
 
 When the run ends by a stop, the tasks still running are reported as the outcome says
@@ -181,7 +189,17 @@ class Tick:
     """Time passes (progress deadlines are checked)."""
 
 
-Input = TaskStatus | StepProgress | CpuSample | SupervisorExited | StopRequested | TransportFailed | LauncherFailed | Tick
+@dataclass(frozen=True)
+class HostProbed:
+    """The launcher's answer to :class:`ProbeHost`: ``problem`` says why ``host`` does not answer (its address
+    and ports named); empty: it answers."""
+
+    host: str
+    problem: str = ""
+
+
+Input = (TaskStatus | StepProgress | CpuSample | SupervisorExited | StopRequested | TransportFailed | LauncherFailed
+         | Tick | HostProbed)
 
 
 # -- what it answers
@@ -214,7 +232,34 @@ class RestartTask:
     reason: str
 
 
-Action = StopRun | RestartRun | RestartTask
+@dataclass(frozen=True)
+class ProbeHost:
+    """Ask whether ``host`` (silent for :data:`HOST_PROBE_AFTER_S`) answers at all; feed back :class:`HostProbed`."""
+
+    host: str
+
+
+@dataclass(frozen=True)
+class HostNotice:
+    """Say of ``host`` that it does not answer (``unreachable``) or answers again, without ending the run."""
+
+    host: str
+    message: str
+    unreachable: bool
+    tasks: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RelaunchHost:
+    """Start ``host``'s supervisor again once the host answers: its tasks (async workers only) were lost with it."""
+
+    host: str
+    tasks: tuple[str, ...]
+    reason: str
+    relaunch: int  # the how-manieth for this host
+
+
+Action = StopRun | RestartRun | RestartTask | ProbeHost | HostNotice | RelaunchHost
 
 
 @dataclass(frozen=True)
@@ -269,6 +314,13 @@ def supervisor_name(host: str) -> str:
 
 
 SECONDHAND_GRACE_S = 3.0  # how long a failure reported by a peer waits for the culprit's own report
+#: Seconds a host of another machine may send nothing (its supervisor samples every 0.5 s) before the launcher asks
+#: whether it answers at all (:class:`ProbeHost`).
+HOST_PROBE_AFTER_S = 2.0
+#: Seconds between two probes of a host that stays silent.
+HOST_PROBE_EVERY_S = 3.0
+#: Seconds a peer's report of a task waits longer while that task's host is being probed.
+PROBE_WAIT_S = 3.0
 
 
 class Lifecycle:
@@ -276,8 +328,16 @@ class Lifecycle:
 
     def __init__(self, tasks: Iterable[TaskInfo], *, mode: str, restarts_allowed: int = 0,
                  progress_timeout_s: float = 0.0, steps_per_execution: int = 1, now: float = 0.0,
-                 report_interval_s: float = 0.0) -> None:
+                 report_interval_s: float = 0.0, remote_hosts: Iterable[str] = (), max_relaunches: int = 10) -> None:
         self.mode = mode
+        #: hosts of other machines (probed when silent): the launcher's supervisor groups reached by a transport
+        self.remote_hosts = frozenset(remote_hosts)
+        self.probing: set[str] = set()  # hosts asked about, no answer yet
+        self.asked: dict[str, float] = {}  # host -> when it was last asked about
+        self.unreachable: dict[str, tuple[str, float]] = {}  # host -> (why, since when): said once per episode
+        self.gone_hosts: set[str] = set()  # hosts whose supervisor ended (not probed until one speaks again)
+        self.max_relaunches = max_relaunches
+        self.relaunches: dict[str, int] = {}
         #: seconds between a task's step reports (``1 / training.metrics_hz``): silence that long is not a hang
         self.report_interval_s = max(0.0, report_interval_s)
         self.host_heard: dict[str, float] = {}  # when anything last came from each host (its supervisor alive)
@@ -329,12 +389,16 @@ class Lifecycle:
     # -- feeding
 
     def feed(self, item: Input, now: float) -> list[Action]:
+        said: list[Action] = []
         if isinstance(item, (TaskStatus, StepProgress, CpuSample)):
             known = self.tasks.get(item.task)
             if known is not None and known.info.host and item.generation == self.generation:
-                self.host_heard[known.info.host] = now
+                said = self._heard(known.info.host, now)
                 if isinstance(item, CpuSample):
                     self.host_sampled.add(known.info.host)  # it samples: its silence means something
+        return said + self._feed(item, now)
+
+    def _feed(self, item: Input, now: float) -> list[Action]:
         if isinstance(item, TaskStatus):
             return self._status(item, now)
         if isinstance(item, StepProgress):
@@ -353,12 +417,12 @@ class Lifecycle:
             return self._failed(supervisor_name(item.host), item.reason)
         if isinstance(item, LauncherFailed):
             return self._end(Outcome(EndState.FAILED, item.reason, LAUNCHER))
+        if isinstance(item, HostProbed):
+            return self._probed(item, now)
         if isinstance(item, Tick):
             if self.secondhand is not None and now >= self.secondhand[2] and self.outcome is None:
-                culprit, why, _ = self.secondhand
-                self.secondhand = None
-                return self._failed(culprit, why)
-            return self._check_progress(now)
+                return self._secondhand_due(now)
+            return self._probes(now) + self._check_progress(now)
         raise TypeError(f"not a lifecycle input: {item!r}")
 
     def restart_started(self, now: float) -> None:
@@ -374,6 +438,10 @@ class Lifecycle:
         self.generation_started_at = now
         self.host_heard.clear()
         self.host_sampled.clear()
+        self.probing.clear()
+        self.asked.clear()
+        self.unreachable.clear()
+        self.gone_hosts.clear()
 
     def restart_done(self) -> list[Action]:
         """The new generation's supervisors are up; a failure met meanwhile fails the run now."""
@@ -414,6 +482,8 @@ class Lifecycle:
             if culprit != item.task and suspect is not None and not suspect.phase.terminal:
                 if self.secondhand is None:
                     self.secondhand = (culprit, why, now + SECONDHAND_GRACE_S)
+                if suspect.info.host in self.unreachable:  # its host does not answer: no words will come
+                    return self._secondhand_due(now)
                 return []
             return self._failed(culprit, why)
         if item.state is TaskPhase.FINISHED and self.all_primaries_finished():
@@ -423,6 +493,7 @@ class Lifecycle:
     def _supervisor_exited(self, item: SupervisorExited) -> list[Action]:
         if item.generation != self.generation or self.outcome is not None:
             return []
+        self.gone_hosts.add(item.host)
         unfinished = [t for name in item.tasks if (t := self.tasks.get(name)) is not None and not t.phase.terminal]
         if not unfinished and item.exit_code == 0:
             return []  # it ended because its tasks did
@@ -430,7 +501,100 @@ class Lifecycle:
             return []
         message = item.message or ("ended before its tasks did" if item.exit_code == 0
                                    else f"exited with code {item.exit_code}")
+        cut = self.unreachable.get(item.host)
+        if cut is not None:  # ssh gave up on a host that had stopped answering: the network's doing, said first
+            message = f"{cut[0]}; then its supervisor's connection ended ({message})"
+        if unfinished and self._workers_only(unfinished) and self.phase is RunPhase.RUNNING:
+            count = self.relaunches.get(item.host, 0) + 1
+            if count <= self.max_relaunches:
+                self.relaunches[item.host] = count
+                for task in unfinished:  # lost: not overdue while its host comes back
+                    task.phase, task.started_at, task.progress_at = TaskPhase.PENDING, None, None
+                return [RelaunchHost(item.host, tuple(t.info.name for t in unfinished), message, count)]
+            message += (f"; not started again: its supervisor was started again {count - 1} time(s), the most for a "
+                        "host of lost async workers")
         return self._failed(supervisor_name(item.host), message)
+
+    def _workers_only(self, tasks: Sequence[_Task]) -> bool:
+        """Tasks an async run goes on without (its workers; never its chief or a ps)."""
+        return self.mode == "async" and all(t.info.role == "worker" for t in tasks)
+
+    # -- hosts of other machines
+
+    def _heard(self, host: str, now: float) -> list[Action]:
+        """Something came from ``host``: it is alive (and back, if it had stopped answering)."""
+        self.host_heard[host] = now
+        self.gone_hosts.discard(host)
+        self.asked.pop(host, None)
+        cut = self.unreachable.pop(host, None)
+        if cut is None or self.outcome is not None:
+            return []
+        return [HostNotice(host, f"host {host} answers again after {now - cut[1]:.0f} s without a word", False)]
+
+    def _host_tasks(self, host: str) -> list[_Task]:
+        return [t for t in self.tasks.values() if t.info.host == host and not t.phase.terminal
+                and t.phase is not TaskPhase.PENDING]
+
+    def _probes(self, now: float) -> list[Action]:
+        """Ask about every host of another machine that went silent while its tasks run."""
+        if self.outcome is not None or self.phase is not RunPhase.RUNNING:
+            return []
+        out: list[Action] = []
+        for host in sorted(self.remote_hosts & self.host_sampled - self.gone_hosts):
+            heard = self.host_heard.get(host)
+            asked = self.asked.get(host)
+            if heard is None or now - heard <= HOST_PROBE_AFTER_S or not self._host_tasks(host) \
+                    or host in self.probing:
+                continue
+            if asked is None or now - asked >= HOST_PROBE_EVERY_S:
+                self.asked[host] = now
+                self.probing.add(host)
+                out.append(ProbeHost(host))
+        return out
+
+    def _probed(self, item: HostProbed, now: float) -> list[Action]:
+        self.probing.discard(item.host)
+        heard = self.host_heard.get(item.host)
+        if not item.problem or self.outcome is not None or heard is None or now - heard <= HOST_PROBE_AFTER_S:
+            return []  # it answers (or spoke meanwhile): a quiet host is judged by the progress rules
+        tasks = self._host_tasks(item.host)
+        if not tasks:
+            return []
+        names = ", ".join(t.info.name for t in tasks)
+        why = (f"host {item.host} does not answer: {item.problem}; nothing came from it for {now - heard:.0f} s "
+               f"(network cut or host down)")
+        if self._workers_only(tasks):
+            if item.host in self.unreachable:
+                return []
+            self.unreachable[item.host] = (why, heard)
+            return [HostNotice(item.host, f"{why}: {names} on it {'is' if len(tasks) == 1 else 'are'} cut off until it "
+                                          "answers again; the run goes on, not restarted (the chief waits for the "
+                                          "steps it sent there)", True, tuple(t.info.name for t in tasks))]
+        self.unreachable[item.host] = (why, heard)
+        return self._failed(supervisor_name(item.host), f"{why}; {names} on it cannot take part")
+
+    def _cut_note(self) -> str:
+        """What a hang of the async chief owes to hosts that do not answer (it waits for the steps sent there)."""
+        cut = sorted(self.unreachable)
+        if not cut:
+            return ""
+        return (f"; meanwhile host{'s' if len(cut) > 1 else ''} {', '.join(cut)} did not answer: the chief waits for "
+                "the steps it sent to the workers there")
+
+    def _secondhand_due(self, now: float) -> list[Action]:
+        """A peer's report of a task whose own words did not come: the task is blamed, or its host where the host
+        stopped answering (TensorFlow's heartbeat then only tells what the network did)."""
+        assert self.secondhand is not None
+        culprit, why, due = self.secondhand
+        suspect = self.tasks.get(culprit)
+        host = suspect.info.host if suspect is not None else ""
+        if host in self.unreachable:
+            self.secondhand = None
+            return self._failed(supervisor_name(host), f"{self.unreachable[host][0]}; {culprit} on it {why}")
+        if host in self.probing and now < due + PROBE_WAIT_S:
+            return []  # its host is being asked about: its answer decides whom to blame
+        self.secondhand = None
+        return self._failed(culprit, why)
 
     def _failed(self, culprit: str, reason: str) -> list[Action]:
         self.secondhand = None  # a decided failure settles any report still waiting for its culprit's words
@@ -492,7 +656,7 @@ class Lifecycle:
         if self.mode == "async":
             chief = [t for t in trainers if t.info.role == "chief"]
             if chief and self._overdue(chief[0], now):
-                return self._hung(chief[0], self._hang_reason(chief[0], now), now)
+                return self._hung(chief[0], self._hang_reason(chief[0], now) + self._cut_note(), now)
             for worker in trainers:
                 if worker.info.role == "worker" and self._overdue(worker, now):
                     if self._silent_host(worker, now) is not None:

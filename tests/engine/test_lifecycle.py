@@ -267,3 +267,114 @@ def test_a_hung_data_task_of_grouped_steps_is_told_what_to_change() -> None:
     feed(single, [step("worker:0", 1), step("worker:1", 1)], now=1.0)
     (action,) = single.feed(lc.Tick(), 11.5)
     assert "steps_per_execution" not in action.outcome.reason
+
+
+# -- hosts of other machines: probed when silent, a lost async worker host started again
+
+LAB = [TaskInfo("worker:0", "worker", "lab1"), TaskInfo("worker:1", "worker", "lab2")]
+LAB_ASYNC = [TaskInfo("chief:0", "chief", "lab1"), TaskInfo("ps:0", "ps", "lab1"),
+             TaskInfo("worker:0", "worker", "lab2"), TaskInfo("worker:1", "worker", "lab3")]
+
+
+def sampled(policy: Lifecycle, tasks: list[TaskInfo], now: float) -> None:
+    """Every task's supervisor samples it (what makes a host's silence mean something)."""
+    feed(policy, [events.make("device", t.name, cpu_percent=50.0) for t in tasks], now=now)
+
+
+def test_a_silent_remote_host_is_probed_and_one_that_does_not_answer_fails_a_synchronous_run_naming_it() -> None:
+    policy = started(LAB, remote_hosts=["lab1", "lab2"])
+    sampled(policy, LAB, 1.0)
+    assert policy.feed(lc.Tick(), 1.0 + lc.HOST_PROBE_AFTER_S) == []  # quiet for a moment: nothing asked
+    sampled(policy, LAB[:1], 3.5)  # lab1 speaks on, lab2 went silent at 1.0
+    assert policy.feed(lc.Tick(), 3.5) == [lc.ProbeHost("lab2")]
+    assert policy.feed(lc.Tick(), 4.0) == []  # asked once per HOST_PROBE_EVERY_S
+    assert policy.feed(lc.HostProbed("lab2", ""), 4.0) == []  # it answers: the progress rules judge a quiet host
+    sampled(policy, LAB[:1], 6.0)
+    assert policy.feed(lc.Tick(), 3.5 + lc.HOST_PROBE_EVERY_S) == [lc.ProbeHost("lab2")]
+    (action,) = policy.feed(lc.HostProbed("lab2", "no answer from 10.99.0.12 (port 4001) within 1.5 s"), 7.0)
+    assert isinstance(action, lc.StopRun) and action.outcome.failed_task == "supervisor@lab2"
+    reason = action.outcome.reason
+    assert reason.startswith("host lab2 does not answer: no answer from 10.99.0.12") and "worker:1 on it" in reason
+    # the same silence on a host of this machine, or one whose supervisor ended, asks nothing
+    here = started(LAB)
+    sampled(here, LAB, 1.0)
+    assert here.feed(lc.Tick(), 10.0) == []
+
+
+def test_a_peers_heartbeat_report_of_a_task_on_a_host_that_does_not_answer_names_the_host() -> None:
+    reason = ("UnavailableError: Collective ops is aborted by: Error reported from /job:worker/task:1: The "
+              "following tasks are unhealthy (stopped sending heartbeats): /job:worker/replica:0/task:1")
+    policy = started(LAB, remote_hosts=["lab1", "lab2"])
+    sampled(policy, LAB, 1.0)
+    sampled(policy, LAB[:1], 3.5)
+    assert policy.feed(lc.Tick(), 3.5) == [lc.ProbeHost("lab2")]
+    # the report comes while lab2 is being asked about: its grace waits for the answer
+    assert feed(policy, [status("worker:0", "failed", reason=reason)], now=4.0) == []
+    assert policy.feed(lc.Tick(), 4.0 + lc.SECONDHAND_GRACE_S) == []
+    (action,) = policy.feed(lc.HostProbed("lab2", "no answer from 10.99.0.12 (port 4001) within 1.5 s"), 7.5)
+    assert isinstance(action, lc.StopRun) and action.outcome.failed_task == "supervisor@lab2"
+    assert action.outcome.reason.startswith("host lab2 does not answer")
+    # a host that answers: the grace ends as before, the task blamed through TensorFlow's words
+    policy = started(LAB, remote_hosts=["lab1", "lab2"])
+    sampled(policy, LAB, 1.0)
+    sampled(policy, LAB[:1], 3.5)
+    policy.feed(lc.Tick(), 3.5)
+    feed(policy, [status("worker:0", "failed", reason=reason)], now=4.0)
+    assert policy.feed(lc.HostProbed("lab2", ""), 4.1) == []
+    (stop,) = policy.feed(lc.Tick(), 4.0 + lc.SECONDHAND_GRACE_S)
+    assert isinstance(stop, lc.StopRun) and stop.outcome.failed_task == "worker:1"
+
+
+def test_an_async_host_of_workers_that_does_not_answer_is_named_not_failed_and_said_back() -> None:
+    policy = started(LAB_ASYNC, "async", remote_hosts=["lab1", "lab2", "lab3"])
+    sampled(policy, LAB_ASYNC, 1.0)
+    sampled(policy, LAB_ASYNC[:3], 3.5)  # lab3 (worker:1 alone) silent
+    assert policy.feed(lc.Tick(), 3.5) == [lc.ProbeHost("lab3")]
+    (notice,) = policy.feed(lc.HostProbed("lab3", "no answer from 10.99.0.13 (port 4003) within 1.5 s"), 5.0)
+    assert isinstance(notice, lc.HostNotice) and notice.unreachable and notice.tasks == ("worker:1",)
+    assert "host lab3 does not answer" in notice.message and "not restarted" in notice.message
+    assert not policy.ending
+    assert policy.feed(lc.HostProbed("lab3", "no answer"), 8.0) == []  # said once
+    (back,) = feed(policy, [events.make("device", "worker:1", cpu_percent=1.0)], now=9.0)
+    assert back == lc.HostNotice("lab3", "host lab3 answers again after 8 s without a word", False)
+    # the host of the chief and the ps is not one the run goes on without
+    sampled(policy, LAB_ASYNC[2:], 12.0)
+    assert policy.feed(lc.Tick(), 12.0) == [lc.ProbeHost("lab1")]
+    (stop,) = policy.feed(lc.HostProbed("lab1", "no answer"), 12.5)
+    assert isinstance(stop, lc.StopRun) and stop.outcome.failed_task == "supervisor@lab1"
+    assert "chief:0, ps:0 on it cannot take part" in stop.outcome.reason
+
+
+def test_a_lost_async_host_of_workers_is_started_again_not_the_whole_run() -> None:
+    policy = started(LAB_ASYNC, "async", remote_hosts=["lab1", "lab2", "lab3"], restarts_allowed=1, max_relaunches=2)
+    why = "ssh to lab3 failed: Timeout, server 10.99.0.13 not responding."
+    (relaunch,) = policy.feed(lc.SupervisorExited("lab3", 255, why, ("worker:1",)), 1.0)
+    assert relaunch == lc.RelaunchHost("lab3", ("worker:1",), why, 1)
+    assert policy.generation == 0 and not policy.ending  # no whole-run restart
+    feed(policy, [status("worker:1", "starting"), status("worker:1", "running")], now=2.0)
+    assert policy.feed(lc.SupervisorExited("lab3", 255, why, ("worker:1",)), 3.0) == [
+        lc.RelaunchHost("lab3", ("worker:1",), why, 2)]
+    feed(policy, [status("worker:1", "starting")], now=4.0)
+    (restart,) = policy.feed(lc.SupervisorExited("lab3", 255, why, ("worker:1",)), 5.0)
+    assert isinstance(restart, lc.RestartRun) and "started again 2 time(s)" in restart.reason
+    # the chief's host lost is the run's failure (here: its restart)
+    policy = started(LAB_ASYNC, "async", remote_hosts=["lab1", "lab2", "lab3"])
+    (stop,) = policy.feed(lc.SupervisorExited("lab1", 255, "the supervisor on lab1 (over ssh) ended abruptly",
+                                              ("chief:0", "ps:0")), 1.0)
+    assert isinstance(stop, lc.StopRun) and stop.outcome.failed_task == "supervisor@lab1"
+    # a host whose connection ended after it stopped answering says the network's part first
+    policy = started(LAB, remote_hosts=["lab1", "lab2"])
+    sampled(policy, LAB, 1.0)
+    sampled(policy, LAB[:1], 3.5)
+    policy.unreachable["lab2"] = ("host lab2 does not answer: no answer", 1.0)
+    (stop,) = policy.feed(lc.SupervisorExited("lab2", 255, why, ("worker:1",)), 20.0)
+    assert isinstance(stop, lc.StopRun)
+    assert stop.outcome.reason == f"host lab2 does not answer: no answer; then its supervisor's connection ended ({why})"
+
+
+def test_a_hung_async_chief_says_which_host_did_not_answer() -> None:
+    policy = started(LAB_ASYNC, "async", remote_hosts=["lab1", "lab2", "lab3"], progress_timeout_s=10.0)
+    policy.unreachable["lab3"] = ("host lab3 does not answer", 1.0)
+    (stop,) = policy.feed(lc.Tick(), 31.0)
+    assert isinstance(stop, lc.StopRun) and stop.outcome.failed_task == "chief:0"
+    assert "host lab3 did not answer: the chief waits for the steps it sent to the workers there" in stop.outcome.reason
