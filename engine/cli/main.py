@@ -449,7 +449,8 @@ def _add_run_commands(sub: Any) -> None:
     remote = "; or user@host:/path/to/run on another machine, over ssh"
     p = sub.add_parser("ls", help="list the runs in the runs folder: state, step, started, duration")
     p.add_argument("where", nargs="?", default=None, metavar="USER@HOST[:DIR]",
-                   help="list the runs of another machine over ssh (its runs folder, or DIR there)")
+                   help="list the runs of another machine over ssh (its runs folder, or DIR there); a folder "
+                        "here lists that folder, as --out")
     runs_list.add_runs_option(p)
     p.add_argument("--json", action="store_true", help="one JSON object per run")
     attach.add_remote_option(p)

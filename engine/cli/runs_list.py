@@ -174,9 +174,9 @@ def listed_runs(root: Path) -> tuple[list[RunRow], str | None]:
 def ls(args: argparse.Namespace) -> int:
     """``clusterdeck ls``: the runs under the runs folder, oldest first (``ls user@host[:DIR]``: there, over ssh)."""
     where = getattr(args, "where", None)
-    if where:
+    if where and not os.path.isdir(os.path.expanduser(where)):
         return _ls_remote(args, where)
-    root = runs_root_of(args.out)
+    root = runs_root_of(where or args.out)  # a folder here: as --out
     why = _readable_dir(root)
     if why is not None:
         if why == "no such folder":
@@ -193,6 +193,12 @@ def _ls_remote(args: argparse.Namespace, where: str) -> int:
 
     from engine.control.remote import RemoteError, remote_list
 
+    if args.out:
+        if ":" in where.split("/", 1)[0].rsplit("@", 1)[-1] or where.startswith("ssh://"):
+            print(f"clusterdeck: {where}: names its folder already; expected --out or HOST:DIR, not both",
+                  file=sys.stderr)
+            return 2
+        where = f"{where}:{args.out}"  # --out DIR names the folder there
     try:
         rows = remote_list(where, remote_command=getattr(args, "remote_command", None))
     except RemoteError as exc:
