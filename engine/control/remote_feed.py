@@ -18,7 +18,7 @@ from typing import Any
 
 from engine.contract import events
 from engine.control.remote_link import END, HELLO_TIMEOUT_S, Link, RemoteError, hello, read_history
-from engine.control.remote_protocol import RemoteTarget, command_line, is_message
+from engine.control.remote_protocol import PING_S, RemoteTarget, command_line, is_message
 
 __all__ = ["RECONNECT_S", "REMOTE_TASK", "Feed", "Received"]
 
@@ -145,7 +145,11 @@ class Feed:
 
     def _pump(self) -> None:
         link = self._link
+        pinged = time.monotonic()
         while link is not None and not self._closed.is_set():
+            if time.monotonic() - pinged >= PING_S:  # the follower ends itself when it hears nothing
+                link.send(command_line("ping", 0))
+                pinged = time.monotonic()
             item = link.get(0.5)
             if item is None:
                 continue

@@ -21,7 +21,16 @@ from engine.contract import events
 from engine.contract.run_folder import LIVE_STATES, LineSplitter, RunFolder
 from engine.control import control_socket
 from engine.control.detach import STOP_ANSWER_S, launcher_alive, run_state
-from engine.control.remote_protocol import PROTOCOL, blob, encode_block, message, owner_fields, version
+from engine.control.remote_protocol import (
+    PROTOCOL,
+    SILENCE_ENV,
+    SILENCE_S,
+    blob,
+    encode_block,
+    message,
+    owner_fields,
+    version,
+)
 
 if TYPE_CHECKING:  # numpy and pyarrow load once the hello is sent
     from engine.observe.run_reader import EventFileReader
@@ -115,12 +124,22 @@ class Follower:
         self._splitter = LineSplitter()
         self._commands: list[threading.Thread] = []
         self._checked_at = time.monotonic()
+        self._heard_at = time.monotonic()
+        self._sending_history = False
+        try:
+            self.silence_s = float(os.environ.get(SILENCE_ENV, "") or SILENCE_S)
+        except ValueError:
+            self.silence_s = SILENCE_S
 
     def run(self) -> int:
         """Follow until stdin closes or the run ends; 0 either way (a front end that went away is no error)."""
+        self._sending_history = not self.control_only
+        threading.Thread(target=self._watchdog, name="follow-watchdog", daemon=True).start()
         try:
             if not self.control_only:
                 self._history()
+            self._sending_history = False
+            self._heard_at = time.monotonic()  # the front end's pings start once it has the history
             return self._loop()
         except Closed:
             return 0
@@ -200,6 +219,7 @@ class Follower:
                     chunk = b""
                 if not chunk:
                     return 0  # the front end detached: nothing stays behind
+                self._heard_at = time.monotonic()
                 for line in self._splitter.feed(chunk):
                     self._command(line)
             if self.control_only:
@@ -211,6 +231,17 @@ class Follower:
                     t.join(STOP_ANSWER_S + 45.0)  # a stop in flight is answered before the end
                 self.channel.send(message("end", f"the run ended: {self.state}", state=self.state))
                 return 0
+
+    def _watchdog(self) -> None:
+        """End this process once the front end was silent for :attr:`silence_s` with no command in flight, even
+        when the main thread is blocked writing to a connection nobody reads any more."""
+        while True:
+            time.sleep(min(1.0, self.silence_s / 4))
+            busy = self._sending_history or any(t.is_alive() for t in self._commands)
+            if busy:
+                self._heard_at = time.monotonic()
+            elif time.monotonic() - self._heard_at > self.silence_s:
+                os._exit(0)
 
     def _send_new(self) -> None:
         assert self._reader is not None
@@ -246,6 +277,8 @@ class Follower:
                                                       f", got {line[:80]!r}"})
             return
         command = request.get("command")
+        if command == "ping":  # the front end is there (heard above): no answer
+            return
         if command not in control_socket.COMMANDS:
             self._reply(ident, {"ok": False, "error": f"unknown command {command!r}; expected one of "
                                                       f"{', '.join(control_socket.COMMANDS)}"})

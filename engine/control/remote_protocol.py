@@ -28,8 +28,10 @@ Every line the follower writes is a versioned event, read with the one decoder
     the run ended (``state``); the follower exits 0 after it.
 
 Commands on the follower's stdin are control-socket requests (:mod:`engine.control.control_socket`):
-``{"v": 1, "command": "status"|"stop", "id": N, "by": "..."}``, forwarded to the run's ``control.sock``.
-The follower exits when its stdin closes (the front end detached: nothing stays behind) or once the run ended.
+``{"v": 1, "command": "status"|"stop", "id": N, "by": "..."}``, forwarded to the run's ``control.sock``, and
+``{"v": 1, "command": "ping"}`` every :data:`PING_S` seconds, which it does not answer. The follower exits when
+its stdin closes (the front end detached: nothing stays behind), once the run ended, and when it heard nothing
+for :data:`SILENCE_S` seconds with no command in flight (a front end cut off by the network).
 """
 
 from __future__ import annotations
@@ -62,6 +64,13 @@ CHUNK_CHARS = 48 * 1024
 MISSING_MARK = "clusterdeck-follow: no clusterdeck command found"
 #: The subcommand the front end runs on the remote host.
 FOLLOW_COMMAND = "follow"
+#: A front end says ``ping`` on the follower's stdin this often (seconds) ...
+PING_S = 10.0
+#: ... and a follower that heard nothing for this long (no command in flight) ends itself: a front end behind a
+#: network partition is gone even when sshd has not noticed yet, and nothing may stay behind it.
+SILENCE_S = 45.0
+#: Sets :data:`SILENCE_S` of a follower (tests).
+SILENCE_ENV = "CLUSTERDECK_FOLLOW_SILENCE_S"
 
 
 def version() -> str:

@@ -384,3 +384,26 @@ def replace_duration(summary: RunSummary, duration: float | None) -> RunSummary:
 
     assert (summary.duration_s is None) == (duration is None)
     return dataclasses.replace(summary, duration_s=duration)
+
+
+def test_a_follower_cut_off_from_its_front_end_ends_itself_and_pings_keep_it(tmp_path: Path) -> None:
+    """A network partition: sshd has not noticed, the follower's stdin neither closes nor speaks. It ends itself
+    once silent for CLUSTERDECK_FOLLOW_SILENCE_S (45 s by default; the front end pings every 10 s)."""
+    sim = SimulatedRun(tmp_path / "runs", history_s=2)
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "follow", "--protocol", "1", "--",
+                                 str(sim.folder.path)], stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                env=dict(os.environ, PYTHONPATH=str(ROOT), CLUSTERDECK_FOLLOW_SILENCE_S="2"))
+        assert proc.stdin is not None
+        until = time.monotonic() + 5
+        while time.monotonic() < until:  # pinged: it stays
+            proc.stdin.write(b'{"v": 1, "command": "ping", "id": 0}\n')
+            proc.stdin.flush()
+            time.sleep(0.5)
+        assert proc.poll() is None, "a pinged follower ended"
+        silent = time.monotonic()
+        assert proc.wait(10) == 0  # silence: it ends, its stdin still open
+        assert 1.5 < time.monotonic() - silent < 6
+        proc.stdin.close()
+    finally:
+        sim.end()
