@@ -320,7 +320,8 @@ def ssh_argv(target: RemoteTarget, shell_line: str) -> list[str]:
     host = Host(name="remote", address=target.host, ssh_host=target.host, ssh_user=target.user,
                 ssh_port=target.port or 22)
     argv = ssh_command(host, ["sh", "-c", shell_line])
-    argv[1:1] = ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
+    if not any(word.startswith("ConnectTimeout=") for word in argv[:argv.index("--")]):
+        argv[1:1] = ["-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}"]
     return argv
 
 
