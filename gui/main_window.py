@@ -9,7 +9,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QCloseEvent, QIcon, QShowEvent
-from PySide6.QtWidgets import QGroupBox, QMainWindow, QMessageBox, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QFrame, QGroupBox, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget
 
 from engine.contract import resources
 from gui.canvas import ClusterCanvas
@@ -31,11 +31,22 @@ from gui.settings_panel import SettingsPanel
 from gui.status_line import StatusLine
 from gui.stragglers_view import StragglerWatch
 from gui.task_table import TaskTable
+from gui.why_slow import WhySlowPanel
 from gui.window_actions import ActionState, WindowActions, show_about
 from gui.window_layout import WindowLayout, add_dock, show_dock, titled
 from gui.window_theme import ThemeSwitcher
 
 __all__ = ["APPLICATION", "ORGANIZATION", "MainWindow", "app_icon", "app_settings"]
+
+
+def scrolled(view: QWidget) -> QScrollArea:
+    """``view`` in a frameless scroll area: a tall view in a bottom dock never takes height from the plots."""
+    area = QScrollArea()
+    area.setObjectName(f"{view.objectName()}Scroll")
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setWidgetResizable(True)
+    area.setWidget(view)
+    return area
 
 
 def app_icon() -> QIcon:
@@ -71,6 +82,7 @@ class MainWindow(QMainWindow):
         self.messages = RunMessages(session)
         self.run_status = RunStatus(session, c.checks, doc, pre_run=c.pre_run)
         self.runs_panel = RunsPanel(session)
+        self.why_slow = WhySlowPanel(session, self.stragglers)
         self.scaling_dialog: ScalingDialog | None = None
 
         # where they go: the cluster above the plots; the inspector right; tasks, logs and messages below
@@ -86,9 +98,13 @@ class MainWindow(QMainWindow):
                                         Qt.DockWidgetArea.BottomDockWidgetArea)
         self.runs_dock = add_dock(self, "Runs", "runsDock", self.runs_panel, Qt.DockWidgetArea.BottomDockWidgetArea)
         self.runs_dock.setToolTip("Running and past runs of the runs folder (Ctrl+Shift+O)")
-        self.tabifyDockWidget(self.tasks_dock, self.logs_dock)
-        self.tabifyDockWidget(self.logs_dock, self.messages_dock)
-        self.tabifyDockWidget(self.messages_dock, self.runs_dock)
+        self.why_slow_dock = add_dock(self, "Why Slow", "whySlowDock", scrolled(self.why_slow),
+                                      Qt.DockWidgetArea.BottomDockWidgetArea)
+        self.why_slow_dock.setToolTip("Where each replica's step goes, a profile of every task, every task's stacks "
+                                      "(Ctrl+Shift+Y)")
+        bottom = (self.tasks_dock, self.logs_dock, self.messages_dock, self.runs_dock, self.why_slow_dock)
+        for above, below in zip(bottom, bottom[1:], strict=False):
+            self.tabifyDockWidget(above, below)
         self.tasks_dock.raise_()
         # the plots join the window last: Tab goes from the cluster to the settings and the run's tables
         # before it reaches the plots' many small buttons (Qt's focus chain follows the order widgets join)
@@ -109,6 +125,7 @@ class MainWindow(QMainWindow):
             "add_task": lambda: self.add_task("worker"), "delete": doc.delete_selection, "run": self.runs.start,
             "stop": c.stop_run, "fit": self.canvas.fit_all, "about": lambda: show_about(self),
             "runs": self.show_runs, "preferences": self.open_preferences,
+            "why_slow": lambda: show_dock(self, self.why_slow_dock),
         })
         keep_going = commands["keep_going"]
         keep_going.setCheckable(True)
@@ -119,11 +136,9 @@ class MainWindow(QMainWindow):
         commands.recent_menu.aboutToShow.connect(lambda: files.fill_recent(commands.recent_menu))
         commands.presets_menu.aboutToShow.connect(lambda: files.fill_presets(commands.presets_menu))
         commands.build_menus(self.menuBar(), [self.settings_dock, self.tasks_dock, self.logs_dock, self.messages_dock,
-                                              self.runs_dock], self.themes.actions.values())
+                                              self.runs_dock, self.why_slow_dock], self.themes.actions.values())
         self.toolbar = commands.build_toolbar(self.run_status)
         self.presets_menu = commands.presets_menu
-        for name, action in commands.items():  # the actions by name: window.run_action, window.save_action, ...
-            setattr(self, f"{name}_action", action)
         self.status_line = status = StatusLine(self.statusBar(), session, self.stragglers)
         self.path_label, self.straggler_label = status.path_label, status.straggler_label
 
@@ -352,6 +367,7 @@ class MainWindow(QMainWindow):
         self.plots.stop()
         self.logs.stop()
         self.runs_panel.stop()
+        self.why_slow.shutdown()
         self.run_status.stop()
         if self.scaling_dialog is not None:
             self.scaling_dialog.shutdown()

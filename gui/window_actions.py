@@ -51,6 +51,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("save_as", "Save &As…", "Save the config to a new file", K.SaveAs),
     ActionSpec("export", "&Export…", "Write TF_CONFIG files, per-host launch scripts and (given an image) a "
                "Kubeflow TFJob for this config into a folder", "Ctrl+E"),
+    ActionSpec("why_slow", "&Why Slow?", "Why the run is slow or stuck: where each replica's step goes, a profile of "
+               "every task, every task's stacks (Ctrl+Shift+Y)", "Ctrl+Shift+Y"),
     ActionSpec("scaling", "Scaling &Report…", "Run this config at 1, 2, 4, … workers and plot throughput and "
                "scaling efficiency"),
     ActionSpec("runs", "&Runs…", "Show the Runs panel: running and past runs of the runs folder, to open, attach "
@@ -88,7 +90,7 @@ MENUS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("&File", ("new", "open", "@recent", "@presets", "-", "save", "save_as", "export", "-",
                "runs", "open_run", "compare", "clear_compare", "runs_folder", "-", "quit")),
     ("&Edit", ("undo", "redo", "-", "add_host", "add_slurm", "@add_task", "delete", "-", "preferences")),
-    ("&Run", ("run", "stop", "keep_going", "-", "scaling")),
+    ("&Run", ("run", "stop", "keep_going", "-", "why_slow", "scaling")),
     ("&View", ("@docks", "-", "fit", "@theme")),
     ("&Help", ("about",)),
 )

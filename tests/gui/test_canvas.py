@@ -33,11 +33,11 @@ def test_add_host_and_workers_undo_redo_save_and_reopen(qtbot: Any, window: Any,
     c = window.controller
     assert names(c.config) == [("local", ["worker:0", "worker:1"])]
 
-    click_action(qtbot, window, window.add_host_action)
+    click_action(qtbot, window, window.commands["add_host"])
     assert len(window.canvas.hosts) == 2
     assert c.selection == ("host", 1)
-    click_action(qtbot, window, window.add_task_action)
-    click_action(qtbot, window, window.add_task_action)
+    click_action(qtbot, window, window.commands["add_task"])
+    click_action(qtbot, window, window.commands["add_task"])
     assert names(c.config) == [("local", ["worker:0", "worker:1"]), ("host1", ["worker:2", "worker:3"])]
     assert len(window.canvas.hosts[1].chips) == 2
 
@@ -55,7 +55,7 @@ def test_add_host_and_workers_undo_redo_save_and_reopen(qtbot: Any, window: Any,
     assert c.config.cluster.hosts[1].name == "gpu-box"
     assert c.config.cluster.hosts[1].gpus == 2
     assert c.problems == []
-    assert window.run_action.isEnabled()
+    assert window.commands["run"].isEnabled()
 
     # undo the GPUs and the second worker, then redo one step
     qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)

@@ -28,4 +28,4 @@ def test_two_runs_of_one_preset_read_apart_and_the_overlay_sits_on_top(qtbot: An
     assert own and overlay and max(own) < min(overlay), names  # the current run's entries first
     window.open_path(PRESETS / "async-1ps.yaml", ask=False)  # another preset: the comparison ends
     qtbot.waitUntil(lambda: key not in loss.curves)
-    assert not window.clear_compare_action.isEnabled()
+    assert not window.commands["clear_compare"].isEnabled()

@@ -88,7 +88,7 @@ def test_a_run_started_from_the_app_outlives_it_and_is_attached_to_again(
     dialogs.answers.append(QMessageBox.StandardButton.Yes)  # keep runs going: asked once, at the first Run
     qtbot.keyClick(window, Qt.Key.Key_F5)
     assert dialogs.kinds() == ["question"] and "keep going" in dialogs.calls[0][2]
-    assert preferences.keep_runs_going() is True and window.keep_going_action.isChecked()
+    assert preferences.keep_runs_going() is True and window.commands["keep_going"].isChecked()
     assert c.session.attached is not None  # followed through its folder once its launcher says where
     run_dir: Path | None = None
     again: Any = None
@@ -96,7 +96,7 @@ def test_a_run_started_from_the_app_outlives_it_and_is_attached_to_again(
         qtbot.waitUntil(lambda: c.run_dir is not None, timeout=60_000)
         run_dir = c.run_dir
         assert run_dir is not None and run_dir.parent == runs_root
-        assert window.stop_action.isEnabled()
+        assert window.commands["stop"].isEnabled()
         qtbot.waitUntil(lambda: window.plots.loss.points("replica/0/loss") >= 3, timeout=90_000)
         assert window.run_status.badge.text() == "Running"
         info = read_launcher(RunFolder(run_dir))
@@ -159,12 +159,12 @@ def test_stop_while_the_detached_launcher_starts_calls_the_run_off(qtbot: Any, w
     preferences.set_keep_runs_going(True)  # answered before: nothing is asked
     c = window.controller
     assert window.open_path(tiny, ask=False)
-    window.run_action.trigger()
+    window.commands["run"].trigger()
     run = c.session.attached
-    assert run is not None and c.run_dir is None and window.stop_action.isEnabled()
+    assert run is not None and c.run_dir is None and window.commands["stop"].isEnabled()
     assert window.run_status.badge.text() == "Starting…"
     qtbot.waitUntil(lambda: run._spawn_proc is not None, timeout=10_000)  # `clusterdeck run --detach` is starting
-    window.stop_action.trigger()
+    window.commands["stop"].trigger()
     qtbot.waitUntil(lambda: c.run is None, timeout=60_000)
     if c.run_dir is None:  # called off before its launcher said it started: nothing runs
         assert "cancelled" in window.statusBar().currentMessage()
@@ -173,24 +173,24 @@ def test_stop_while_the_detached_launcher_starts_calls_the_run_off(qtbot: Any, w
     else:  # it had started: it was stopped through its channel
         assert c.state.state == "stopped"
         assert wait_gone(folder_pids(RunFolder(c.run_dir)), 15.0) == []
-    assert window.run_action.isEnabled() and not window.stop_action.isEnabled()
+    assert window.commands["run"].isEnabled() and not window.commands["stop"].isEnabled()
 
 
 def test_the_question_and_the_preference(qtbot: Any, window: Any, dialogs: Any) -> None:
     never_asked()
     dialogs.answers.append(QMessageBox.StandardButton.Cancel)
-    window.run_action.trigger()  # cancelled: nothing starts, nothing is remembered
+    window.commands["run"].trigger()  # cancelled: nothing starts, nothing is remembered
     assert dialogs.kinds() == ["question"] and window.controller.run is None
     assert preferences.keep_runs_going() is None
     # the Run menu's switch and Edit > Preferences say and change the same thing
-    window.keep_going_action.trigger()
+    window.commands["keep_going"].trigger()
     assert preferences.keep_runs_going() is True
     dialog = window.open_preferences()
     qtbot.waitUntil(dialog.isVisible)
     assert dialog.keep_going.isChecked() and dialog.keep_going.toolTip()
     qtbot.mouseClick(dialog.keep_going, Qt.MouseButton.LeftButton)
     qtbot.mouseClick(dialog.buttons.button(dialog.buttons.StandardButton.Ok), Qt.MouseButton.LeftButton)
-    assert preferences.keep_runs_going() is False and not window.keep_going_action.isChecked()
+    assert preferences.keep_runs_going() is False and not window.commands["keep_going"].isChecked()
     assert QApplication.activeModalWidget() is None
     # a problem is said before the question is asked
     never_asked()
@@ -220,7 +220,7 @@ def test_a_start_its_launcher_refuses_is_told_like_any_other(qtbot: Any, window:
     qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=120_000)
     kind, title, text = dialogs.calls[-1]
     assert kind == "warning" and title == "Cannot run" and "my model is broken on purpose" in text
-    assert c.run is None and not c.is_running and window.run_action.isEnabled()
+    assert c.run is None and not c.is_running and window.commands["run"].isEnabled()
     assert any("broken on purpose" in p.message for p in c.pre_run.problems) or "problem" in \
         window.statusBar().currentMessage()
     assert not [p for p in runs_root.glob("*") if p.is_dir()], "a refused start leaves no run folder"
@@ -235,7 +235,7 @@ def test_an_attached_run_whose_launcher_dies_reads_interrupted_with_its_history(
     preferences.set_keep_runs_going(True)
     c = window.controller
     assert window.open_path(tiny, ask=False)
-    window.run_action.trigger()
+    window.commands["run"].trigger()
     qtbot.waitUntil(lambda: c.run_dir is not None, timeout=60_000)
     run_dir = c.run_dir
     assert run_dir is not None
@@ -253,7 +253,7 @@ def test_an_attached_run_whose_launcher_dies_reads_interrupted_with_its_history(
         panel = window.show_runs()
         qtbot.waitUntil(lambda: panel.proxy.index(panel.row_of(run_dir), COLUMNS.index("State")).data()
                         == "interrupted", timeout=5000)
-        assert window.run_action.isEnabled() and not window.stop_action.isEnabled()
+        assert window.commands["run"].isEnabled() and not window.commands["stop"].isEnabled()
     finally:
         for pid in alive(pids):
             psutil.Process(pid).kill()
@@ -268,8 +268,8 @@ def test_two_detached_runs_go_on_while_the_window_switches_between_them(qtbot: A
     runs: list[Path] = []
     try:
         for _ in range(2):  # Run, and Run again while the first is shown: the first is let go, not stopped
-            assert window.run_action.isEnabled()
-            window.run_action.trigger()
+            assert window.commands["run"].isEnabled()
+            window.commands["run"].trigger()
             qtbot.waitUntil(lambda: c.run_dir is not None and c.run_dir not in runs, timeout=60_000)
             assert c.run_dir is not None
             runs.append(c.run_dir)

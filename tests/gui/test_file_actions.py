@@ -18,15 +18,15 @@ def test_saved_and_opened_files_fill_open_recent(qtbot: Any, window: Any, tmp_pa
     c = window.controller
     answers = iter([str(tmp_path / "first"), str(tmp_path / "second.yaml")])
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(lambda *a, **k: (next(answers), "")))
-    window.save_as_action.trigger()
+    window.commands["save_as"].trigger()
     assert c.path == tmp_path / "first.yaml" and (tmp_path / "first.yaml").exists()  # .yaml added
     c.document.set_value("name", "second")
-    window.save_as_action.trigger()
+    window.commands["save_as"].trigger()
     assert window.recent_files() == [str(tmp_path / "second.yaml"), str(tmp_path / "first.yaml")]
 
     monkeypatch.setattr(QFileDialog, "getOpenFileName", staticmethod(lambda *a, **k: (str(tmp_path / "first.yaml"),
                                                                                    "")))
-    window.open_action.trigger()  # no question: nothing unsaved
+    window.commands["open"].trigger()  # no question: nothing unsaved
     assert c.config.name != "second" and c.path == tmp_path / "first.yaml"
     assert window.recent_files()[0] == str(tmp_path / "first.yaml")
     assert window.statusBar().currentMessage() == f"Opened {tmp_path / 'first.yaml'}"

@@ -20,12 +20,12 @@ def test_launch_watch_and_stop_a_two_worker_run(qtbot: Any, window: Any, runs_ro
     qtbot.keyClicks(steps, "3000")
     qtbot.keyClick(steps, Qt.Key.Key_Return)
     assert c.config.training.steps == 3000
-    assert window.run_action.isEnabled() and not window.stop_action.isEnabled()
+    assert window.commands["run"].isEnabled() and not window.commands["stop"].isEnabled()
 
     qtbot.keyClick(window, Qt.Key.Key_F5)
     assert c.run is not None, "F5 starts the run"
     assert c.run_dir is not None and c.run_dir.parent == runs_root
-    assert not window.run_action.isEnabled() and window.stop_action.isEnabled()
+    assert not window.commands["run"].isEnabled() and window.commands["stop"].isEnabled()
     assert window.run_status.badge.text() in ("Starting…", "Running")
 
     loss = window.plots.loss
@@ -45,12 +45,12 @@ def test_launch_watch_and_stop_a_two_worker_run(qtbot: Any, window: Any, runs_ro
     pids = c.run.pids()
     assert len(pids) >= 3  # the host's supervisor and two tasks
     assert alive(pids)
-    stop = window.toolbar.widgetForAction(window.stop_action)
+    stop = window.toolbar.widgetForAction(window.commands["stop"])
     qtbot.mouseClick(stop, Qt.MouseButton.LeftButton, pos=QPoint(8, stop.height() // 2))
     assert window.run_status.badge.text() == "Stopping…"
     qtbot.waitUntil(lambda: c.run is None, timeout=30_000)
     assert c.state.state == "stopped"
     assert window.run_status.badge.text() == "Stopped"
-    assert window.run_action.isEnabled() and not window.stop_action.isEnabled()
+    assert window.commands["run"].isEnabled() and not window.commands["stop"].isEnabled()
     assert wait_gone(pids, 10.0) == [], "every process of the run has ended"
     assert (c.run_dir / "events.jsonl").stat().st_size > 0

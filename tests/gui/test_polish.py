@@ -23,7 +23,7 @@ from tests.gui.test_screen_sizes import replay, settle, six_workers
 
 
 def test_the_about_box_says_the_version_and_links_the_docs(window: Any, dialogs: Any) -> None:
-    window.about_action.trigger()
+    window.commands["about"].trigger()
     kind, _title, text = dialogs.calls[-1]
     assert kind == "about" and f"ClusterDeck {about.version()}" in text and about.version()[0].isdigit()
     assert f"href='{about.DOCS_URL}'" in text

@@ -18,7 +18,7 @@ def test_quit_during_a_run_asks_then_stops_it_first(qtbot: Any, window: Any, dia
     c = window.controller
     run = Replay()
     c.session.watch(run, c.config, state="running")
-    assert window.stop_action.isEnabled() and not window.run_action.isEnabled()
+    assert window.commands["stop"].isEnabled() and not window.commands["run"].isEnabled()
 
     dialogs.answers.append(QMessageBox.StandardButton.No)
     window.close()
@@ -28,7 +28,7 @@ def test_quit_during_a_run_asks_then_stops_it_first(qtbot: Any, window: Any, dia
     window.close()
     assert window.isVisible() and len(run.stops) == 1
     assert window.statusBar().currentMessage() == "Stopping the run before quitting…"
-    assert not window.stop_action.isEnabled()  # stopping already
+    assert not window.commands["stop"].isEnabled()  # stopping already
     window.close()  # asked once: a second quit waits for the same stop
     assert window.isVisible() and len(run.stops) == 1 and dialogs.kinds() == ["question", "question"]
 

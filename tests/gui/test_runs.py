@@ -67,7 +67,7 @@ def test_reopening_a_run_folder_shows_its_curves_and_tasks(qtbot: Any, window: A
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     folder = make_run_folder(tmp_path, "past-run")
     monkeypatch.setattr(QFileDialog, "getExistingDirectory", staticmethod(lambda *a, **k: str(folder)))
-    window.open_run_action.trigger()
+    window.commands["open_run"].trigger()
     c = window.controller
     assert c.run_dir == folder and c.state.state == "finished"
     assert c.config.name == "past-run"
@@ -107,7 +107,7 @@ def test_compare_with_another_run_overlays_dashed_curves(qtbot: Any, window: Any
     qtbot.waitUntil(lambda: loss.points(key) == 80)
     assert loss.curves[key].opts["pen"].style() == Qt.PenStyle.DashLine
     assert "run-b" in loss.labels[key]
-    assert window.clear_compare_action.isEnabled()
+    assert window.commands["clear_compare"].isEnabled()
     window.plots.clear_compare.click()
     assert key not in loss.curves and loss.points("replica/0/loss") == 120
 

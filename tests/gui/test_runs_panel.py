@@ -189,12 +189,12 @@ def test_bad_runs_are_told_clearly(qtbot: Any, window: Any, runs_root: Path, tmp
         panel.refresh()
         assert panel.select(theirs) and panel.actions_by_name["attach"].isEnabled()
         qtbot.mouseClick(panel.buttons["attach"], Qt.MouseButton.LeftButton)
-        assert c.session.attached is not None and c.run_dir == theirs and window.stop_action.isEnabled()
-        assert window.run_action.isEnabled()  # another run may start: this one goes on
-        window.stop_action.trigger()
+        assert c.session.attached is not None and c.run_dir == theirs and window.commands["stop"].isEnabled()
+        assert window.commands["run"].isEnabled()  # another run may start: this one goes on
+        window.commands["stop"].trigger()
         qtbot.waitUntil(lambda: dialogs.kinds()[-1] == "warning", timeout=10_000)
         assert "belongs to uid" in dialogs.calls[-1][2] and "Cannot stop" in dialogs.calls[-1][2]
-        assert c.session.is_running and not c.session.is_stopping and window.stop_action.isEnabled()
+        assert c.session.is_running and not c.session.is_stopping and window.commands["stop"].isEnabled()
         # the panel's Stop on a run the window does not show goes through the channel too
         c.session.release()
         assert c.run is None and theirs.is_dir()

@@ -227,7 +227,7 @@ def test_ssh_fields_edit_the_host_and_undo(qtbot: Any, window: Any) -> None:
                                                                          "/opt/venv/bin/python")
     assert not host.is_local  # an SSH target makes it a remote host
     for _ in range(4):
-        window.undo_action.trigger()
+        window.commands["undo"].trigger()
     host = c.config.cluster.hosts[0]
     assert (host.ssh_host, host.ssh_user, host.ssh_port, host.python) == ("", "", 22, "python3")
     assert panel.host_ssh_host.text() == "" and panel.host_ssh_port.value() == 22
@@ -235,5 +235,5 @@ def test_ssh_fields_edit_the_host_and_undo(qtbot: Any, window: Any) -> None:
     assert panel.host_python.hasFocus() and panel.host_python.text() == "python3"
     panel.host_ssh_user.setFocus()
     assert c.config.cluster.hosts[0].python == "python3" and c.undo_stack.index() == 0
-    window.redo_action.trigger()
+    window.commands["redo"].trigger()
     assert c.config.cluster.hosts[0].ssh_host == "gpu-box" and panel.host_ssh_host.text() == "gpu-box"

@@ -202,4 +202,4 @@ def test_the_keyboard_leaves_the_task_table_and_acts_on_a_problem(qtbot: Any, wi
     qtbot.keyClick(problems, Qt.Key.Key_Space)
     qtbot.keyClick(problems, Qt.Key.Key_Return)
     assert fields == ["training.global_batch_size"] * 2
-    assert "Del" in window.delete_action.text().split("\t")[-1]  # the menu shows the key
+    assert "Del" in window.commands["delete"].text().split("\t")[-1]  # the menu shows the key

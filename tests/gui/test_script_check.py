@@ -27,9 +27,9 @@ def test_broken_script_is_reported_without_blocking_the_window(window: Any, qtbo
     qtbot.keyClick(window, Qt.Key.Key_F5)
     assert time.monotonic() - t0 < 1.0, "starting a checked run must not block the window"
     assert window.controller.run_state == "checking"
-    assert not window.run_action.isEnabled()
+    assert not window.commands["run"].isEnabled()
     qtbot.waitUntil(lambda: bool(dialogs.calls), timeout=120_000)
     kind, title, text = dialogs.calls[-1]
     assert kind == "warning" and "my model is broken on purpose" in text
     assert window.controller.run is None and not window.controller.is_running
-    assert window.run_action.isEnabled()
+    assert window.commands["run"].isEnabled()

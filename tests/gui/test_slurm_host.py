@@ -93,7 +93,7 @@ def test_make_a_host_a_slurm_group_edit_undo_redo_save_and_reopen(qtbot: Any, wi
                            sbatch_options=("--constraint=a100", "--exclusive"), srun_options=("--cpu-bind=cores",))
     assert slurm_of(window) == expected_block
     assert props.slurm_mem.text() == "4G" and props.slurm_sbatch.text() == "--constraint=a100 --exclusive"
-    assert c.problems == [] and window.run_action.isEnabled()
+    assert c.problems == [] and window.commands["run"].isEnabled()
     assert [chip.gpus for chip in window.canvas.hosts[0].chips] == [[0, 1], [0, 1]]  # each node's own GPUs
     assert "GPU 0–1 of its node" in window.canvas.hosts[0].chips[1].toolTip()
     expected = c.config
@@ -133,7 +133,7 @@ def test_slurm_field_problems_show_on_their_rows_and_a_click_focuses_the_field(q
     type_into(qtbot, props.slurm_time, "half an hour")
     assert slurm_of(window).time_limit == "half an hour"
     fields = [p.field for p in c.problems]
-    assert "cluster.hosts[0].slurm.time_limit" in fields and not window.run_action.isEnabled()
+    assert "cluster.hosts[0].slurm.time_limit" in fields and not window.commands["run"].isEnabled()
     label = props.labels["slurm.time_limit"]
     assert label.text().startswith("⚠") and "Slurm time limit" in props.slurm_time.toolTip()
     assert not props.labels["slurm.nodes"].text().startswith("⚠")

@@ -64,7 +64,7 @@ def test_a_failed_check_leaves_no_ready_text_and_no_checking_message(qtbot: Any,
     assert any("broken" in window.problems.list.item(i).text() for i in range(window.problems.list.count()))
     assert "Checking" not in window.statusBar().currentMessage()
     assert "Run not started" in window.statusBar().currentMessage()
-    assert window.run_status.badge.text() == "Ready" and window.run_action.isEnabled()
+    assert window.run_status.badge.text() == "Ready" and window.commands["run"].isEnabled()
 
 
 def test_a_stop_during_the_check_does_not_bring_back_the_previous_badge(qtbot: Any, window: Any,
@@ -80,7 +80,7 @@ def test_a_stop_during_the_check_does_not_bring_back_the_previous_badge(qtbot: A
     try:
         window.start_run()
         assert window.run_status.badge.text() == "Checking…"
-        window.stop_action.trigger()
+        window.commands["stop"].trigger()
         assert window.run_status.badge.text() == "Ready"
         assert window.run_status.progress.text() != "20 / 4000"
     finally:

@@ -14,7 +14,7 @@ from tests.gui.conftest import PRESETS
 
 def test_invalid_cluster_disables_run_and_shows_why(qtbot: Any, window: Any) -> None:
     c = window.controller
-    assert window.run_action.isEnabled()
+    assert window.commands["run"].isEnabled()
     # 3 GPUs cannot be split over the host's 2 workers
     c.document.select(("host", 0))
     gpus = window.properties.host_gpus
@@ -22,9 +22,9 @@ def test_invalid_cluster_disables_run_and_shows_why(qtbot: Any, window: Any) -> 
     qtbot.keyClicks(gpus, "3")
     qtbot.keyClick(gpus, Qt.Key.Key_Return)
     assert c.config.cluster.hosts[0].gpus == 3
-    assert not window.run_action.isEnabled()
-    assert "cannot be split evenly" in window.run_action.toolTip()
-    button = window.toolbar.widgetForAction(window.run_action)
+    assert not window.commands["run"].isEnabled()
+    assert "cannot be split evenly" in window.commands["run"].toolTip()
+    button = window.toolbar.widgetForAction(window.commands["run"])
     assert not button.isEnabled() and "cluster.hosts[0].gpus" in button.toolTip()
     # visible: the problems list, the summary, the host box on the canvas and the selection panel
     assert window.problems.list.count() == 1
@@ -40,7 +40,7 @@ def test_invalid_cluster_disables_run_and_shows_why(qtbot: Any, window: Any) -> 
     gpus.selectAll()
     qtbot.keyClicks(gpus, "2")
     qtbot.keyClick(gpus, Qt.Key.Key_Return)
-    assert window.run_action.isEnabled()
+    assert window.commands["run"].isEnabled()
     assert not window.canvas.hosts[0].problems
     assert window.problems.list.count() == 0
 
@@ -59,26 +59,26 @@ def test_task_problems_mark_the_chip_and_settings_mark_their_field(qtbot: Any, w
     assert c.config.cluster.hosts[0].tasks[0].port == 2222
     chip = window.canvas.chip(0, 1)
     assert chip.problems and "already used" in chip.toolTip()
-    assert not window.run_action.isEnabled()
+    assert not window.commands["run"].isEnabled()
     port.selectAll()
     qtbot.keyClicks(port, "0")  # 0 reads as 'auto'
     qtbot.keyClick(port, Qt.Key.Key_Return)
     assert c.config.cluster.hosts[0].tasks[0].port is None
-    assert window.run_action.isEnabled()
+    assert window.commands["run"].isEnabled()
     # a training field: 3 workers cannot share a global batch of 128
     c.document.add_task(0, "worker")
     batch = window.settings_panel.widgets["training.global_batch_size"]
     assert "divisible" in batch.toolTip() and batch.styleSheet()
-    assert not window.run_action.isEnabled()
+    assert not window.commands["run"].isEnabled()
     batch.selectAll()
     qtbot.keyClicks(batch, "129")
     qtbot.keyClick(batch, Qt.Key.Key_Return)
     assert c.config.training.global_batch_size == 129
-    assert window.run_action.isEnabled() and not batch.styleSheet()
+    assert window.commands["run"].isEnabled() and not batch.styleSheet()
     # the cluster as a whole: a banner over the canvas
     c.document.remove_host(0)
     assert window.canvas.banner.isVisibleTo(window)
-    assert "at least one host" in window.run_action.toolTip()
+    assert "at least one host" in window.commands["run"].toolTip()
 
 
 def test_malformed_preset_gives_a_message_box(qtbot: Any, window: Any, tmp_path: Path, dialogs: Any,
@@ -109,7 +109,7 @@ def test_switching_parallelism_offers_to_fix_the_cluster(qtbot: Any, window: Any
     assert dialogs.kinds() == ["question"] and "ps" in dialogs.calls[0][2]
     roles = [t.role for _, t in c.config.cluster.tasks()]
     assert roles.count("chief") == 1 and roles.count("ps") == 1
-    assert c.problems == [] and window.run_action.isEnabled()
+    assert c.problems == [] and window.commands["run"].isEnabled()
     assert panel.partitioner.isVisibleTo(panel) and not panel.mesh_batch.isVisibleTo(panel)
     # back to data, refusing the fix: Run is disabled and the reason is the ps task
     dialogs.answers.append(QMessageBox.StandardButton.No)
@@ -117,7 +117,7 @@ def test_switching_parallelism_offers_to_fix_the_cluster(qtbot: Any, window: Any
     panel.mode.activated.emit(panel.mode.currentIndex())
     assert c.config.parallelism.mode == "data"
     assert any("ps" in p.message for p in c.problems)
-    assert not window.run_action.isEnabled()
+    assert not window.commands["run"].isEnabled()
     # one undo brings async back with its valid cluster
     qtbot.keyClick(window, Qt.Key.Key_Z, Qt.KeyboardModifier.ControlModifier)
     assert c.config.parallelism.mode == "async" and c.problems == []

@@ -44,13 +44,13 @@ def test_bundled_presets_show_whole_and_open_read_only(qtbot: Any, window: Any, 
         return str(tmp_path / "mine.yaml"), ""
 
     monkeypatch.setattr(QFileDialog, "getSaveFileName", staticmethod(save_dialog))
-    assert window.save_action.text() == "&Save As…"
+    assert window.commands["save"].text() == "&Save As…"
     c.document.set_value("training.steps", 77)
     qtbot.keyClick(window, Qt.Key.Key_S, Qt.KeyboardModifier.ControlModifier)
     assert asked and not asked[0].startswith(str(presets_dir()))
     assert (presets_dir() / "async-embedding-2ps.yaml").read_text(encoding="utf-8") == shipped
     assert config_mod.load(tmp_path / "mine.yaml").training.steps == 77
-    assert not c.document.read_only and window.save_action.text() == "&Save"
+    assert not c.document.read_only and window.commands["save"].text() == "&Save"
 
 
 def test_a_big_cluster_scrolls_with_a_hint_and_a_small_one_is_large(qtbot: Any, window: Any) -> None:
@@ -168,7 +168,7 @@ def test_theme_switch_recolours_legends_and_undo_icons(qtbot: Any, window: Any) 
         label = plot.legend.items[0][1]
         assert choice == ("dark" if theme.is_dark() else "light")
         assert text in label.text or label.opts.get("color") in (text, window.palette().text().color())
-    assert not window.undo_action.icon().isNull() and window.undo_action.icon().cacheKey() != \
+    assert not window.commands["undo"].icon().isNull() and window.commands["undo"].icon().cacheKey() != \
         window.style().standardIcon(window.style().StandardPixmap.SP_ArrowBack).cacheKey()
 
 
@@ -241,7 +241,7 @@ def test_steps_per_execution_is_a_data_and_async_setting(qtbot: Any, window: Any
     qtbot.waitUntil(lambda: not spin.isVisibleTo(window))
     assert "Steps per execution set back to 1 (was 4)" in window.statusBar().currentMessage()
     assert not [p for p in window.controller.problems if p.field == "training.steps_per_execution"]
-    window.undo_action.trigger()  # Ctrl+Z
+    window.commands["undo"].trigger()  # Ctrl+Z
     assert doc.config.parallelism.mode == "data" and doc.config.training.steps_per_execution == 4
 
 

@@ -37,15 +37,15 @@ def test_window_layout_is_remembered(qtbot: Any, runs_root: Path, qt_settings: P
 
 
 def test_standard_shortcuts_and_tooltips(window: Any) -> None:
-    assert window.new_action.shortcut() == QKeySequence(QKeySequence.StandardKey.New)
-    assert window.open_action.shortcut() == QKeySequence(QKeySequence.StandardKey.Open)
-    assert window.save_action.shortcut() == QKeySequence(QKeySequence.StandardKey.Save)
-    assert window.save_as_action.shortcut() == QKeySequence(QKeySequence.StandardKey.SaveAs)
-    assert not window.quit_action.shortcut().isEmpty()
-    assert window.undo_action.shortcut() == QKeySequence(QKeySequence.StandardKey.Undo)
-    assert QKeySequence("Ctrl+Shift+Z") in window.redo_action.shortcuts()
-    assert window.run_action.shortcut() == QKeySequence("F5")
-    assert window.stop_action.shortcut() == QKeySequence("Shift+F5")
+    assert window.commands["new"].shortcut() == QKeySequence(QKeySequence.StandardKey.New)
+    assert window.commands["open"].shortcut() == QKeySequence(QKeySequence.StandardKey.Open)
+    assert window.commands["save"].shortcut() == QKeySequence(QKeySequence.StandardKey.Save)
+    assert window.commands["save_as"].shortcut() == QKeySequence(QKeySequence.StandardKey.SaveAs)
+    assert not window.commands["quit"].shortcut().isEmpty()
+    assert window.commands["undo"].shortcut() == QKeySequence(QKeySequence.StandardKey.Undo)
+    assert QKeySequence("Ctrl+Shift+Z") in window.commands["redo"].shortcuts()
+    assert window.commands["run"].shortcut() == QKeySequence("F5")
+    assert window.commands["stop"].shortcut() == QKeySequence("Shift+F5")
     controls = [w for kind in (QAbstractButton, QLineEdit, QSpinBox, QComboBox, QSlider)
                 for w in window.findChildren(kind)
                 if w.isVisibleTo(window) and w.objectName() != "qt_toolbar_ext_button"

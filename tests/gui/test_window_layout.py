@@ -44,7 +44,7 @@ def test_each_layout_keeps_the_users_sizes(qtbot: Any, window: Any, tmp_path: Pa
     watch = share(window)
     assert watch == pytest.approx(0.5, abs=0.03)
 
-    window.add_host_action.trigger()  # editing the cluster is designing again
+    window.commands["add_host"].trigger()  # editing the cluster is designing again
     assert window.layout_mode == "design" and not window.canvas.compact
     assert share(window) == pytest.approx(design, abs=0.02)
     window.controller.undo_stack.undo()
