@@ -53,20 +53,28 @@ class CompactLegend(pg.GraphicsWidget):
         self.rows = 1  # rows shown
         self.first_row = 0  # scrolled by the wheel
         self._cell = (1.0, 1.0)
+        self._room: tuple[float, float] | None = None  # the room last given to fit()
 
     # -- entries
     def add(self, line: Line, name: str, label: str) -> None:
         self.lines.append(line)
         self.names.append(name)
         self.labels.append(label)
-        self.update()
+        self._refit()
 
     def remove(self, line: Line) -> None:
         for i, other in enumerate(self.lines):
             if other is line:
                 del self.lines[i], self.names[i], self.labels[i]
-                self.update()
+                self._refit()
                 return
+
+    def _refit(self) -> None:
+        """Columns and rows again for the room last given (an entry came, went or was renamed)."""
+        if self._room is not None:
+            self.fit(*self._room)
+        else:
+            self.update()
 
     def clear(self) -> None:
         self.lines, self.names, self.labels = [], [], []
@@ -78,7 +86,7 @@ class CompactLegend(pg.GraphicsWidget):
         for i, other in enumerate(self.lines):
             if other is line:
                 self.names[i], self.labels[i] = name, label
-                self.update()
+                self._refit()
                 return True
         return False
 
@@ -93,6 +101,7 @@ class CompactLegend(pg.GraphicsWidget):
     # -- layout
     def fit(self, max_width: float, max_height: float) -> None:
         """Columns and rows for at most ``max_width`` x ``max_height`` pixels; the item takes that size."""
+        self._room = (max_width, max_height)
         n = len(self.lines)
         widest = max((self._metrics.horizontalAdvance(name) for name in self.names), default=0.0)
         cell_w, cell_h = math.ceil(widest + self.GAP), math.ceil(self._metrics.height())

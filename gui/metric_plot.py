@@ -380,9 +380,7 @@ class MetricPlot(QWidget):
         downsampled as lines are (each block's lowest ``lo`` and highest ``hi``)."""
         fill = QColor(color)
         fill.setAlpha(BAND_ALPHA)
-        edge = QColor(color)
-        edge.setAlpha(2 * BAND_ALPHA)
-        curve = self._curve(key, label, edge.name(QColor.NameFormat.HexArgb), width=1.0, rank=rank)
+        curve = self._curve(key, label, color, width=1.0, rank=rank)  # (the pen: its legend sample and name)
         if curve.brush is None:
             curve.set_brush(pg.mkBrush(fill))
         view = self._view()
@@ -449,35 +447,41 @@ class MetricPlot(QWidget):
         return self.model.points(key)
 
     def _hover_note(self, scene_pos: QPointF) -> None:
-        """The readout also says where the curve it reads is not finite: at the pointer (the value a
-        gap stands for), and how many such points it has."""
-        reading = self.hover.reading
-        if reading is None or reading.key not in self.model.raw:
+        """The readout also says what the gaps under the pointer stand for (a visible curve's point that is
+        not finite, within a few pixels of the pointer's x), and how many such points the curve it reads has."""
+        vb = self.item.getViewBox()
+        if not vb.sceneBoundingRect().contains(scene_pos):
             return
-        key = reading.key
-        note = ""
-        x, y, offset, _scale = self.model.raw.stored(key)
-        if len(x):
-            at = self.item.getViewBox().mapSceneToView(scene_pos).x()
-            if self.lines.log[0]:
-                at = 10.0 ** min(at, 300.0)
-            i = int(np.searchsorted(x, at + offset))
-            near = [j for j in (i - 1, i) if 0 <= j < min(len(x), len(y))]
-            if near:
-                j = min(near, key=lambda k: abs(float(x[k]) - offset - at))
-                v = float(y[j])
-                if v - v != 0.0:
-                    label = self.x_label or "step"
-                    xj = float(x[j]) - offset
-                    where = f"{xj:.0f}" if label == "step" else f"{xj:.1f}"
-                    value = "NaN" if v != v else "+inf" if v > 0 else "−inf"
-                    note = f"\n{label} {where}: {value} (not drawn)"
-        bad = self._bad.get(key, (0, 0, 0))
-        if any(bad):
-            note += "\n" + non_finite_note(bad).strip()
-        if note:
-            self.hover.text += note
+        at = vb.mapSceneToView(scene_pos).x()
+        pixel = abs(vb.viewPixelSize()[0]) * 4  # (a gap is found within 4 pixels of the pointer)
+        if self.lines.log[0]:
+            at, pixel = 10.0 ** min(at, 300.0), 10.0 ** min(at, 300.0) * (10.0 ** min(pixel, 300.0) - 1)
+        notes = []
+        label = self.x_label or "step"
+        for key, curve in self.curves.items():
+            if not curve.isVisible() or key not in self.model.raw or not any(self._bad.get(key, (0, 0, 0))):
+                continue
+            x, y, offset, _scale = self.model.raw.stored(key)
+            n = min(len(x), len(y))
+            i = int(np.searchsorted(x[:n], at + offset))
+            near = [j for j in (i - 1, i) if 0 <= j < n]
+            if not near:
+                continue
+            j = min(near, key=lambda k: abs(float(x[k]) - offset - at))
+            v, xj = float(y[j]), float(x[j]) - offset
+            if v - v != 0.0 and abs(xj - at) <= pixel:
+                where = f"{xj:.0f}" if label == "step" else f"{xj:.1f}"
+                value = "NaN" if v != v else "+inf" if v > 0 else "−inf"
+                notes.append(f"{label} {where} · {self._given.get(key, key)}: {value} (not drawn)")
+        reading = self.hover.reading
+        if reading is not None and any(self._bad.get(reading.key, (0, 0, 0))):
+            notes.append(non_finite_note(self._bad[reading.key]).strip())
+        if notes:
+            self.hover.text = "\n".join([self.hover.text, *notes]) if self.hover.text else "\n".join(notes)
             self.hover.label.setText(self.hover.text, color=self.palette().color(QPalette.ColorRole.ToolTipText))
+            if reading is None:  # only gaps here: the label at the pointer
+                self.hover.label.setPos(vb.mapSceneToView(scene_pos))
+                self.hover.label.show()
 
     # ------------------------------------------------------------------ export
 

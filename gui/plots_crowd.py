@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from PySide6.QtCore import Qt
 
+from engine.observe.run_reader import ENDED
 from engine.observe.telemetry import History, RunState
 from gui import theme
 from gui.legend_crowd import MAX_MATCHES
@@ -62,7 +63,7 @@ class CrowdDraw:
     def __init__(self, plot: MetricPlot) -> None:
         self.plot = plot
         self.crowds: dict[tuple[str, str, bool, str], Crowd] = {}
-        self._fed: dict[tuple[str, str, bool, str], tuple[int, CrowdFigures]] = {}
+        self._fed: dict[tuple[str, str, bool, str], tuple[tuple[int, bool], CrowdFigures]] = {}
         self._keys: dict[tuple[str, str], tuple[list[str], list[str]]] = {}  # (run, metric) -> (owners, keys)
         self._present: dict[tuple[str, str], tuple[int, bool]] = {}
         self._envelopes: dict[str, tuple[np.ndarray, np.ndarray]] = {}
@@ -88,14 +89,13 @@ class CrowdDraw:
         owners = plot.owners(history, prefix)
         if not owners:
             return
-        noun = "replica" if spec.scope == "replica" else "task"
         x_by_time = by_time or spec.scope != "replica"
         first: tuple[Crowd, list[str], float] | None = None
         for m, metric in enumerate(spec.metrics):
             keys = self._owner_keys(prefix, metric, owners)
             if not self._has(history, prefix, metric, keys):
                 continue
-            crowd, fig = self._crowd(history, (prefix, metric, x_by_time, ""), keys)
+            crowd, fig = self._crowd(history, (prefix, metric, x_by_time, ""), keys, state.state in ENDED)
             if not len(fig.x):
                 continue
             offset = series_xy(state, next(k for k in keys if k in history.series), by_time)[2]
@@ -106,11 +106,11 @@ class CrowdDraw:
             note = f" ⚠ {bad:,} with NaN/inf left out" if bad else ""
             mean_style = Qt.PenStyle.DotLine if m and not label else style
             count = len(owners)
-            plot.set_curve(f"{prefix}crowd/{metric}/mean", f"mean of {count:,} {noun}s{extra}{suffix}{note}",
+            plot.set_curve(f"{prefix}crowd/{metric}/mean", f"mean of {count:,}{extra}{suffix}{note}",
                            CROWD_COLOR, fig.x, fig.mean, weight, mean_style, width=2.4, x_offset=offset,
                            stable=fig.stable, revision=fig.revision, rank=(label, 0, 0, m))
             if m == 0 and not label:
-                plot.set_band(f"crowd/{metric}/band", f"min–max of {count:,} {noun}s", CROWD_COLOR, fig.x, fig.lo,
+                plot.set_band(f"crowd/{metric}/band", f"min–max of {count:,}", CROWD_COLOR, fig.x, fig.lo,
                               fig.hi, x_offset=offset, stable=fig.stable, revision=fig.revision, rank=(label, 0, 1, m))
             if spec.total and m == 0:
                 plot.set_curve(f"{prefix}total", f"total ≈ mean × {count:,}{suffix}",
@@ -147,7 +147,7 @@ class CrowdDraw:
             metric = plot.spec.metrics[0]
             for h, (host, members) in enumerate(sorted(names.hosts.items())):
                 host_keys = [keys[i] for i in members]
-                _crowd, fig = self._crowd(history, ("", metric, x_by_time, host), host_keys)
+                _crowd, fig = self._crowd(history, ("", metric, x_by_time, host), host_keys, state.state in ENDED)
                 if not len(fig.x):
                     continue
                 key = f"crowd/{metric}/host/{host}"
@@ -181,19 +181,22 @@ class CrowdDraw:
 
     # ------------------------------------------------------------------ the crowds
 
-    def _crowd(self, history: History, key: tuple[str, str, bool, str], keys: list[str]) -> tuple[Crowd, CrowdFigures]:
-        """The crowd of ``key`` fed with what its owners gained since the last frame (within its budget)."""
+    def _crowd(self, history: History, key: tuple[str, str, bool, str], keys: list[str], ended: bool
+               ) -> tuple[Crowd, CrowdFigures]:
+        """The crowd of ``key`` fed with what its owners gained since the last frame (within its budget);
+        ``ended``: the run gains no more points (its last bins are drawn too)."""
         crowd = self.crowds.get(key)
         if crowd is None:
             crowd = self.crowds[key] = Crowd()
         self.used.add(key)
         crowd.set_owners(keys)
         fed = self._fed.get(key)
-        if fed is not None and fed[0] == history.version and crowd.caught_up:
+        stamp = (history.version, ended)
+        if fed is not None and fed[0] == stamp and crowd.caught_up:
             return crowd, fed[1]
         crowd.feed(history.series, key[2], history.envelopes)
-        fig = crowd.figures()
-        self._fed[key] = (history.version, fig)
+        fig = crowd.figures(ended)
+        self._fed[key] = (stamp, fig)
         return crowd, fig
 
     def prune(self) -> None:

@@ -892,10 +892,10 @@ class Crowd:
 
     @property
     def caught_up(self) -> bool:
-        """Every owner's points were folded at the last call."""
-        return self._behind == 0
+        """The last calls visited every owner in turn and found nothing more to fold."""
+        return self._quiet >= len(self.keys)
 
-    _behind = 0
+    _quiet = 0  # owners visited in a row (over calls) that had nothing to fold
 
     # -- folding
     def feed(self, series: dict[str, object], by_time: bool, envelopes: dict[str, object] | None = None) -> int:
@@ -913,19 +913,18 @@ class Crowd:
         envs: list[tuple[int, int, int]] = []  # (chunk, key index, start) of chunks with an envelope
         budget = CROWD_BUDGET
         i = self.cursor % owners
-        behind = 0
+        quiet = self._quiet
         for _ in range(min(owners, CROWD_OWNERS)):
             s = series.get(keys[i])
             if s is not None:
                 n = len(s)  # type: ignore[arg-type]
                 d = done[i]
                 if n > d:
+                    quiet = 0
                     if budget <= 0:
-                        behind += 1
+                        break  # (this owner first, at the next call)
                     else:
-                        if n - d > budget:
-                            n = d + budget
-                            behind += 1
+                        n = min(n, d + budget)
                         xr = s.t_rel if by_time else s.x_rel  # type: ignore[attr-defined]
                         xs.append(xr[d:n])
                         ys.append(s.y[d:n])  # type: ignore[attr-defined]
@@ -935,9 +934,15 @@ class Crowd:
                         lens.append(n - d)
                         done[i] = n
                         budget -= n - d
+                        if budget <= 0 and n < len(s):  # type: ignore[arg-type]
+                            break  # (the rest of this owner's points at the next call)
+                else:
+                    quiet += 1
+            else:
+                quiet += 1
             i = i + 1 if i + 1 < owners else 0
         self.cursor = i
-        self._behind = behind + (owners - min(owners, CROWD_OWNERS))
+        self._quiet = quiet
         if not who:
             return 0
         x = np.concatenate(xs).astype(np.float64) if len(xs) > 1 else xs[0].astype(np.float64)
@@ -1061,11 +1066,14 @@ class Crowd:
         self.revision += 1
 
     # -- what is drawn
-    def figures(self) -> CrowdFigures:
-        """The settled bins with points (see :class:`CrowdFigures`)."""
+    def figures(self, ended: bool = False) -> CrowdFigures:
+        """The settled bins with points (see :class:`CrowdFigures`); ``ended``: no owner gains points any
+        more (an ended run): every bin is settled."""
         live = np.isfinite(self.last_x)
         stable = self._cn
-        if live.any() and self.width:
+        if ended and self.caught_up:
+            final = self.n
+        elif live.any() and self.width:
             newest = float(self.last_x[live].max())
             live &= self.last_x >= newest - STALE_BINS * self.width
             slowest = float(self.last_x[live].min())
