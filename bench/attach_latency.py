@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -42,7 +41,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _common import DOC, ROOT, add_doc_flags, free_port, machine_line, want_doc  # noqa: E402
+from _common import DOC, ROOT, add_doc_flags, free_port, machine_line, want_doc, write_section  # noqa: E402
 from _stats import bootstrap_median, goal_verdict, paired_difference, rotated, rounds_note  # noqa: E402
 
 from engine.contract.config import default_config, replace  # noqa: E402
@@ -234,18 +233,6 @@ def probe(side: str, target: str, seconds: float, env: dict[str, str]) -> dict[s
     return dict(json.loads(out.stdout.strip().splitlines()[-1]))
 
 
-def write_section(body: str, path: Path) -> None:
-    """Replace (or append) this benchmark's section of the results document."""
-    text = path.read_text(encoding="utf-8") if path.exists() else "# Benchmarks\n"
-    begin, end = f"<!-- bench:{SECTION} -->", f"<!-- /bench:{SECTION} -->"
-    block = f"{begin}\n{body.strip()}\n{end}"
-    pattern = re.compile(re.escape(begin) + r".*?" + re.escape(end), re.S)
-    text = pattern.sub(lambda _: block, text) if pattern.search(text) else text.rstrip() + "\n\n" + block + "\n"
-    tmp = path.with_suffix(".md.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 def _fmt(values: list[float], scale: float = 1.0, unit: str = "s", digits: int = 2) -> str:
     m, lo, hi = bootstrap_median([v * scale for v in values if v is not None])
     return f"{m:.{digits}f} {unit} [{lo:.{digits}f}, {hi:.{digits}f}]"
@@ -350,7 +337,7 @@ def main() -> int:
         body = report(args, run, results, ssh_note)
         print(body)
         if want_doc(args):
-            write_section(body, args.doc if args.doc is not None else DOC)
+            write_section(SECTION, body, args.doc if args.doc is not None else DOC)
     finally:
         if run is not None:
             run.close()

@@ -16,7 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = ("telemetry_overhead", "whole_run", "modes", "step_cpu", "live_latency", "gui_scale", "gui_scale_large", "ingest",
-              "startup_stop", "warm_start", "gpu_check")
+              "run_storage", "attach_latency", "breakdown_cost", "app_scale", "startup_stop", "warm_start", "gpu_check")
 #: Benchmarks that are another configuration of a script: (script, extra arguments).
 VARIANTS = {"gui_scale_large": ("gui_scale", ["--large"])}
 
