@@ -98,6 +98,9 @@ HOPELESS_REASONS = frozenset({"PartitionConfig", "PartitionNodeLimit", "Partitio
                               "InvalidQOS", "BadConstraints"})
 POLL_S = 1.0
 RELEASE_TIMEOUT = 15.0
+#: Set (to the job's id) for a launcher that runs inside a Slurm batch job (``clusterdeck sbatch``): its Slurm
+#: group adopts that job's allocation instead of asking ``salloc`` for one (:mod:`engine.control.slurm_batch`).
+ADOPT_ENV = "CLUSTERDECK_SLURM_JOB"
 #: The step that picks ports on the nodes and the wrapper of each supervisor.
 STEP_MODULE = "engine.control.slurm_step"
 #: The name a node's supervisor (and its host in the launched config) gets: ``<group>@<node>``.
@@ -255,12 +258,14 @@ def check_config(config: RunConfig) -> list[Problem]:
     return [p for i, h in slurm_hosts for p in request_problems(h, f"cluster.hosts[{i}]", parts)]
 
 
-def allocation_command(host: Host, job_name: str) -> list[str]:
-    """``salloc`` holding the group's nodes while its command (``cat``, reading salloc's stdin) runs."""
+def allocation_options(host: Host, job_name: str) -> list[str]:
+    """The options asking for the group's nodes, as ``salloc`` and ``sbatch`` both read them (the slurm block's
+    nodes, tasks per node, CPUs, GPUs, memory, time limit, account and QOS); not ``slurm.sbatch_options``, which
+    each command adds last, so that the user's own options win."""
     s = host.slurm
     assert s is not None
     per_node = slurm_tasks_per_node(host)
-    cmd = ["salloc", f"--job-name={job_name}", f"--nodes={s.nodes}", f"--ntasks-per-node={per_node}",
+    cmd = [f"--job-name={job_name}", f"--nodes={s.nodes}", f"--ntasks-per-node={per_node}",
            f"--cpus-per-task={s.cpus_per_task}"]
     if s.partition:
         cmd.append(f"--partition={s.partition}")
@@ -274,7 +279,13 @@ def allocation_command(host: Host, job_name: str) -> list[str]:
         cmd.append(f"--account={s.account}")
     if s.qos:
         cmd.append(f"--qos={s.qos}")
-    cmd += list(s.sbatch_options)
+    return cmd
+
+
+def allocation_command(host: Host, job_name: str) -> list[str]:
+    """``salloc`` holding the group's nodes while its command (``cat``, reading salloc's stdin) runs."""
+    assert host.slurm is not None
+    cmd = ["salloc", *allocation_options(host, job_name), *host.slurm.sbatch_options]
     # salloc runs this here, not on the nodes: the allocation lives as long as our pipe to it
     cmd += ["--", "sh", "-c", "exec cat >/dev/null"]
     return cmd
@@ -352,6 +363,46 @@ def job_status(job_id: str) -> JobStatus | None:
                      partition=fields.get("Partition", ""), exit_code=fields.get("ExitCode", ""))
 
 
+def accounted_status(job_id: str) -> tuple[JobStatus | None, str]:
+    """The job as Slurm's accounting (``sacct``) remembers it once the controller has forgotten it, and ``""``;
+    or None and why sacct cannot say (not installed, accounting storage disabled, no such job)."""
+    try:
+        out = _run(["sacct", "-X", "-n", "-P", "-j", str(job_id), "-o", "JobIDRaw,State,ExitCode,Partition"],
+                   check=False)
+    except SlurmError as exc:
+        return None, str(exc)
+    if out.returncode != 0:
+        return None, f"sacct failed: {_first_line(out.stderr) or f'exit code {out.returncode}'}"
+    status = parse_sacct(out.stdout, str(job_id))
+    return (status, "") if status is not None else (None, f"sacct knows no job {job_id}")
+
+
+def parse_sacct(text: str, job_id: str) -> JobStatus | None:
+    """``sacct -X -n -P -o JobIDRaw,State,ExitCode,Partition`` of ``job_id``: its latest line (a requeued
+    job may have one per execution). ``CANCELLED by 1000`` reads as ``CANCELLED``."""
+    found: JobStatus | None = None
+    for line in text.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) < 3 or parts[0].strip() != job_id:
+            continue
+        state = parts[1].split()[0].rstrip("+") if parts[1].split() else ""
+        found = JobStatus(job_id=job_id, state=state, reason="",
+                          partition=parts[3].strip() if len(parts) > 3 else "", exit_code=parts[2].strip())
+    return found
+
+
+def final_status(job_id: str) -> tuple[JobStatus | None, str]:
+    """The job's state from the controller (``scontrol show job``), else from accounting (``sacct``) once the
+    controller has forgotten it (``MinJobAge`` after its end); None and why neither can say."""
+    status = job_status(job_id)
+    if status is not None:
+        return status, ""
+    status, why = accounted_status(job_id)
+    if status is not None:
+        return status, ""
+    return None, f"the controller no longer knows Slurm job {job_id} (scontrol show job) and {why}"
+
+
 def expand_nodes(nodelist: str) -> list[str]:
     """A Slurm node list (``node[01-03],gpu7``) as names, in order (``scontrol show hostnames``)."""
     out = _run(["scontrol", "show", "hostnames", nodelist], check=False)
@@ -389,6 +440,9 @@ class Allocation:
     job_id: str = ""
     nodes: list[str] = field(default_factory=list)
     messages: list[str] = field(default_factory=list)  # salloc's own lines (stderr)
+    #: the job this launcher runs inside (a batch job, :mod:`engine.control.slurm_batch`): never submitted here,
+    #: never cancelled here (it ends when its batch script does)
+    adopted: bool = False
     proc: subprocess.Popen[str] | None = None
     _reader: threading.Thread | None = None
     _got_id: threading.Event = field(default_factory=threading.Event)
@@ -452,6 +506,9 @@ class Allocation:
             if status is not None and (status.state, status.reason) != last:
                 last = (status.state, status.reason)
                 report(status)
+            if status is None and self.adopted:
+                raise SlurmError(f"Slurm job {self.job_id}, which this launcher runs inside ({ADOPT_ENV}), is not "
+                                 "known to the controller (scontrol show job)")
             if status is None and self.proc is not None and self.proc.poll() is not None:
                 said = "; ".join(self.messages[-3:]) or f"exit code {self.proc.returncode}"
                 raise SlurmError(f"the allocation of Slurm job {self.job_id} ended before it started: {said}")
@@ -492,6 +549,8 @@ class Allocation:
         if self._released:
             return
         self._released = True
+        if self.adopted:  # the job this launcher runs in: it ends when the batch script does, never cancelled here
+            return
         if self.proc is not None and self.proc.stdin is not None:
             try:
                 self.proc.stdin.close()
@@ -548,12 +607,18 @@ class SlurmTransport(transports.BaseTransport):
 
     kind = "slurm"
     background = True
-    #: The launcher calls release() and prepare() again on a whole-run restart (a new allocation).
+    #: The launcher calls release() and prepare() again on a whole-run restart (a new allocation); not when the
+    #: allocation is the batch job this launcher runs in (:data:`ADOPT_ENV`): the run restarts inside it.
     resubmit_on_restart = True
 
-    def __init__(self) -> None:
+    def __init__(self, adopt: str | None = None) -> None:
         self.allocations: dict[str, Allocation] = {}
         self._lock = threading.Lock()
+        #: the job this launcher runs inside (``clusterdeck sbatch``), adopted instead of submitting one
+        self.adopt = (os.environ.get(ADOPT_ENV, "") if adopt is None else adopt).strip()
+        if self.adopt:
+            self.resubmit_on_restart = False
+        self._prepared_once = False
 
     def prepare(self, ctx: transports.PrepareContext) -> RunConfig:
         config = ctx.config
@@ -563,6 +628,8 @@ class SlurmTransport(transports.BaseTransport):
         ok, why = slurm_available()
         if not ok:
             raise SlurmError(why)
+        if self.adopt:
+            return self._prepare_adopted(ctx, groups)
         problems = check_config(config)
         if problems:
             raise ConfigError(problems, "slurm")
@@ -590,13 +657,41 @@ class SlurmTransport(transports.BaseTransport):
                            message=message)
 
             nodes = alloc.wait_running(report, ctx.stop)
-            placement = slurm_placement(h, nodes)
-            ports = alloc.pick_ports(placement, h.python)
-            config = replace(config, cluster=split_by_node(config, h, placement, ports))
-            where = ", ".join(f"{task} on {node}:{ports[task]}" for task, node in placement.items())
-            ctx.emit(_info(f"Slurm job {alloc.job_id} running on {', '.join(nodes)}: {where}",
-                           job_id=alloc.job_id, nodes=nodes, host=h.name))
+            config = self._place(ctx, config, h, alloc, nodes)
         return config
+
+    def _place(self, ctx: transports.PrepareContext, config: RunConfig, h: Host, alloc: Allocation,
+               nodes: list[str]) -> RunConfig:
+        """The group's tasks placed on the job's nodes, with ports chosen there; the config split by node."""
+        placement = slurm_placement(h, nodes)
+        ports = alloc.pick_ports(placement, h.python)
+        config = replace(config, cluster=split_by_node(config, h, placement, ports))
+        where = ", ".join(f"{task} on {node}:{ports[task]}" for task, node in placement.items())
+        ctx.emit(_info(f"Slurm job {alloc.job_id} running on {', '.join(nodes)}: {where}",
+                       job_id=alloc.job_id, nodes=nodes, host=h.name))
+        return config
+
+    def _prepare_adopted(self, ctx: transports.PrepareContext, groups: list[Host]) -> RunConfig:
+        """The one Slurm group of a batch job runs in the job's own allocation: no salloc, no queue."""
+        if len(groups) > 1:
+            names = ", ".join(repr(h.name) for h in groups)
+            raise SlurmError(f"Slurm job {self.adopt} (this batch job) can hold one Slurm group, but the config has "
+                             f"{len(groups)} ({names}); expected one")
+        h = groups[0]
+        alloc = Allocation(host=h, name=job_name(ctx.folder.path.name, h.name), env=transports.local_env(),
+                           job_id=self.adopt, adopted=True)
+        with self._lock:
+            self.allocations[h.name] = alloc
+        if not self._prepared_once:
+            ctx.emit(_info(f"the run adopts Slurm job {self.adopt}, which its launcher runs inside (a batch job): no "
+                           "new allocation", job_id=self.adopt, host=h.name))
+        self._prepared_once = True
+
+        def report(status: JobStatus) -> None:  # a batch job's launcher runs once its job runs: said, not waited
+            ctx.emit(_info(status.explain(), job_id=status.job_id, slurm_state=status.state, host=h.name))
+
+        nodes = alloc.wait_running(report, ctx.stop)
+        return self._place(ctx, ctx.config, h, alloc, nodes)
 
     def _allocation(self, launch: transports.SupervisorLaunch) -> tuple[Allocation, str]:
         group, node = group_of(launch.host.name if launch.host is not None else launch.group)
