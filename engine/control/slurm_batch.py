@@ -1,0 +1,650 @@
+"""Slurm runs that survive logout: a Slurm group submitted as a batch job, its launcher inside the job.
+
+``clusterdeck sbatch PRESET`` (:func:`submit`) checks the preset, makes the run folder, writes the batch script
+into it and submits it with ``sbatch --parsable`` (held until the folder says *pending*, then released), and
+returns: the run reads *pending* (the app's *Queued*) with the job id and Slurm's reason until the job starts.
+
+Slurm runs the script on the job's first node. It execs ``python -m engine.control.slurm_batch RUN`` (:func:`main`),
+the run's launcher: a :class:`~engine.control.launcher.Run` of the run folder whose Slurm transport *adopts* the
+job it runs in (:data:`engine.control.slurm.ADOPT_ENV`: no ``salloc``, no nested job; each node's supervisor
+still starts with ``srun --jobid=J --overlap``), hosted on the run's control socket as a detached launcher is
+(:class:`~engine.control.detach.RunHost`): ``clusterdeck attach``, ``ls`` and ``stop`` find it from the folder.
+
+**The time limit.** ``--signal=B:USR1@S`` warns the launcher S seconds before the limit. It stops the run as the
+app's Stop does (each task reports its last steps and writes its final checkpoint) and, while
+``training.restarts`` allows, requeues the job (``scontrol requeue``): the run reads pending again, and the next
+execution of the script resumes from that checkpoint, its step count carried on. With no restart left it ends
+*stopped*: "Slurm time limit reached: checkpoint at step N written; no restarts left". Every execution after the
+first counts as one restart, and so does a whole-run restart inside an execution; they are kept in
+``slurm-executions.jsonl``, so the limit holds across requeues. A job Slurm requeues by itself (``--requeue``:
+a node failure, or preemption where the cluster requeues preempted jobs) resumes the same way from the newest
+checkpoint in the folder.
+
+**Files** of a batch run, beside the usual ones: ``slurm-batch.sh`` (the script), ``slurm-batch.json`` (the job
+id, the sbatch command, the restarts allowed; written by the submitter only), ``slurm-batch.yaml`` (the config as
+submitted: ``config.yaml`` becomes each execution's resolved config, split by node), ``slurm-executions.jsonl``
+(one line per execution's start, whole-run restart, requeue and end; the launcher's) and ``launcher.log`` (the
+job's output: the launcher's stdout and stderr, appended to by every execution).
+
+**Readers.** :func:`batch_state` tells what a batch run's folder alone cannot: a job cancelled while queued, a
+launcher killed with its job (``SIGKILL`` at the time limit, a node lost), a run Slurm requeued. It asks
+``scontrol show job``, then ``sacct`` once the controller has forgotten the job (``MinJobAge``).
+:func:`stop_run` stops a batch run from anywhere the Slurm commands work: a queued job is cancelled, a running one's
+launcher is sent ``SIGTERM`` (it stops the run with its final checkpoint).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import socket
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.contract import config as config_mod
+from engine.contract import datasets, events
+from engine.contract.config import ConfigError, Host, Problem, RunConfig
+from engine.contract.run_folder import LIVE_STATES, RunFolder, write_atomic
+from engine.control import slurm
+from engine.control.slurm import JobStatus, SlurmError
+
+__all__ = ["BATCH_CONFIG", "BATCH_JSON", "BATCH_SCRIPT", "DEFAULT_WARNING_S", "EXECUTIONS", "BatchState",
+           "Submitted", "batch_problems", "batch_state", "is_batch_run", "main", "read_batch", "restarts_used",
+           "sbatch_command", "stop_run", "submit"]
+
+BATCH_JSON = "slurm-batch.json"
+BATCH_SCRIPT = "slurm-batch.sh"
+BATCH_CONFIG = "slurm-batch.yaml"
+EXECUTIONS = "slurm-executions.jsonl"
+#: Written by :func:`stop_run` before it signals a running job's launcher: who asked (the stop's reason).
+STOP_REQUEST = "slurm-stop-request.json"
+#: Seconds before the time limit at which Slurm warns the launcher (``--signal=B:USR1@S``): time for the tasks'
+#: final checkpoint and a requeue. Slurm may send it up to a minute earlier (its timers tick about once a minute).
+DEFAULT_WARNING_S = 120
+MIN_WARNING_S = 10
+MAX_WARNING_S = 65535  # Slurm's limit for --signal's @time
+LAUNCHER_MODULE = "engine.control.slurm_batch"
+#: The launcher's word in the run's events (as the launcher's own are).
+LAUNCHER = "launcher"
+
+
+class BatchRefused(SlurmError):
+    """The batch job could not be submitted (nothing was left in the queue); the message says why."""
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """A batch run just submitted: its job, its folder, and the job's state right after the submission."""
+
+    job_id: str
+    folder: RunFolder
+    group: str
+    status: JobStatus | None
+    command: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class BatchState:
+    """A batch run's state as its folder and Slurm tell it together (see :func:`batch_state`)."""
+
+    state: str  # the run's: pending, starting, running, ..., finished, failed, stopped, interrupted
+    reason: str  # why (Slurm's explanation where Slurm was asked)
+    job_id: str
+    slurm_state: str = ""  # Slurm's word (PENDING, RUNNING, COMPLETED, ...) where Slurm was asked
+
+
+# --------------------------------------------------------------------------- the submitting side
+
+
+def batch_problems(config: RunConfig) -> list[Problem]:
+    """Why ``config`` cannot run as one batch job: it needs exactly one Slurm group and no other host (the
+    launcher runs on the job's first node, where no other host of the config is reachable as it would be)."""
+    hosts = config.cluster.hosts
+    groups = [(i, h) for i, h in enumerate(hosts) if h.is_slurm]
+    if not groups:
+        kinds = ", ".join(f"{h.name!r}" for h in hosts) or "none"
+        return [Problem("cluster.hosts", f"a batch job runs a Slurm group (a host of kind: slurm), but this preset "
+                                         f"has none (hosts: {kinds}); expected one, or run it with clusterdeck run")]
+    if len(groups) > 1:
+        names = ", ".join(repr(h.name) for _, h in groups)
+        return [Problem("cluster.hosts", f"a batch job holds one Slurm group, but this preset has {len(groups)} "
+                                         f"({names}); expected one: submit one preset per group, or run it with "
+                                         "clusterdeck run (one salloc per group)")]
+    others = [(i, h) for i, h in enumerate(hosts) if not h.is_slurm]
+    if others:
+        i, h = others[0]
+        return [Problem(f"cluster.hosts[{i}]", f"host {h.name!r} is not a Slurm group: a batch job's launcher runs on "
+                                               "a node of the job, which holds every task; expected only the Slurm "
+                                               "group, or run it with clusterdeck run")]
+    i, h = groups[0]
+    if not h.tasks:
+        return [Problem(f"cluster.hosts[{i}].tasks", f"the Slurm group {h.name!r} has no tasks; expected at least one")]
+    return []
+
+
+def _group(config: RunConfig) -> Host:
+    return next(h for h in config.cluster.hosts if h.is_slurm)
+
+
+def batch_script(folder: RunFolder, python: str) -> str:
+    """The batch script: it execs the run's launcher (so Slurm's ``B:USR1`` warning reaches it), with this
+    checkout first on the path, as every supervisor gets it."""
+    root = str(Path(__file__).resolve().parent.parent.parent)
+    return "\n".join([
+        "#!/bin/sh",
+        f"# The Slurm batch job of ClusterDeck run {folder.path.name} (clusterdeck sbatch; the sbatch command is in",
+        f"# {BATCH_JSON}). Slurm runs it on the job's first node, and again after each requeue: it execs the run's",
+        "# launcher, which adopts this job's allocation and resumes from the run's newest checkpoint.",
+        f"export PYTHONPATH={shlex.quote(root)}\"${{PYTHONPATH:+:$PYTHONPATH}}\"",
+        f"exec {shlex.quote(python)} -m {LAUNCHER_MODULE} {shlex.quote(str(folder.path))}",
+        "",
+    ])
+
+
+def sbatch_command(host: Host, folder: RunFolder, *, warning_s: int = DEFAULT_WARNING_S) -> list[str]:
+    """``sbatch`` of the run's script: the group's allocation options (as ``salloc`` gets them), the job's output
+    into the run folder (appended to by every execution), the time-limit warning to the batch shell only, and
+    ``--requeue``; held (``--hold``) until the folder says the run is queued. ``slurm.sbatch_options`` come last:
+    the user's own win."""
+    assert host.slurm is not None
+    name = slurm.job_name(folder.path.name, host.name)
+    return ["sbatch", "--parsable", "--hold", *slurm.allocation_options(host, name),
+            f"--output={folder.launcher_log}", "--open-mode=append", f"--chdir={folder.path}",
+            f"--signal=B:USR1@{warning_s}", "--requeue", *host.slurm.sbatch_options, str(folder.path / BATCH_SCRIPT)]
+
+
+def submit(config: RunConfig, runs_root: str | Path, *, warning_s: int = DEFAULT_WARNING_S,
+           deep: bool = True) -> Submitted:
+    """Check ``config``, make its run folder, submit its batch job; return as soon as Slurm has queued it.
+
+    Raises :class:`ConfigError` for a config that cannot be a batch job (nothing made), :class:`SlurmError`
+    when Slurm is not here or refuses the job (the run folder is removed again). ``deep`` also checks the data
+    files and the user's script (a subprocess), as ``clusterdeck run`` does.
+    """
+    from engine.control.launcher import launch_problems
+
+    if not MIN_WARNING_S <= warning_s <= MAX_WARNING_S:
+        raise ConfigError([Problem("--signal-before", f"expected seconds between {MIN_WARNING_S} and "
+                                                      f"{MAX_WARNING_S}, got {warning_s}")], config.name)
+    problems = batch_problems(config)
+    if problems:
+        raise ConfigError(problems, config.name)
+    ok, why = slurm.slurm_available()
+    if ok and shutil.which("sbatch") is None:
+        ok, why = False, "Slurm's sbatch is not installed here"
+    if not ok:
+        raise SlurmError(f"{why}; a batch job is submitted from a submit host of a Slurm cluster")
+    problems = launch_problems(config, deep=deep) or slurm.check_config(config)
+    if problems:
+        raise ConfigError(problems, config.name)
+    config = _absolute(config)  # the job runs in the run folder: relative paths are the submitter's
+    host = _group(config)
+    folder = RunFolder.create(runs_root, config.name)
+    job_id = ""
+    try:
+        folder.write_config(config)
+        write_atomic(folder.path / BATCH_CONFIG, config_mod.dumps(config))
+        _empty_series(folder)
+        script = folder.path / BATCH_SCRIPT
+        write_atomic(script, batch_script(folder, host.python))
+        script.chmod(0o700)
+        cmd = sbatch_command(host, folder, warning_s=warning_s)
+        out = slurm._run(cmd, check=False)
+        if out.returncode != 0:
+            said = slurm._first_line(out.stderr) or f"exit code {out.returncode}"
+            raise BatchRefused(f"sbatch refused the batch job of Slurm group {host.name!r}: {said}")
+        job_id = out.stdout.strip().split(";")[0].strip()
+        if not job_id.isdigit():
+            raise BatchRefused(f"sbatch gave no job id for Slurm group {host.name!r} (it printed "
+                               f"{out.stdout.strip()[:80]!r})")
+        status = slurm.job_status(job_id)
+        write_atomic(folder.path / BATCH_JSON, json.dumps({
+            "job_id": job_id, "group": host.name, "submitted": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "submit_host": socket.gethostname(), "command": cmd, "warning_s": warning_s,
+            "restarts_allowed": config.training.restarts}, indent=2))
+        queued = JobStatus(job_id, "PENDING", "None", partition=status.partition if status else "")
+        message = queued.explain()
+        folder.write_meta(name=config.name, state="pending", mode=config.parallelism.mode, step=0, slurm_job=job_id,
+                          summary={"state": "pending", "reason": message, "total_steps": config.total_steps()})
+        _append(folder, [
+            events.make("info", LAUNCHER, message=f"Slurm job {job_id} submitted for {host.name!r} as a batch job: "
+                                                  "its launcher runs inside it, on the job's first node",
+                        job_id=job_id, host=host.name),
+            events.make("info", LAUNCHER, message=message, job_id=job_id, slurm_state="PENDING",
+                        slurm_reason="None", host=host.name),
+            events.make("run", LAUNCHER, state="pending", job_id=job_id, reason="None", slurm_state="PENDING",
+                        host=host.name, message=message)])
+        released = slurm._run(["scontrol", "release", job_id], check=False)
+        if released.returncode != 0:
+            said = slurm._first_line(released.stderr) or f"exit code {released.returncode}"
+            raise BatchRefused(f"Slurm job {job_id} could not be released from its hold (scontrol release): {said}")
+    except BaseException:
+        if job_id:
+            slurm.cancel(job_id)
+        shutil.rmtree(folder.path, ignore_errors=True)
+        raise
+    return Submitted(job_id=job_id, folder=folder, group=host.name, status=slurm.job_status(job_id), command=tuple(cmd))
+
+
+def _absolute(config: RunConfig) -> RunConfig:
+    """Data, model and program paths made absolute where the submitter wrote them (as :meth:`Run.start` does)."""
+    config = datasets.absolute_paths(config)
+    program = config.program
+    if program is not None and program.script.strip():
+        config = config_mod.replace(config, program=config_mod.replace(
+            program, script=os.path.abspath(os.path.expanduser(program.script))))
+    return config
+
+
+def _empty_series(folder: RunFolder) -> None:
+    """The run's sample store, empty (as its launcher's writer starts it): a front end that attaches while the job
+    is queued then follows the samples its launcher writes later (a reader follows a store that exists)."""
+    root = folder.path / "series"  # the launcher's RunRecord writes it there (SeriesWriter)
+    root.mkdir(mode=0o700, exist_ok=True)
+    os.close(os.open(root / "owners.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644))
+
+
+def _append(folder: RunFolder, lines: list[dict[str, Any]]) -> None:
+    """Events appended to ``events.jsonl`` (whole lines, one write each): the batch side's own word."""
+    writer = events.EventWriter(folder.events)
+    try:
+        for event in lines:
+            writer.write(event)
+    finally:
+        writer.close()
+
+
+# --------------------------------------------------------------------------- the folder's Slurm record
+
+
+def read_batch(folder: RunFolder) -> dict[str, Any] | None:
+    """``slurm-batch.json`` of a batch run; None for any other run."""
+    try:
+        data = json.loads((folder.path / BATCH_JSON).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def is_batch_run(folder: RunFolder) -> bool:
+    """Whether the run was submitted as a Slurm batch job (``clusterdeck sbatch``)."""
+    return (folder.path / BATCH_JSON).is_file()
+
+
+def executions(folder: RunFolder) -> list[dict[str, Any]]:
+    """The lines of ``slurm-executions.jsonl`` (a torn last line is skipped)."""
+    try:
+        text = (folder.path / EXECUTIONS).read_text(encoding="utf-8")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            item = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(item, dict):
+            out.append(item)
+    return out
+
+
+def restarts_used(lines: list[dict[str, Any]]) -> int:
+    """Restarts a batch run has used: every execution after the first, and every whole-run restart inside one."""
+    starts = sum(1 for e in lines if e.get("kind") == "start")
+    return max(0, starts - 1) + sum(1 for e in lines if e.get("kind") == "run_restart")
+
+
+def _note(folder: RunFolder, kind: str, **fields: Any) -> None:
+    line = json.dumps({"kind": kind, "t": time.time(), "at": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields})
+    fd = os.open(folder.path / EXECUTIONS, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        os.write(fd, (line + "\n").encode("utf-8"))
+    finally:
+        os.close(fd)
+
+
+def _launcher_alive_here(folder: RunFolder) -> bool:
+    """Whether ``launcher.json`` names a launcher on this machine that still runs (then the folder is right)."""
+    from engine.control.detach import read_launcher
+
+    info = read_launcher(folder)
+    return info is not None and info.host == socket.gethostname() and info.alive()
+
+
+def batch_state(folder: RunFolder, state: str | None = None) -> BatchState | None:
+    """A batch run's state, Slurm asked where its folder cannot know; None for a run that is no batch run.
+
+    ``state`` is what the folder says (``engine.control.detach.run_state``; read here when not given). Slurm is
+    asked (``scontrol``, else ``sacct``) only while that state is live, ``interrupted`` or a stop by a signal,
+    and no launcher is seen alive on this machine: a job cancelled while queued reads *stopped*, one Slurm ended
+    with its launcher *failed* (TIMEOUT, NODE_FAIL, ...), one queued again (a requeue) *pending*.
+    """
+    record = read_batch(folder)
+    if record is None:
+        return None
+    meta = folder.read_meta()
+    if state is None:
+        from engine.control.detach import run_state
+
+        state = run_state(folder, meta)
+    summary = meta.get("summary")
+    reason = str(summary.get("reason") or "") if isinstance(summary, dict) else ""
+    job = str(record.get("job_id") or "")
+    signalled = state == "stopped" and _ended_by_signal(folder)
+    if not job or not (state in LIVE_STATES or state in ("interrupted", "") or signalled):
+        return BatchState(state, reason, job)
+    if _launcher_alive_here(folder):
+        return BatchState(state, reason, job)
+    status, why = slurm.final_status(job)
+    if status is None:
+        if signalled:
+            return BatchState(state, reason, job)
+        return BatchState("interrupted", f"the run's launcher is gone and {why}", job)
+    if status.pending:
+        return BatchState("pending", status.explain(), job, status.state)
+    if status.running or not status.ended:
+        if state in LIVE_STATES:
+            return BatchState("starting" if state == "pending" else state, reason, job, status.state)
+        if signalled:  # requeued and running again: its launcher is starting
+            return BatchState("starting", status.explain(), job, status.state)
+        return BatchState(state, reason, job, status.state)
+    if signalled:
+        return BatchState(state, reason, job, status.state)
+    if status.state == "CANCELLED":
+        return BatchState("stopped", f"{status.explain()} before its launcher recorded an end", job, status.state)
+    if status.state == "COMPLETED":
+        return BatchState("interrupted", f"{status.explain()} without its launcher recording how the run ended",
+                          job, status.state)
+    return BatchState("failed", status.explain(), job, status.state)
+
+
+def _ended_by_signal(folder: RunFolder) -> bool:
+    """Whether the last execution ended on a signal from Slurm (SIGTERM: cancelled, preempted, requeued)."""
+    lines = [e for e in executions(folder) if e.get("kind") in ("start", "end")]
+    return bool(lines) and lines[-1].get("kind") == "end" and bool(lines[-1].get("signal"))
+
+
+def stop_run(folder: RunFolder, by: str = "") -> str:
+    """Stop a batch run through Slurm (from any submit host): a queued job is cancelled and the run recorded
+    stopped; a running one's launcher gets ``SIGTERM`` (``scancel --batch``) and stops the run as Ctrl+C would,
+    each task writing its final checkpoint. Returns what was done; raises :class:`SlurmError` when it cannot."""
+    record = read_batch(folder)
+    if record is None or not record.get("job_id"):
+        raise SlurmError(f"{folder.path}: not a Slurm batch run (no {BATCH_JSON}); expected a run clusterdeck "
+                         "sbatch submitted")
+    job = str(record["job_id"])
+    now = batch_state(folder)
+    state = now.state if now is not None else ""
+    who = f"stopped by {by}" if by else "stopped through Slurm"
+    if state == "pending":
+        slurm.cancel(job)
+        reason = f"{who} while queued: Slurm job {job} cancelled"
+        _record_end(folder, "stopped", reason)
+        return reason
+    if state in LIVE_STATES:
+        write_atomic(folder.path / STOP_REQUEST, json.dumps({"by": by, "t": time.time()}))
+        out = slurm._run(["scancel", "--batch", "--signal=TERM", job], check=False)
+        if out.returncode != 0:
+            raise SlurmError(f"scancel could not signal the launcher of Slurm job {job}: "
+                             f"{slurm._first_line(out.stderr) or f'exit code {out.returncode}'}")
+        return f"asked the launcher of Slurm job {job} to stop the run (SIGTERM): its tasks write final checkpoints"
+    return f"the run has already ended ({state or 'unknown'})"
+
+
+def _summary(meta: dict[str, Any]) -> dict[str, Any]:
+    summary = meta.get("summary")
+    return dict(summary) if isinstance(summary, dict) else {}
+
+
+def _record_end(folder: RunFolder, state: str, reason: str, **fields: Any) -> None:
+    """A batch run's end said by the batch side (no launcher records it): ``run.json`` and a ``run`` event."""
+    meta = folder.read_meta()
+    summary = _summary(meta)
+    summary.update(state=state, reason=reason)
+    folder.write_meta(state=state, launcher=None, summary=summary, ended=time.strftime("%Y-%m-%dT%H:%M:%S"))
+    _append(folder, [events.make("run", LAUNCHER, state=state, reason=reason, **fields)])
+
+
+# --------------------------------------------------------------------------- the launcher inside the job
+
+
+class BatchLauncher:
+    """One execution of a batch job: the run in this job's allocation, the time-limit warning, the requeue."""
+
+    def __init__(self, folder: RunFolder, job_id: str) -> None:
+        self.folder = folder
+        self.job_id = job_id
+        self.record = read_batch(folder) or {}
+        self.allowed = int(self.record.get("restarts_allowed", 0) or 0)
+        self.warned = threading.Event()  # USR1: the time limit is near
+        self.signum: int | None = None  # SIGTERM or SIGINT: Slurm (or a user) ends the job
+        self.action = ""  # "requeue" or "last": what the warning decided
+        self.run: Any = None
+        self.stopped_step: int | None = None
+        self.checkpoint = ""
+        self.used = 0
+
+    # -- signals
+
+    def _on_warning(self, signum: int, frame: Any) -> None:
+        self.warned.set()
+
+    def _on_stop_signal(self, signum: int, frame: Any) -> None:
+        if self.signum is not None or self.action:
+            return  # the run is stopping already (a requeue's own SIGTERM comes after it)
+        self.signum = signum
+        if self.run is not None:
+            self.run.stop(reason=self._signal_reason(signum), wait=False)
+
+    def _signal_reason(self, signum: int) -> str:
+        try:
+            asked = json.loads((self.folder.path / STOP_REQUEST).read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            asked = None
+        if isinstance(asked, dict):
+            by = asked.get("by")
+            return f"stopped by {by}" if isinstance(by, str) and by else "stopped through Slurm (scancel)"
+        return (f"Slurm sent {signal.Signals(signum).name} to job {self.job_id} (scancel, preemption, a requeue or "
+                "its time limit): stopped with a final checkpoint")
+
+    # -- the run
+
+    def main(self) -> int:
+        previous = {s: signal.signal(s, h) for s, h in ((signal.SIGUSR1, self._on_warning),
+                                                          (signal.SIGTERM, self._on_stop_signal),
+                                                          (signal.SIGINT, self._on_stop_signal),
+                                                          (signal.SIGHUP, signal.SIG_IGN))}
+        try:
+            return self._execute()
+        finally:
+            for s, h in previous.items():
+                signal.signal(s, h)
+
+    def _execute(self) -> int:
+        from engine.control.detach import RunHost
+        from engine.control.launcher import Run
+        from engine.control.memory import tune_allocator
+
+        tune_allocator()
+        before = executions(self.folder)
+        execution = sum(1 for e in before if e.get("kind") == "start") + 1
+        node = socket.gethostname()
+        _note(self.folder, "start", execution=execution, job_id=self.job_id, node=node, pid=os.getpid(),
+              slurm_restart_count=os.environ.get("SLURM_RESTART_COUNT", ""))
+        self.used = restarts_used(executions(self.folder))
+        left = self.allowed - self.used
+        print(f"clusterdeck: execution {execution} of Slurm job {self.job_id} on {node} (pid {os.getpid()}); "
+              f"restarts used {self.used} of {self.allowed}", flush=True)
+        if left < 0:
+            reason = (f"Slurm job {self.job_id} was requeued (execution {execution}) but no restarts are left "
+                      f"(training.restarts: {self.allowed}); the run keeps its last checkpoint")
+            return self._refuse("failed", reason, 1)
+        try:
+            config = config_mod.load(self.folder.path / BATCH_CONFIG)
+        except ConfigError as exc:
+            return self._refuse("failed", f"the submitted config {BATCH_CONFIG} cannot be read: {exc}", 2)
+        # the lifecycle's whole-run restarts count against what the requeues left
+        config = config_mod.replace(config, training=config_mod.replace(config.training, restarts=left))
+        os.environ[slurm.ADOPT_ENV] = self.job_id  # the Slurm transport adopts this job: no salloc
+        run = Run(config, run_dir=self.folder.path, checked=True)
+        run.add_listener(self._on_event)
+        try:
+            run.start()
+        except ConfigError as exc:
+            return self._refuse("failed", f"the run could not start: {exc}", 2)
+        self.run = run
+        if self.signum is not None:  # a stop signal while it started
+            run.stop(reason=self._signal_reason(self.signum), wait=False)
+        try:
+            host: Any = RunHost(run, detached=True).start()
+        except OSError as exc:  # the run goes on without a channel (attach reads the folder): said in the log
+            print(f"clusterdeck: no control channel for this run ({exc.strerror or exc})", file=sys.stderr, flush=True)
+            host = None
+        print(f"clusterdeck: launcher {os.getpid()} hosts {self.folder.path} in Slurm job {self.job_id}", flush=True)
+        try:
+            while not run.done:
+                run.wait(0.5)
+                if self.warned.is_set() and not self.action and self.signum is None:
+                    self._time_limit_near(run)
+        finally:
+            if host is not None:
+                host.close()
+        state = run.state.state
+        print(f"clusterdeck: the run ended: {state}", flush=True)
+        code = 0 if state in ("finished", "stopped") else 1
+        if state == "stopped" and self.action == "requeue":
+            self._requeue(run)
+            code = 0
+        elif state == "stopped" and self.action == "last":
+            self._no_restart_left(run)
+        elif state == "stopped" and self.signum is not None:
+            self._requeued_by_slurm()
+        _note(self.folder, "end", execution=execution, state=state, step=run.state.step,
+              signal=signal.Signals(self.signum).name if self.signum is not None else "", action=self.action)
+        return code
+
+    def _on_event(self, event: dict[str, Any]) -> None:
+        kind = event.get("kind")
+        if kind == "info" and isinstance(event.get("stopped_step"), int) and event.get("checkpoint"):
+            step = int(event["stopped_step"])
+            if self.stopped_step is None or step >= self.stopped_step:
+                self.stopped_step = step
+                self.checkpoint = str(event["checkpoint"])
+        elif kind == "run" and event.get("state") == "restarting":
+            _note(self.folder, "run_restart", job_id=self.job_id, reason=str(event.get("reason", "")))
+
+    def _time_limit_near(self, run: Any) -> None:
+        """USR1: stop with a final checkpoint; requeue afterwards if a restart is left."""
+        if run.done or run.state.state in ("finished", "failed", "stopped"):
+            return
+        used = restarts_used(executions(self.folder))
+        if used < self.allowed:
+            self.action = "requeue"
+            reason = (f"Slurm's time limit is near (USR1 to job {self.job_id}): stopping with a final checkpoint, "
+                      f"then requeueing the job (restart {used + 1} of {self.allowed})")
+        else:
+            self.action = "last"
+            reason = (f"Slurm time limit reached: stopping with a final checkpoint; no restarts left "
+                      f"(training.restarts: {self.allowed})")
+        print(f"clusterdeck: {reason}", flush=True)
+        run.stop(reason=reason, wait=False)
+
+    def _saved(self) -> str:
+        if self.stopped_step is None:
+            return "no final checkpoint was written"
+        return f"checkpoint at step {self.stopped_step} written"
+
+    def _requeue(self, run: Any) -> None:
+        """The run stopped with its checkpoint: it reads pending again, then the job goes back to the queue."""
+        step = self.stopped_step
+        resume = f"resumes from step {step}" if step is not None else "resumes from its newest checkpoint"
+        message = (f"Slurm time limit near: {self._saved()}; Slurm job {self.job_id} requeued (restart "
+                   f"{restarts_used(executions(self.folder)) + 1} of {self.allowed}): the run {resume} when Slurm "
+                   "starts the job again")
+        self._pending_again(message, f"requeued at its time limit; {resume}", requeued_step=step)
+        _note(self.folder, "requeue", job_id=self.job_id, step=step, checkpoint=self.checkpoint)
+        out = slurm._run(["scontrol", "requeue", self.job_id], check=False)
+        if out.returncode != 0:
+            said = slurm._first_line(out.stderr) or f"exit code {out.returncode}"
+            _record_end(self.folder, "stopped", f"Slurm time limit reached: {self._saved()}; requeueing Slurm job "
+                                                f"{self.job_id} failed (scontrol requeue: {said})")
+            return
+        # Slurm then holds the job for its credentials' lifetime (BeginTime, about 2 minutes) before it can start again
+        print(f"clusterdeck: {message}", flush=True)
+
+    def _pending_again(self, message: str, reason: str, **fields: Any) -> None:
+        """The folder says queued again: ``run.json`` pending (no launcher), a ``run`` event pending."""
+        try:
+            self.folder.launcher_json.unlink()
+        except FileNotFoundError:
+            pass
+        meta = self.folder.read_meta()
+        summary = _summary(meta)
+        summary.update(state="pending", reason=message)
+        self.folder.write_meta(state="pending", launcher=None, summary=summary, ended=None)
+        _append(self.folder, [
+            events.make("info", LAUNCHER, message=message, job_id=self.job_id, **fields),
+            events.make("run", LAUNCHER, state="pending", job_id=self.job_id, reason=reason, slurm_state="REQUEUED",
+                        message=message)])
+
+    def _no_restart_left(self, run: Any) -> None:
+        reason = (f"Slurm time limit reached: {self._saved()}; no restarts left (training.restarts: "
+                  f"{self.allowed})")
+        print(f"clusterdeck: {reason}", flush=True)
+        _record_end(self.folder, "stopped", reason, job_id=self.job_id,
+                    **({"stopped_step": self.stopped_step} if self.stopped_step is not None else {}))
+
+    def _requeued_by_slurm(self) -> None:
+        """Stopped by Slurm's SIGTERM: where Slurm queues the job again (preemption, a requeue), say so."""
+        status = slurm.job_status(self.job_id)
+        if status is None or status.state not in slurm.PENDING_STATES:
+            return
+        resume = (f"resumes from step {self.stopped_step}" if self.stopped_step is not None
+                  else "resumes from its newest checkpoint")
+        self._pending_again(f"Slurm requeued job {self.job_id} ({status.state}): {self._saved()}; the run {resume} "
+                            "when Slurm starts the job again", f"requeued by Slurm; {resume}")
+
+    def _refuse(self, state: str, reason: str, code: int) -> int:
+        print(f"clusterdeck: {reason}", file=sys.stderr, flush=True)
+        try:
+            _record_end(self.folder, state, reason, job_id=self.job_id)
+        except OSError as exc:
+            print(f"clusterdeck: cannot record it in {self.folder.path}: {exc.strerror or exc}", file=sys.stderr)
+        _note(self.folder, "end", state=state, reason=reason, signal="", action="refused")
+        return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m engine.control.slurm_batch RUN_DIR``: the launcher of a batch run, run by its batch script."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0].startswith("-"):
+        print(f"usage: python -m {LAUNCHER_MODULE} RUN_DIR (run by the batch script clusterdeck sbatch writes)",
+              file=sys.stderr)
+        return 2
+    folder = RunFolder(Path(argv[0]).resolve())
+    job = os.environ.get("SLURM_JOB_ID", "").strip()
+    if not job:
+        print(f"clusterdeck: {LAUNCHER_MODULE} runs inside the Slurm batch job of a run (SLURM_JOB_ID is not set); "
+              "expected to be started by the run's batch script", file=sys.stderr)
+        return 2
+    record = read_batch(folder)
+    if record is None:
+        print(f"clusterdeck: {folder.path}: not a batch run folder (no readable {BATCH_JSON}); expected a folder "
+              "clusterdeck sbatch made", file=sys.stderr)
+        return 2
+    if str(record.get("job_id", "")) not in ("", job):
+        print(f"clusterdeck: {folder.path} belongs to Slurm job {record.get('job_id')}, not to job {job}; expected "
+              "its own batch script to start it", file=sys.stderr)
+        return 2
+    return BatchLauncher(folder, job).main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
