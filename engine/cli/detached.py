@@ -54,22 +54,27 @@ def spawn(args: argparse.Namespace, cfg: RunConfig, runs_root: Path, named: str,
         report(ConfigError([Problem(named, f"cannot write a run folder in {str(runs_root)!r}: "
                                            f"{getattr(exc, 'strerror', None) or exc}")]))
         return 2
+    if args.json:  # where the run is, before its launcher has checked and started it
+        print(json.dumps({"kind": "folder", "run_dir": str(folder.path)}), flush=True)
     ready_r, ready_w = os.pipe()
+    proc: subprocess.Popen[bytes] | None = None
     try:
-        proc = subprocess.Popen(_launcher_argv(args, folder.path, ready_w), stdin=subprocess.DEVNULL, stdout=log,
-                                stderr=log, pass_fds=(ready_w,), start_new_session=True)
-    finally:
-        os.close(ready_w)
-        os.close(log)
-    try:
+        try:
+            proc = subprocess.Popen(_launcher_argv(args, folder.path, ready_w), stdin=subprocess.DEVNULL, stdout=log,
+                                    stderr=log, pass_fds=(ready_w,), start_new_session=True)
+        finally:
+            os.close(ready_w)
+            os.close(log)
         answer = _wait_ready(ready_r, proc)
-    except KeyboardInterrupt:  # Ctrl-C while it starts: the run is not wanted after all
-        proc.send_signal(signal.SIGTERM)
-        proc.wait()
+    except KeyboardInterrupt:  # Ctrl-C while it starts (even before Popen returned): the run is not wanted
+        if proc is not None:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait()
         print("clusterdeck: interrupted (Ctrl-C); the detached run was stopped before it started", file=sys.stderr)
         return 128 + signal.SIGINT
     finally:
         os.close(ready_r)
+    assert proc is not None  # Popen raised nothing, or the function returned above
     if answer is None:
         code = proc.wait()
         tail = "\n".join(f"  {line}" for line in log_tail(folder.launcher_log, 12))

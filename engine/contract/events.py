@@ -96,14 +96,14 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
             return None
     event = _fast_event(line)
     if event is None:
-        line = line.strip()
-        if not line.startswith(b"{" if isinstance(line, bytes) else "{"):
-            return None
         if isinstance(line, bytes):
             try:
                 line = line.decode("utf-8")
             except UnicodeDecodeError:
                 return None
+        line = line.strip()
+        if not line.startswith("{"):
+            return None
         event = _versioned_object(line, EVENT_VERSION, parse_constant=_null, parse_float=_finite_float,
                                   parse_int=_int64)
     if event is None:
