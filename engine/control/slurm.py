@@ -22,6 +22,10 @@ A host of ``kind: slurm`` is a group of nodes that Slurm hands out. One run of i
    failure, preemption, a cancel) fails the run with Slurm's state and reason
    (:meth:`SlurmTransport.failure`). A whole-run restart submits a new allocation.
 
+**Batch jobs** (``clusterdeck sbatch``, :mod:`engine.control.slurm_batch`): the launcher itself runs inside a
+job ``sbatch`` queued; with :data:`ADOPT_ENV` set to that job's id, step 2 adopts it (no ``salloc``, no queue,
+never cancelled here: it ends with its batch script) and a whole-run restart starts again inside it.
+
 :class:`SlurmTransport` is the launcher's transport (``engine.control.transports.KINDS['slurm']``).
 Slurm's commands run on this machine, which must be a submit host of the cluster; the run folder must
 be on storage every node shares, with ClusterDeck installed for the group's ``python``.

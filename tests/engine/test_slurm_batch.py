@@ -310,6 +310,28 @@ def test_the_time_limit_warning_checkpoints_requeues_and_the_run_resumes_its_ste
     assert lines[3]["slurm_restart_count"] == "1" and slurm_batch.restarts_used(lines) == 1
 
 
+def test_a_whole_run_restart_stays_inside_the_batch_job_and_counts_against_the_restarts(
+        cluster: slurm_cluster.Cluster, runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CLUSTERDECK_TEST_STEP_DELAY", "worker:0=0.05")
+    config = small(steps=120, checkpoint_every=20, restarts=1, steps_per_execution=4)
+    done = slurm_batch.submit(config, runs_root, deep=False)
+    folder, job = done.folder, done.job_id
+    wait_until("steps past the first checkpoint", lambda: state_of(folder) == "running" and step_of(folder) >= 30,
+               RUN_TIMEOUT, folder)
+    pid = folder.read_meta()["tasks"]["worker:1"]["pid"]
+    os.kill(pid, 9)  # the run restarts from its checkpoint, in the same job: no salloc, no new job
+    wait_until("the end", lambda: state_of(folder) in ("finished", "failed", "stopped"), RUN_TIMEOUT, folder)
+    assert state_of(folder) == "finished", story(folder)
+    assert run_events(folder, "run", state="restarting"), "the run did not restart"
+    assert len([e for e in run_events(folder, "info") if "submitted" in str(e.get("message"))]) == 1
+    assert_nothing_left(folder)
+    lines = slurm_batch.executions(folder)
+    assert [e["kind"] for e in lines] == ["start", "run_restart", "end"], lines
+    assert slurm_batch.restarts_used(lines) == 1  # a requeue now would find no restart left
+    status, _ = slurm.final_status(job)
+    assert status is not None and status.state == "COMPLETED"
+
+
 def test_the_warning_with_no_restart_left_stops_the_run_at_its_checkpoint(
         cluster: slurm_cluster.Cluster, runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("CLUSTERDECK_TEST_STEP_DELAY", "worker:0=0.05")
