@@ -126,31 +126,39 @@ class Lab:
 
 @pytest.fixture(scope="session", name="lab_session")
 def lab_session_fixture() -> Iterator[str]:
-    """"" once the lab is up (brought up here if it was not, and then taken down at the end); else why not."""
+    """"" once the lab is up (brought up here if it was not, and then taken down at the end); else why not.
+
+    Every pytest worker's session holds ``users.lock`` shared while it may use the lab; the one that brought the
+    lab up takes it down only once it alone holds it (the others' sessions ended)."""
     why = why_no_lab()
     if why:
         yield why
         return
-    started = False
-    if _lab("status", check=False).returncode != 0:  # absent, or not whole: (re)made, idempotently
+    DIR.mkdir(parents=True, exist_ok=True)
+    with open(DIR / "users.lock", "w") as users:
+        fcntl.flock(users, fcntl.LOCK_SH)
+        started = False
+        with open(DIR / "tests.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one worker at a time looks, and brings it up
+            if _lab("status", check=False).returncode != 0:  # absent, or not whole: (re)made, idempotently
+                absent = subprocess.run(["ip", "link", "show", "cdbr0"], capture_output=True).returncode != 0
+                try:
+                    _lab("up")
+                    started = absent  # a lab that was there (and only mended here) is left up
+                except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
+                    why = f"the lab of hosts did not come up: {exc}"
         try:
-            _lab("up")
-            started = True
-        except (RuntimeError, OSError, subprocess.SubprocessError) as exc:
-            yield f"the lab of hosts did not come up: {exc}"
-            return
-    try:
-        yield ""
-    finally:
-        if started:
-            _lab("down", check=False)
+            yield why
+        finally:
+            if started:
+                fcntl.flock(users, fcntl.LOCK_EX)  # waits for the other workers' sessions to end
+                _lab("down", check=False)
 
 
 @pytest.fixture(name="lab")
 def lab_fixture(lab_session: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Lab]:
     """The lab, held by this test alone; ssh reaches its hosts by name (``CLUSTERDECK_SSH_CONFIG``)."""
     require(not lab_session, lab_session)
-    DIR.mkdir(parents=True, exist_ok=True)
     with open(DIR / "tests.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # another pytest worker's lab test waits here
         monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(SSH_CONFIG))

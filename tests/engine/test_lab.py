@@ -53,9 +53,9 @@ def remote_left(lab: Lab, n: int) -> list[int]:
 
 
 def test_a_data_run_across_two_hosts_finishes_and_the_slowed_host_is_its_straggler(lab: Lab, runs_root: Path) -> None:
-    # a model whose step is mostly compute (not the all-reduce), reported every 4 steps: some 5 s of steps once
-    # lab2 is slowed, where the detector needs 1.5 s of a sustained excess
-    config = lab_config("data", (lab.host(1, ("worker", 0)), lab.host(2, ("worker", 1))), steps=96, metrics_hz=20,
+    # a model whose step is mostly compute (not the all-reduce), reported every 4 steps: several seconds of steps
+    # once lab2 is slowed, where the detector needs 1.5 s of a sustained excess
+    config = lab_config("data", (lab.host(1, ("worker", 0)), lab.host(2, ("worker", 1))), steps=64, metrics_hz=20,
                         steps_per_execution=4)
     config = replace(config, model=replace(config.model, hidden=(1024,)))
     detector = StragglerDetector(margin=0.5, window_s=1.5)
@@ -73,7 +73,7 @@ def test_a_data_run_across_two_hosts_finishes_and_the_slowed_host_is_its_straggl
     run.start()
     try:
         assert first_step.wait(90), run.state.summary()
-        lab.slow(2, 20)  # lab2 becomes a slower machine: a fifth of a core for all it runs
+        lab.slow(2, 10)  # lab2 becomes a slower machine: a tenth of a core for all it runs
         slowed_at.append(time.time())  # the detector's clock: the events' own time
         assert run.wait(120) == "finished", run_story(run.run_dir)
     finally:
