@@ -13,7 +13,6 @@ import socket
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
 
 from engine.cli.runs_list import RunRow, is_run, run_row
 from engine.contract.run_folder import LIVE_STATES, RunFolder
@@ -51,32 +50,6 @@ class RunEntry:
         return "running" if self.live else self.row.state
 
 
-def host_kinds(meta: dict[str, Any]) -> str:
-    """``local``, ``ssh``, ``slurm`` (joined with ``+``) from ``run.json``'s supervisors; ``""`` before any."""
-    kinds: list[str] = []
-    supervisors = meta.get("supervisors")
-    for sup in supervisors.values() if isinstance(supervisors, dict) else ():
-        kind = str(sup.get("transport", "")) if isinstance(sup, dict) else ""
-        kind = "local" if kind in ("netns", "") else kind
-        if kind not in kinds:
-            kinds.append(kind)
-    return " + ".join(kinds)
-
-
-def config_facts(folder: RunFolder) -> tuple[str, str]:
-    """The mode and the host kinds its ``config.yaml`` names (a run that did not record them: ``-``)."""
-    try:
-        config = folder.read_config(check=False)
-    except Exception:  # noqa: BLE001 - a folder whose config cannot be read still lists
-        return "-", "-"
-    kinds: list[str] = []
-    for host in config.cluster.hosts:
-        kind = "slurm" if host.kind == "slurm" else "local" if host.is_local else "ssh"
-        if kind not in kinds:
-            kinds.append(kind)
-    return config.parallelism.mode, " + ".join(kinds) or "-"
-
-
 def _stamp(path: Path) -> tuple[int, int]:
     try:
         info = os.stat(path)
@@ -97,12 +70,7 @@ def entry_of(path: Path) -> RunEntry:
     launcher = meta.get("launcher") if isinstance(meta.get("launcher"), dict) else {}
     assert isinstance(launcher, dict)
     pid = launcher.get("pid")
-    hosts = host_kinds(meta)
-    if not hosts or row.mode in ("", "?"):  # not recorded (yet): what its config says
-        mode, hosts_named = config_facts(folder)
-        hosts = hosts or hosts_named
-        row = replace(row, mode=mode if row.mode in ("", "?") else row.mode)
-    return RunEntry(row=row, hosts=hosts, owner_uid=owner,
+    return RunEntry(row=row, hosts=row.hosts, owner_uid=owner,
                     launcher_host=str(launcher.get("host", "") or socket.gethostname()),
                     launcher_pid=pid if isinstance(pid, int) else None)
 

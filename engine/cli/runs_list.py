@@ -40,6 +40,7 @@ class RunRow:
     started: str
     duration_s: float | None
     detached: bool
+    hosts: str = ""  # where it runs: the kinds of its hosts (local, ssh, slurm), joined with " + "
 
 
 def add_runs_option(p: argparse.ArgumentParser) -> None:
@@ -89,7 +90,7 @@ def find_run(word: str, root: Path) -> RunFolder:
     exact = root / word
     if exact.is_dir() and is_run(exact):
         return RunFolder(exact)
-    matches = [p for p in _run_dirs(root) if word in p.name]
+    matches = [p for p in run_dirs(root) if word in p.name]
     if len(matches) > 1:  # the one still running among finished namesakes is the one meant
         from engine.control.detach import run_state
 
@@ -105,7 +106,8 @@ def find_run(word: str, root: Path) -> RunFolder:
                       "name of one")
 
 
-def _run_dirs(root: Path) -> list[Path]:
+def run_dirs(root: Path) -> list[Path]:
+    """The run folders directly under ``root``, by name (oldest first); another user's unreadable ones left out."""
     try:
         children = sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
     except OSError:
@@ -127,6 +129,32 @@ def _parse(stamp: Any) -> float | None:
         return None
 
 
+def host_kinds(meta: dict[str, Any]) -> str:
+    """``local``, ``ssh``, ``slurm`` (joined with ``+``) from ``run.json``'s supervisors; ``""`` before any."""
+    kinds: list[str] = []
+    supervisors = meta.get("supervisors")
+    for sup in supervisors.values() if isinstance(supervisors, dict) else ():
+        kind = str(sup.get("transport", "")) if isinstance(sup, dict) else ""
+        kind = "local" if kind in ("netns", "") else kind
+        if kind not in kinds:
+            kinds.append(kind)
+    return " + ".join(kinds)
+
+
+def config_facts(folder: RunFolder) -> tuple[str, str]:
+    """The mode and the host kinds its ``config.yaml`` names (a folder whose config cannot be read: ``-``)."""
+    try:
+        config = folder.read_config(check=False)
+    except Exception:  # noqa: BLE001 - a folder whose config cannot be read still lists
+        return "-", "-"
+    kinds: list[str] = []
+    for host in config.cluster.hosts:
+        kind = "slurm" if host.kind == "slurm" else "local" if host.is_local else "ssh"
+        if kind not in kinds:
+            kinds.append(kind)
+    return config.parallelism.mode, " + ".join(kinds) or "-"
+
+
 def run_row(folder: RunFolder) -> RunRow:
     """What ``ls`` says of one run folder, from its ``run.json`` and ``launcher.json`` (no event is read)."""
     from engine.control.detach import read_launcher, run_state
@@ -144,8 +172,12 @@ def run_row(folder: RunFolder) -> RunRow:
     else:
         end = _parse(meta.get("ended")) or _parse(meta.get("updated"))
     duration = end - started if started is not None and end is not None else None
+    mode, hosts = str(meta.get("mode", "") or ""), host_kinds(meta)
+    if not mode or not hosts:  # not recorded (yet): what its config says
+        named_mode, named_hosts = config_facts(folder)
+        mode, hosts = mode or named_mode, hosts or named_hosts
     return RunRow(run=folder.path.name, path=str(folder.path), name=str(meta.get("name", "") or folder.path.name),
-                  mode=str(meta.get("mode", "") or "?"), state=state, step=int(step) if isinstance(step, int) else 0,
+                  mode=mode, state=state, hosts=hosts, step=int(step) if isinstance(step, int) else 0,
                   total_steps=total if isinstance(total, int) else None, started=str(meta.get("created", "") or "-"),
                   duration_s=max(0.0, duration) if duration is not None else None,
                   detached=launcher is not None and launcher.detached)
@@ -168,7 +200,7 @@ def listed_runs(root: Path) -> tuple[list[RunRow], str | None]:
         return [], None
     if why is not None:
         return [], why
-    return [run_row(RunFolder(p)) for p in _run_dirs(root)], None
+    return [run_row(RunFolder(p)) for p in run_dirs(root)], None
 
 
 def ls(args: argparse.Namespace) -> int:
@@ -184,7 +216,7 @@ def ls(args: argparse.Namespace) -> int:
             return 0
         print(f"clusterdeck: the runs folder {root} {why}; expected a folder of run folders", flush=True)
         return 2
-    rows = [run_row(RunFolder(p)) for p in _run_dirs(root)]
+    rows = [run_row(RunFolder(p)) for p in run_dirs(root)]
     return _print_rows(rows, args.json, str(root))
 
 
@@ -215,11 +247,12 @@ def _print_rows(rows: list[Any], as_json: bool, root: str) -> int:
     if not rows:
         print(f"no runs in {root}")
         return 0
-    table = [("RUN", "MODE", "STATE", "STEP", "STARTED", "DURATION")]
+    table = [("RUN", "MODE", "STATE", "STEP", "STARTED", "DURATION", "WHERE")]
     for r in rows:
         step = f"{r.step} of {r.total_steps}" if r.total_steps else str(r.step)
         state = f"{r.state} (detached)" if r.detached and r.state in LIVE_STATES else r.state
-        table.append((r.run, r.mode, state, step, r.started.replace("T", " "), _duration(r.duration_s)))
+        table.append((r.run, r.mode, state, step, r.started.replace("T", " "), _duration(r.duration_s),
+                      getattr(r, "hosts", "") or "-"))
     widths = [max(len(row[i]) for row in table) for i in range(len(table[0]))]
     for line in table:
         print("  ".join(cell.ljust(w) for cell, w in zip(line, widths, strict=True)).rstrip())

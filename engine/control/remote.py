@@ -68,7 +68,12 @@ class RunSummary:
     started: str
     duration_s: float | None
     detached: bool
+    hosts: str = ""  # the kinds of its hosts (older ClusterDecks do not say)
     host: str = ""
+
+
+#: what a remote ``ls --json`` row may say (a newer ClusterDeck may say more: left out)
+_SUMMARY_FIELDS = frozenset(RunSummary.__dataclass_fields__) - {"host"}
 
 
 def _target(target: str | RemoteTarget, *, need_path: bool) -> RemoteTarget:
@@ -302,7 +307,7 @@ def remote_list(target: str | RemoteTarget, *, remote_command: str | None = None
             if item.get("follow") == "row" and isinstance(item.get("row"), dict):
                 row = {k: v for k, v in item["row"].items() if k in names}
                 try:
-                    out.append(RunSummary(**{**row, "host": t.login}))
+                    out.append(RunSummary(**{k: v for k, v in row.items() if k in _SUMMARY_FIELDS}, host=t.login))
                 except TypeError:
                     continue
             elif item.get("follow") == "end":
