@@ -386,6 +386,10 @@ def version() -> str:
     return found.group(1) if found else "unknown"
 
 
+#: commands ClusterDeck runs for itself (over ssh), left out of the usage line
+PLUMBING = ("follow",)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="clusterdeck", description="Draw, launch and watch TensorFlow clusters.")
     parser.add_argument("-V", "--version", action="version", version=f"clusterdeck {version()}")
@@ -439,6 +443,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     doctor_cli.register(sub)  # stacks, profile: why a run is stuck or slow
     parser.set_defaults(commands=set(sub.choices))
+    sub.metavar = "{" + ",".join(name for name in sub.choices if name not in PLUMBING) + "}"
     return parser
 
 
