@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from PySide6.QtCore import Qt, QTimer
+from PySide6.QtCore import QSize, Qt, QTimer
 from PySide6.QtGui import QColor, QPixmap
 from PySide6.QtWidgets import (
     QComboBox,
@@ -89,6 +89,7 @@ class WhySlowPanel(QWidget):
         bars_scroll.setWidgetResizable(True)
         bars_scroll.setWidget(self.bars)
         bars_scroll.setMinimumHeight(60)
+        bars_scroll.setToolTip(self.bars.toolTip())
         self.legend = QHBoxLayout()
         self.legend.setSpacing(10)
         left = QWidget()
@@ -150,6 +151,10 @@ class WhySlowPanel(QWidget):
         self.jobs.profiled.connect(self._profiled)
         self.jobs.dumped.connect(self._dumped)
         self._run_loaded()
+
+    def sizeHint(self) -> QSize:
+        """Room for its plots without asking more than a 1366x768 screen's window can give a panel."""
+        return QSize(900, 520)
 
     # ------------------------------------------------------------------ state
 

@@ -49,6 +49,7 @@ class ProfileResults(QWidget):
         self.capture: profiling.ProfileCapture | None = None
         self.note = QLabel("Press Profile to capture every task's ops for 2 s while the run goes on.")
         self.note.setObjectName("whySlowProfileNote")
+        self.note.setToolTip("What the last capture found, and how to open it in TensorBoard")
         self.note.setWordWrap(True)
         self.note.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.table = QTableWidget(0, len(PROFILE_COLUMNS))
@@ -136,6 +137,7 @@ class StacksView(QWidget):
         self.note = QLabel("Press Dump stacks to see where every task's Python is now (a stuck run: who waits for "
                            "whom).")
         self.note.setWordWrap(True)
+        self.note.setToolTip("What the last stack dump found, and where the dumps are kept")
         self.columns = QWidget()
         self.row = QHBoxLayout(self.columns)
         self.row.setContentsMargins(0, 0, 0, 0)

@@ -11,7 +11,16 @@ from typing import Any, cast
 
 import pytest
 from PySide6.QtCore import QPoint, Qt
-from PySide6.QtWidgets import QApplication, QTableWidgetItem
+from PySide6.QtWidgets import (
+    QAbstractScrollArea,
+    QApplication,
+    QComboBox,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableWidgetItem,
+    QWidget,
+)
 
 from engine.contract import config as config_mod
 from engine.contract.run_folder import RunFolder
@@ -120,7 +129,14 @@ def test_buttons_wait_for_a_live_run_and_say_why(qtbot: Any, runs_root: Path) ->
     for button, what in ((panel.profile_button, "Profile"), (panel.stacks_button, "Dump stacks")):
         assert not button.isEnabled() and button.toolTip() == NO_LIVE_RUN.format(what=what)
     assert panel.cause.text().startswith("No step breakdown yet")
-    assert panel.bars.toolTip() and panel.trend.plot.toolTip() and panel.replica_choice.toolTip()
+    panel.show()
+    untipped = [f"{type(w).__name__} {w.objectName()}" for w in panel.findChildren(QWidget)
+                if isinstance(w, (QLabel, QPushButton, QComboBox, QAbstractScrollArea)) and w.isVisible()
+                and not isinstance(w, QHeaderView) and not w.toolTip()]
+    assert untipped == []
+    # it fits a 1366x768 screen's window, as a dock or a tab
+    hint, least = panel.sizeHint(), panel.minimumSizeHint()
+    assert hint.width() <= 1366 and hint.height() <= 600 and least.width() <= 700 and least.height() <= 420
     panel.shutdown()
 
 
