@@ -2,29 +2,28 @@
 
 Owns the :class:`~engine.control.launcher.Run` and the :class:`~engine.observe.telemetry.RunState`
 it is folded into. Events reach it on the run's dispatcher thread (only enqueued there) and are
-folded on the GUI thread by a timer at <= 30 Hz; views connect to ``runUpdated`` and read
-:attr:`RunSession.state`. Opened folders still written by a live launcher are followed.
+folded on the GUI thread by a timer at <= 30 Hz (its :class:`~gui.session_feed.EventFeed`); views connect
+to ``runUpdated`` and read :attr:`RunSession.state`. Opened folders still written by a live launcher are
+followed (its :class:`~gui.session_follow.FolderFollower`); other runs' curves are overlaid for comparison (its
+:class:`~gui.session_compare.RunComparisons`).
 """
 
 from __future__ import annotations
 
-import queue
-import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Signal
 
 from engine.contract.config import ConfigError, Problem, RunConfig
 from engine.control.detach import RunHost
 from engine.control.launcher import Run
-from engine.control.memory import TRIM_INTERVAL_S, trim_heap
-from engine.observe.run_reader import ENDED, EventFileReader, read_run_folder, run_state_for
+from engine.observe.run_reader import ENDED, read_run_folder, run_state_for
 from engine.observe.telemetry import RunState
 from gui.runs_follow import FolderRun, attach_folder
-
-DRAIN_INTERVAL_MS = 33  # <= 30 Hz: events are folded and views told at most this often
-FOLLOW_INTERVAL_MS = 500
+from gui.session_compare import RunComparisons
+from gui.session_feed import EventFeed
+from gui.session_follow import FolderFollower
 
 
 class WatchedRun(Protocol):
@@ -38,6 +37,18 @@ class WatchedRun(Protocol):
     def stop(self, reason: str = ..., wait: bool = ...) -> None: ...
 
     def pids(self) -> list[int]: ...
+
+
+def describe_end(s: RunState) -> str:
+    """What the app says when a run has ended: how, after how many steps, or which task failed and why."""
+    if s.state == "finished":
+        return f"Run finished: {s.step} steps"
+    if s.state == "failed":
+        # the launcher's reason leaves the task out (it is in failed_task); older run folders include it
+        task = s.failed_task or ""
+        reason = s.reason.removeprefix(f"{task}: ") if task else s.reason
+        return f"Run failed: {task}: {reason}" if task else f"Run failed: {reason}"
+    return f"Run {s.state}" + (f": {s.reason}" if s.reason else "")
 
 
 class RunSession(QObject):
@@ -61,20 +72,16 @@ class RunSession(QObject):
         self.run_dir: Path | None = None
         self.run: WatchedRun | None = None
         self.user_stopped = False
-        self.comparisons: dict[str, RunState] = {}
-        self._events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._compared = RunComparisons(self)
+        self._compared.changed.connect(self.comparisonsChanged)
+        self.comparisons = self._compared.runs  # by label: the runs overlaid on the curves
         self._stopping = False
         self._shows_run = False
-        self._follow: EventFileReader | None = None
-        self._drain_timer = QTimer(self)
-        self._drain_timer.setObjectName("drainTimer")
-        self._drain_timer.setInterval(DRAIN_INTERVAL_MS)
-        self._drain_timer.timeout.connect(self._drain)
-        self._follow_timer = QTimer(self)
-        self._follow_timer.setObjectName("followTimer")
-        self._follow_timer.setInterval(FOLLOW_INTERVAL_MS)
-        self._follow_timer.timeout.connect(self._follow_tick)
-        self._trimmed_at = time.monotonic()
+        self._feed = EventFeed(self)  # the live run's events, folded at <= 30 Hz
+        self._feed.due.connect(self._drain)
+        self._follower = FolderFollower(self)  # an opened folder its launcher still writes
+        self._follower.updated.connect(self.runUpdated)
+        self._follower.ended.connect(lambda: self.runStateChanged.emit(self.state.state))
         self._host: RunHost | None = None  # the control socket of the app's own live run
 
     # ------------------------------------------------------------------ reading
@@ -116,8 +123,7 @@ class RunSession(QObject):
         if self.run is not None:
             raise RuntimeError("a run is in progress; stop it first")
         run = Run(config, runs_root=self._runs_root, checked=checked)
-        events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        run.add_listener(events.put)  # called on the run's dispatcher thread: only enqueue there
+        run.add_listener(self._feed.listener())  # called on the run's dispatcher thread: only enqueue there
         try:
             run_dir = run.start()
         except OSError as exc:
@@ -126,7 +132,7 @@ class RunSession(QObject):
             self._host = RunHost(run, detached=False).start()
         except OSError:
             self._host = None  # the run goes on without a channel; only this window stops it
-        self._watch(run, config, run_dir, events, "starting")
+        self._watch(run, config, run_dir, "starting")
         self.message.emit(f"Run started in {run_dir}")
         return run_dir
 
@@ -150,9 +156,8 @@ class RunSession(QObject):
             raise RuntimeError("a run is in progress; stop it first")
         config, state, reader = read_run_folder(path)
         run = attach_folder(path, reader)
-        events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        run.add_listener(events.put)
-        self._watch(run, config, path, events, state.state, folded=state)  # the thread reads on from there
+        run.add_listener(self._feed.listener())
+        self._watch(run, config, path, state.state, folded=state)  # the thread reads on from there
         run.start()
         self.message.emit(f"Attached to {path.name}: {state.state}, {state.step} steps")
         return config
@@ -163,9 +168,7 @@ class RunSession(QObject):
         if run is None:
             return
         run.close()
-        self._drain_timer.stop()
-        self.run = None
-        self._stopping = False
+        self._drop_run()
         self.runStateChanged.emit(self.state.state)
         if run.run_dir is not None:
             self.runReleased.emit(run.run_dir)
@@ -174,28 +177,22 @@ class RunSession(QObject):
         """Show an already started run (the launcher's, or a replay of events) as the live run."""
         if self.run is not None:
             raise RuntimeError("a run is in progress; stop it first")
-        events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
-        run.add_listener(events.put)
-        self._watch(run, config, run_dir, events, state)
+        run.add_listener(self._feed.listener())
+        self._watch(run, config, run_dir, state)
 
-    def _watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None,
-               events: queue.SimpleQueue[dict[str, Any]], state: str, folded: RunState | None = None) -> None:
-        self._stop_follow()
-        self._events = events
-        self.state = folded if folded is not None else run_state_for(config)
+    def _watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None, state: str,
+               folded: RunState | None = None) -> None:
+        """Show ``run``, whose events already go to the feed, as the live run."""
+        self._show(folded if folded is not None else run_state_for(config), config, run_dir)
         self.state.state = state
-        self.config = config
-        self.run_dir = run_dir
         self._stopping = False
-        self._shows_run = True
-        self.user_stopped = False
         # a detached start: the screen clears now, and the views take the run (a listener on it) once its launcher
         # says where it is, with one runLoaded as for any other run
         later = run_dir is None and isinstance(run, FolderRun)
         if later:
             self.runLoaded.emit()
         self.run = run
-        self._drain_timer.start()
+        self._feed.start()
         if not later:
             self.runLoaded.emit()
         self.runStateChanged.emit(state)
@@ -221,35 +218,18 @@ class RunSession(QObject):
         """Fold queued events into ``state`` (GUI thread, timer-driven)."""
         run = self.run
         if run is None:
-            self._drain_timer.stop()
+            self._feed.stop()
             return
         if isinstance(run, FolderRun) and self._attached_news(run):
             return
         was = self.state.state
         done = run.done  # read before draining: every event precedes ``done``
-        count = 0
-        while count < 50_000:
-            try:
-                event = self._events.get_nowait()
-            except queue.Empty:
-                break
-            self.state.apply(event)
-            count += 1
-        if count:
+        if self._feed.fold_into(self.state):
             self.runUpdated.emit()
-            if time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
-                # hours of folding and drawing leave free pages in the C heap: given back now and then
-                trim_heap()
-                self._trimmed_at = time.monotonic()
         if self.state.state != was and not self._stopping:
             self.runStateChanged.emit(self.state.state)
-        if done and self._events.empty():
-            self._drain_timer.stop()
-            self.run = None
-            self._stopping = False
-            if self._host is not None:
-                self._host.close()
-                self._host = None
+        if done and self._feed.empty():
+            self._drop_run()
             final = getattr(run, "final_state", None)
             if final and self.state.state not in ENDED:  # its launcher is gone without an end of its own
                 self.state.state = final
@@ -272,25 +252,25 @@ class RunSession(QObject):
             else:
                 self.message.emit(notice.text)
         if run.done and run.run_dir is None:  # the launcher never started the run
-            self._drain_timer.stop()
-            self.run = None
-            self._stopping = False
+            self._drop_run()
             if run.cancelled:
                 self.message.emit("Run cancelled before it started")
             self.startRefused.emit(list(run.start_problems or []))
             return True
         return False
 
+    def _drop_run(self) -> None:
+        """No live run any more (ended, let go, or never started); the screen keeps what it showed last. The app's own
+        run's control socket closes with it."""
+        self._feed.stop()
+        self.run = None
+        self._stopping = False
+        if self._host is not None:
+            self._host.close()
+            self._host = None
+
     def end_message(self) -> str:
-        s = self.state
-        if s.state == "finished":
-            return f"Run finished: {s.step} steps"
-        if s.state == "failed":
-            # the launcher's reason leaves the task out (it is in failed_task); older run folders include it
-            task = s.failed_task or ""
-            reason = s.reason.removeprefix(f"{task}: ") if task else s.reason
-            return f"Run failed: {task}: {reason}" if task else f"Run failed: {reason}"
-        return f"Run {s.state}" + (f": {s.reason}" if s.reason else "")
+        return describe_end(self.state)
 
     # ------------------------------------------------------------------ run folders
 
@@ -302,49 +282,28 @@ class RunSession(QObject):
         path = Path(path)
         config, state, reader = read_run_folder(path)
         self.release()
-        self._stop_follow()
-        self.state = state
-        self.config = config
-        self.run_dir = path
-        self._shows_run = True
-        self.user_stopped = False
+        self._show(state, config, path)
         self.runLoaded.emit()
         self.runStateChanged.emit(state.state)
         if state.state not in ENDED:
-            self._follow = reader
-            self._follow_timer.start()
+            self._follower.follow(reader, state)
         self.message.emit(f"Opened run {path.name}: {state.state}, {state.step} steps")
         return config
-
-    def _follow_tick(self) -> None:
-        if self._follow is None:
-            self._follow_timer.stop()
-            return
-        new = self._follow.read_new()
-        for event in new:
-            self.state.apply(event)
-        if new:
-            self.runUpdated.emit()
-            if self.state.state in ENDED:
-                self.runStateChanged.emit(self.state.state)
-                self._stop_follow()
-
-    def _stop_follow(self) -> None:
-        self._follow_timer.stop()
-        self._follow = None
 
     def show_config(self, config: RunConfig) -> None:
         """Forget the shown run (not while one is live): the config's tasks, nothing run yet."""
         if self.run is not None:
             return
-        self._stop_follow()
-        self.state = run_state_for(config)
-        self.config = config
-        self.run_dir = None
-        self._shows_run = False
-        self.user_stopped = False
+        self._show(run_state_for(config), config, None, shows_run=False)
         self.runLoaded.emit()
         self.runStateChanged.emit(self.state.state)
+
+    def _show(self, state: RunState, config: RunConfig, run_dir: Path | None, shows_run: bool = True) -> None:
+        """What the screen shows from now on (an opened folder is no longer followed); the caller tells the views."""
+        self._follower.stop()
+        self.state, self.config, self.run_dir = state, config, run_dir
+        self._shows_run = shows_run
+        self.user_stopped = False
 
     def follow_config(self, config: RunConfig) -> None:
         """The config changed: while no run is shown, the task list follows it."""
@@ -356,29 +315,17 @@ class RunSession(QObject):
     # ------------------------------------------------------------------ comparison
 
     def compare_with(self, path: str | Path) -> str:
-        """Overlay another run's curves; returns its label."""
-        path = Path(path)
-        _, state, _ = read_run_folder(path)
-        if not state.history.series:
-            raise ConfigError([Problem("", "this run has no recorded steps to compare with")], str(path))
-        label = path.name
-        self.comparisons[label] = state
-        self.comparisonsChanged.emit()
-        return label
+        """Overlay another run's curves; returns its label (ConfigError when it recorded no steps)."""
+        return self._compared.add(path)
 
     def clear_comparisons(self) -> None:
-        if self.comparisons:
-            self.comparisons.clear()
-            self.comparisonsChanged.emit()
+        self._compared.clear()
 
     def shutdown(self) -> None:
         """Stop the timers, and the app's own run if any (without waiting for it); an attached run is let go."""
-        self._stop_follow()
+        self._follower.stop()
         self.release()
         if self.run is not None:
             self.stop()
         else:
-            self._drain_timer.stop()
-            if self._host is not None:
-                self._host.close()
-                self._host = None
+            self._drop_run()
