@@ -325,6 +325,7 @@ class JobStatus:
     nodes: tuple[str, ...] = ()
     partition: str = ""
     exit_code: str = ""
+    restarts: int = 0  # how often the job was requeued (scontrol's Restarts; a batch job sees SLURM_RESTART_COUNT)
 
     @property
     def pending(self) -> bool:
@@ -364,7 +365,8 @@ def job_status(job_id: str) -> JobStatus | None:
     nodelist = fields.get("NodeList", "")
     nodes = tuple(expand_nodes(nodelist)) if nodelist and nodelist != "(null)" else ()
     return JobStatus(job_id=str(job_id), state=state, reason=fields.get("Reason", ""), nodes=nodes,
-                     partition=fields.get("Partition", ""), exit_code=fields.get("ExitCode", ""))
+                     partition=fields.get("Partition", ""), exit_code=fields.get("ExitCode", ""),
+                     restarts=_int(fields.get("Restarts", "0")))
 
 
 def accounted_status(job_id: str) -> tuple[JobStatus | None, str]:

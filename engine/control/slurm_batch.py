@@ -452,7 +452,7 @@ class BatchLauncher:
             by = asked.get("by")
             return f"stopped by {by}" if isinstance(by, str) and by else "stopped through Slurm (scancel)"
         return (f"Slurm sent {signal.Signals(signum).name} to job {self.job_id} (scancel, preemption, a requeue or "
-                "its time limit): stopped with a final checkpoint")
+                "its time limit): the run stopped")
 
     # -- the run
 
@@ -602,14 +602,19 @@ class BatchLauncher:
                     **({"stopped_step": self.stopped_step} if self.stopped_step is not None else {}))
 
     def _requeued_by_slurm(self) -> None:
-        """Stopped by Slurm's SIGTERM: where Slurm queues the job again (preemption, a requeue), say so."""
+        """Stopped by Slurm's SIGTERM: where Slurm queues the job again (preemption, a requeue), say so. While
+        this execution ends the job reads COMPLETING; a requeue has already counted one more restart."""
         status = slurm.job_status(self.job_id)
-        if status is None or status.state not in slurm.PENDING_STATES:
+        if status is None:
+            return
+        if status.state not in slurm.PENDING_STATES and status.restarts <= _int(os.environ.get("SLURM_RESTART_COUNT")):
             return
         resume = (f"resumes from step {self.stopped_step}" if self.stopped_step is not None
                   else "resumes from its newest checkpoint")
-        self._pending_again(f"Slurm requeued job {self.job_id} ({status.state}): {self._saved()}; the run {resume} "
-                            "when Slurm starts the job again", f"requeued by Slurm; {resume}")
+        self._pending_again(f"Slurm requeued job {self.job_id} (a preemption, a node failure or scontrol requeue): "
+                            f"{self._saved()}; the run {resume} when Slurm starts the job again",
+                            f"requeued by Slurm; {resume}")
+        _note(self.folder, "requeue", job_id=self.job_id, step=self.stopped_step, checkpoint=self.checkpoint, by="slurm")
 
     def _refuse(self, state: str, reason: str, code: int) -> int:
         print(f"clusterdeck: {reason}", file=sys.stderr, flush=True)
@@ -619,6 +624,13 @@ class BatchLauncher:
             print(f"clusterdeck: cannot record it in {self.folder.path}: {exc.strerror or exc}", file=sys.stderr)
         _note(self.folder, "end", state=state, reason=reason, signal="", action="refused")
         return code
+
+
+def _int(text: str | None) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

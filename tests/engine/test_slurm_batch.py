@@ -277,8 +277,10 @@ def _session(proc: psutil.Process) -> int:
 
 def test_the_time_limit_warning_checkpoints_requeues_and_the_run_resumes_its_steps(
         cluster: slurm_cluster.Cluster, runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warning: stopped at a final checkpoint, requeued, resumed from it. Then Slurm requeues the job itself
+    (``scontrol requeue``, as it does to a preempted job where the cluster requeues them): resumed again."""
     monkeypatch.setenv("CLUSTERDECK_TEST_STEP_DELAY", "worker:0=0.05")  # sbatch hands the job this environment
-    config = small(steps=240, checkpoint_every=0, restarts=1, steps_per_execution=4)
+    config = small(steps=240, checkpoint_every=40, restarts=2, steps_per_execution=4)
     done = slurm_batch.submit(config, runs_root, deep=False)
     folder, job = done.folder, done.job_id
     wait_until("steps of the first execution", lambda: state_of(folder) == "running" and step_of(folder) >= 20,
@@ -286,28 +288,48 @@ def test_the_time_limit_warning_checkpoints_requeues_and_the_run_resumes_its_ste
     usr1(job)
     wait_until("the requeued job", lambda: state_of(folder) == "pending" and (s := slurm.job_status(job)) is not None
                and s.pending, 60, folder)
-    (saved,) = [e for e in run_events(folder, "info") if isinstance(e.get("stopped_step"), int)]
+    saved = [e for e in run_events(folder, "info") if isinstance(e.get("stopped_step"), int)][0]
     first_end = saved["stopped_step"]
     assert 0 < first_end < 240 and saved["checkpoint"].endswith(f"ckpt-{first_end}")
     requeued = run_events(folder, "run", state="pending")[-1]
     assert requeued["job_id"] == job and f"checkpoint at step {first_end} written" in requeued["message"]
-    assert "requeued (restart 1 of 1)" in requeued["message"]
+    assert "requeued (restart 1 of 2)" in requeued["message"]
     assert not folder.launcher_json.exists() and run_row(folder).state == "pending"
-    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, capture_output=True,
-                   timeout=10)  # see the module's docstring
-    wait_until("the end of the second execution", lambda: state_of(folder) in ("finished", "failed", "stopped"),
-               RUN_TIMEOUT, folder)
+    eligible_now(job)
+    wait_until("steps of the second execution", lambda: len(resumes(folder)) >= 1 and state_of(folder) == "running"
+               and step_of(folder) >= first_end + 24, RUN_TIMEOUT, folder)
+    subprocess.run(["scontrol", "requeue", job], check=True, capture_output=True, timeout=10)
+    wait_until("the job queued again by Slurm",
+               lambda: (s := slurm_batch.batch_state(folder)) is not None and s.state == "pending", 60, folder)
+    eligible_now(job)
+    wait_until("the end of the third execution", lambda: state_of(folder) in ("finished", "failed", "stopped")
+               and len(resumes(folder)) >= 2, RUN_TIMEOUT, folder)
     assert state_of(folder) == "finished", story(folder)
-    resumed = [e for e in run_events(folder, "info") if "resumed_step" in e]
-    assert resumed and {e["resumed_step"] for e in resumed} == {first_end}, resumed
-    steps = sorted((e["t"], e["step"]) for e in read_events(folder.path) if e["kind"] == "step")
-    second = [s for t, s in steps if t > min(e["t"] for e in resumed)]
-    assert second and min(second) > first_end, "the second execution started its steps over"
-    assert max(s for _, s in steps) == 240
     assert_nothing_left(folder)
+    steps = sorted((e["t"], e["step"]) for e in read_events(folder.path) if e["kind"] == "step")
+    assert max(s for _, s in steps) == 240
+    rounds = resumes(folder)
+    assert rounds[0]["resumed_step"] == first_end, rounds
+    for resumed in (rounds[0], rounds[-1]):  # each execution's steps carry on from the checkpoint it resumed
+        after = [s for t, s in steps if t > resumed["t"]]
+        assert after and min(after) > resumed["resumed_step"], f"an execution started its steps over: {resumed}"
+    assert rounds[-1]["resumed_step"] >= first_end
     lines = slurm_batch.executions(folder)
-    assert [e["kind"] for e in lines] == ["start", "requeue", "end", "start", "end"], lines
-    assert lines[3]["slurm_restart_count"] == "1" and slurm_batch.restarts_used(lines) == 1
+    assert [e["kind"] for e in lines if e["kind"] in ("start", "end")] == ["start", "end"] * 3, lines
+    assert [e.get("slurm_restart_count") for e in lines if e["kind"] == "start"] == ["", "1", "2"]
+    assert slurm_batch.restarts_used(lines) == 2
+
+
+def resumes(folder: RunFolder) -> list[dict[str, Any]]:
+    """The primary's "resumed from checkpoint" of each execution after the first."""
+    return [e for e in run_events(folder, "info") if "resumed_step" in e and e["task"] == "worker:0"]
+
+
+def eligible_now(job: str) -> None:
+    """A requeued job may start at once, not after Slurm's two minutes (see the module's docstring)."""
+    wait_until("the job pending again", lambda: (s := slurm.job_status(job)) is not None and s.pending, 30)
+    subprocess.run(["scontrol", "update", f"JobId={job}", "StartTime=now"], check=True, capture_output=True,
+                   timeout=10)
 
 
 def test_a_whole_run_restart_stays_inside_the_batch_job_and_counts_against_the_restarts(
