@@ -490,14 +490,15 @@ class Run:
         finally:
             self._finish()
 
-    def _handle_safely(self, item: dict[str, Any] | _SupervisorGone | _Tick, line: bytes | None = None) -> None:
+    def _handle_safely(self, item: dict[str, Any] | _SupervisorGone | _HostAnswer | _Tick,
+                       line: bytes | None = None) -> None:
         try:
             self._handle(item, line)
         except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
             traceback.print_exc(file=sys.stderr)
             self._act(self._feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
 
-    def _handle(self, item: dict[str, Any] | _SupervisorGone | _Tick, line: bytes | None = None) -> None:
+    def _handle(self, item: dict[str, Any] | _SupervisorGone | _HostAnswer | _Tick, line: bytes | None = None) -> None:
         if isinstance(item, _Tick):
             self._recorder().check_folder()
             self._act(self._feed(lc.Tick()))
@@ -621,8 +622,8 @@ class Run:
                 plans = self._groups(self.config).get(host, [])
                 self._supervisors = [s for s in self._supervisors if s.group != host]
                 self._start_supervisor(host, plans, takeover=True, restarts=restarts)
-            self._emit_info(f"host {host}: its supervisor started again ({action.relaunch}. time) for "
-                            f"{', '.join(action.tasks)}", host=host, relaunch=action.relaunch)
+            self._emit_info(f"host {host}: its supervisor started again for {', '.join(action.tasks)} (relaunch "
+                            f"{action.relaunch} of at most {MAX_WORKER_RESTARTS})", host=host, relaunch=action.relaunch)
         except Exception as exc:  # noqa: BLE001 - a relaunch that breaks fails the run, visibly
             self._act(self._feed(lc.LauncherFailed(f"host {host} could not be started again: {exc}")))
         finally:
@@ -634,8 +635,14 @@ class Run:
             live = [n for n, t in self.state.tasks.items() if t.state not in ("finished", "failed", "stopped")]
         if isinstance(action, lc.RestartTask):
             live = [action.task]
-        culprit = action.task if isinstance(action, lc.RestartTask) else (
-            action.outcome.failed_task if isinstance(action, lc.StopRun) else action.reason.split(": ")[0])
+        if isinstance(action, lc.RestartTask):
+            culprit = action.task
+        elif isinstance(action, lc.StopRun):
+            culprit = action.outcome.failed_task
+        elif isinstance(action, lc.RestartRun):
+            culprit = action.reason.split(": ")[0]
+        else:
+            return  # asked only for a hang
         for message, fields in doctor.dump_for_hang(self.folder, self.send, live, culprit):
             self._emit_info(message, **fields)
 
@@ -809,7 +816,7 @@ class _Tick:
 _TICK = _Tick()
 #: What the dispatcher's queue holds: a reader's batch of ``(event, line to write)``, one event (the
 #: launcher's own), a supervisor's end, or None (every stream ended).
-_Item = list[tuple[dict[str, Any], bytes | None]] | dict[str, Any] | _SupervisorGone | None
+_Item = list[tuple[dict[str, Any], bytes | None]] | dict[str, Any] | _SupervisorGone | _HostAnswer | None
 
 
 def _line_to_write(line: bytes, suffix: bytes) -> bytes | None:

@@ -55,9 +55,9 @@ def remote_left(lab: Lab, n: int) -> list[int]:
 def test_a_data_run_across_two_hosts_finishes_and_the_slowed_host_is_its_straggler(lab: Lab, runs_root: Path) -> None:
     # a model whose step is mostly compute (not the all-reduce), reported every 4 steps: several seconds of steps
     # once lab2 is slowed, where the detector needs 1.5 s of a sustained excess
-    config = lab_config("data", (lab.host(1, ("worker", 0)), lab.host(2, ("worker", 1))), steps=64, metrics_hz=20,
+    config = lab_config("data", (lab.host(1, ("worker", 0)), lab.host(2, ("worker", 1))), steps=48, metrics_hz=20,
                         steps_per_execution=4)
-    config = replace(config, model=replace(config.model, hidden=(1024,)))
+    config = replace(config, model=replace(config.model, hidden=(512,)))
     detector = StragglerDetector(margin=0.5, window_s=1.5)
     changes: list[Any] = []
     slowed_at: list[float] = []
@@ -106,7 +106,6 @@ def test_an_async_run_loses_a_cut_worker_host_and_a_killed_supervisor_without_re
         assert time.monotonic() - cut_at < 12
         assert "host lab3 does not answer" in notice["message"] and address(3) in notice["message"]
         assert "worker:1" in notice["message"] and notice["lost_tasks"] == ["worker:1"]
-        time.sleep(2)
         lab.heal(3)
         mark = len(rec.snapshot())
         # 2. the link back: the same worker trains on (TCP kept the connections), nothing was restarted
