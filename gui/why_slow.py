@@ -42,6 +42,8 @@ REDRAW_MS = 250
 NO_LIVE_RUN = ("No live run is shown: {what} needs a running run (start one, or open the folder of a run that is "
                "running on this machine)")
 MEAN = -1
+#: Breakdowns the mean of the replicas is made of at most, per redraw.
+MEAN_SAMPLES = 3000
 
 
 class WhySlowPanel(QWidget):
@@ -236,13 +238,14 @@ class WhySlowPanel(QWidget):
         else:
             self.cause.setText(summary_text(latest, self.mode))
         chosen = self.replica_choice.currentData()
-        samples = {rid: breakdowns.recent(rid) for rid in breakdowns.replicas()}
-        t0 = min((s[0].t for s in samples.values() if s), default=0.0)
+        t0 = breakdowns.first_t() or 0.0
         parts = breakdowns.measured() or ("compute",)
-        if chosen is None or chosen == MEAN or chosen not in samples:
-            stack = mean_stack(samples.values(), t0, parts)
+        if chosen is None or chosen == MEAN or chosen not in latest:
+            # the mean of many replicas reads every n-th of their breakdowns: a redraw stays a few milliseconds
+            every = max(1, -(-breakdowns.kept() // MEAN_SAMPLES))
+            stack = mean_stack((breakdowns.recent(rid, every) for rid in breakdowns.replicas()), t0, parts)
         else:
-            stack = replica_stack(samples[chosen], t0, parts)
+            stack = replica_stack(breakdowns.recent(chosen), t0, parts)
         self.trend.set_stack(stack, self.mode)
 
     def _stragglers_moved(self) -> bool:

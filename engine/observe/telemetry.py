@@ -624,10 +624,23 @@ class Breakdowns:
     def replicas(self) -> list[int]:
         return sorted(self._latest)
 
-    def recent(self, replica: int) -> list[StepBreakdown]:
-        """The replica's last ``keep`` breakdowns, oldest first."""
-        made = (_breakdown(*raw) for raw in self._recent.get(replica, ()))
+    def recent(self, replica: int, every: int = 1) -> list[StepBreakdown]:
+        """The replica's last ``keep`` breakdowns, oldest first (every ``every``-th of them: a view of many
+        replicas reads fewer)."""
+        raws = self._recent.get(replica, ())
+        if every > 1:
+            raws = list(raws)[::-1][::every][::-1]  # the newest always among them
+        made = (_breakdown(*raw) for raw in raws)
         return [b for b in made if b is not None]
+
+    def first_t(self) -> float | None:
+        """The time of the oldest breakdown kept (None: none yet)."""
+        firsts = [r[0][0] for r in self._recent.values() if r and _is_number(r[0][0])]
+        return min(firsts) if firsts else None
+
+    def kept(self) -> int:
+        """How many breakdowns are kept, over every replica."""
+        return sum(len(r) for r in self._recent.values())
 
     def mean(self) -> dict[str, float]:
         """Seconds per step of each part, averaged over the replicas' latest breakdowns (empty: none yet)."""

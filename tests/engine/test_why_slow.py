@@ -59,6 +59,9 @@ def test_the_run_state_keeps_each_replicas_latest_and_recent_breakdowns() -> Non
     latest = state.breakdowns.latest()
     assert list(latest) == [0, 1] and latest[1].collective == 0.02 and latest[1].step == 5
     assert [b.step for b in state.breakdowns.recent(0)] == [1, 2, 3, 4, 5]
+    assert [b.step for b in state.breakdowns.recent(0, every=2)] == [1, 3, 5]  # the newest always kept
+    assert [b.step for b in state.breakdowns.recent(1, every=3)] == [2, 5]
+    assert state.breakdowns.first_t() == 1.0 and state.breakdowns.kept() == 10
     assert state.breakdowns.mean()["collective"] == pytest.approx(0.015)
     assert state.breakdowns.measured() == ("compute", "collective", "input")
     # a launcher's state without curves keeps the latest only
