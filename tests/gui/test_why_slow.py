@@ -143,7 +143,6 @@ def test_buttons_wait_for_a_live_run_and_say_why(qtbot: Any, runs_root: Path) ->
 def write_capture(run_dir: Path, rid: str) -> None:
     """A capture's files as two tasks leave them: one with its summary, one that failed."""
     folder = RunFolder(run_dir)
-    (run_dir / "run.json").write_text("{}")
     trace = folder.tensorboard / "plugins" / "profile" / rid
     trace.mkdir(parents=True)
     (trace / "worker-0.xplane.pb").write_bytes(b"")
@@ -164,11 +163,13 @@ def test_an_opened_folders_last_capture_shows_its_top_ops(qtbot: Any, runs_root:
     run_dir = runs_root / "ended"
     run_dir.mkdir(parents=True)
     write_capture(run_dir, "20260101-000000.000")
+    config_mod.save(two_workers(), run_dir / "config.yaml")
+    (run_dir / "run.json").write_text(json.dumps({"state": "finished"}))
     session = RunSession(runs_root, two_workers())
     panel = WhySlowPanel(session)
     qtbot.addWidget(panel)
-    session._shows_run, session.run_dir = True, run_dir  # an ended run folder on screen
-    session.runLoaded.emit()
+    session.open_folder(run_dir)  # an ended run folder on screen
+    assert session.state.state == "finished" and not panel.profile_button.isEnabled()
     table = panel.profile_results.table
     cells = [[(table.item(r, c) or QTableWidgetItem()).text() for c in range(table.columnCount())]
              for r in range(table.rowCount())]
