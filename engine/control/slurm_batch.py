@@ -322,9 +322,10 @@ def batch_state(folder: RunFolder, state: str | None = None) -> BatchState | Non
     """A batch run's state, Slurm asked where its folder cannot know; None for a run that is no batch run.
 
     ``state`` is what the folder says (``engine.control.detach.run_state``; read here when not given). Slurm is
-    asked (``scontrol``, else ``sacct``) only while that state is live, ``interrupted`` or a stop by a signal,
-    and no launcher is seen alive on this machine: a job cancelled while queued reads *stopped*, one Slurm ended
-    with its launcher *failed* (TIMEOUT, NODE_FAIL, ...), one queued again (a requeue) *pending*.
+    asked (``scontrol``, else ``sacct``) only while that state is live, ``interrupted`` or a stop the job may come
+    back from, and no launcher is seen alive on this machine: a job cancelled while queued reads *stopped*, one
+    Slurm ended with its launcher *failed* (TIMEOUT, NODE_FAIL, ...), one queued again (a requeue) *pending*. A run
+    stopped at the time-limit warning whose requeue is under way reads *restarting*, never ended.
     """
     record = read_batch(folder)
     if record is None:
@@ -337,26 +338,30 @@ def batch_state(folder: RunFolder, state: str | None = None) -> BatchState | Non
     summary = meta.get("summary")
     reason = str(summary.get("reason") or "") if isinstance(summary, dict) else ""
     job = str(record.get("job_id") or "")
-    signalled = state == "stopped" and _ended_by_signal(folder)
-    if not job or not (state in LIVE_STATES or state in ("interrupted", "") or signalled):
+    # a stop at the warning whose requeue is under way, or a stop by Slurm's signal: the job may come back
+    last = _last_word(folder) if state == "stopped" else ""
+    if not job or not (state in LIVE_STATES or state in ("interrupted", "") or last):
         return BatchState(state, reason, job)
     if _launcher_alive_here(folder):
+        if last == "requeueing":
+            return BatchState("restarting", f"requeueing Slurm job {job} at its time limit", job)
         return BatchState(state, reason, job)
     status, why = slurm.final_status(job)
+    if last:
+        if status is not None and status.pending:
+            return BatchState("pending", status.explain(), job, status.state)
+        if status is not None and status.running:
+            if last == "requeueing":
+                return BatchState("restarting", f"requeueing Slurm job {job} at its time limit", job, status.state)
+            if status.restarts > _int(_last_start(folder).get("slurm_restart_count")):  # an execution after it
+                return BatchState("starting", status.explain(), job, status.state)
+        return BatchState(state, reason, job, status.state if status is not None else "")
     if status is None:
-        if signalled:
-            return BatchState(state, reason, job)
         return BatchState("interrupted", f"the run's launcher is gone and {why}", job)
     if status.pending:
         return BatchState("pending", status.explain(), job, status.state)
-    if status.running or not status.ended:
-        if state in LIVE_STATES:
-            return BatchState("starting" if state == "pending" else state, reason, job, status.state)
-        if signalled:  # requeued and running again: its launcher is starting
-            return BatchState("starting", status.explain(), job, status.state)
-        return BatchState(state, reason, job, status.state)
-    if signalled:
-        return BatchState(state, reason, job, status.state)
+    if not status.ended:  # running (its launcher on another node, or starting), completing
+        return BatchState("starting" if state == "pending" else state, reason, job, status.state)
     if status.state == "CANCELLED":
         return BatchState("stopped", f"{status.explain()} before its launcher recorded an end", job, status.state)
     if status.state == "COMPLETED":
@@ -365,10 +370,19 @@ def batch_state(folder: RunFolder, state: str | None = None) -> BatchState | Non
     return BatchState("failed", status.explain(), job, status.state)
 
 
-def _ended_by_signal(folder: RunFolder) -> bool:
-    """Whether the last execution ended on a signal from Slurm (SIGTERM: cancelled, preempted, requeued)."""
-    lines = [e for e in executions(folder) if e.get("kind") in ("start", "end")]
-    return bool(lines) and lines[-1].get("kind") == "end" and bool(lines[-1].get("signal"))
+def _last_start(folder: RunFolder) -> dict[str, Any]:
+    return next((e for e in reversed(executions(folder)) if e.get("kind") == "start"), {})
+
+
+def _last_word(folder: RunFolder) -> str:
+    """How the last execution ends: ``requeueing`` (stopped at the warning, the requeue under way), ``signal``
+    (ended on a signal from Slurm: cancelled, preempted, requeued), else ``""``."""
+    lines = [e for e in executions(folder) if e.get("kind") in ("start", "end", "requeueing")]
+    if not lines:
+        return ""
+    if lines[-1].get("kind") == "requeueing":
+        return "requeueing"
+    return "signal" if lines[-1].get("kind") == "end" and lines[-1].get("signal") else ""
 
 
 def stop_run(folder: RunFolder, by: str = "") -> str:
@@ -549,6 +563,8 @@ class BatchLauncher:
             self.action = "requeue"
             reason = (f"Slurm's time limit is near (USR1 to job {self.job_id}): stopping with a final checkpoint, "
                       f"then requeueing the job (restart {used + 1} of {self.allowed})")
+            # said before the run's stopped end is: a reader never takes that end for the run's last word
+            _note(self.folder, "requeueing", job_id=self.job_id)
         else:
             self.action = "last"
             reason = (f"Slurm time limit reached: stopping with a final checkpoint; no restarts left "

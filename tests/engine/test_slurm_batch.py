@@ -286,8 +286,15 @@ def test_the_time_limit_warning_checkpoints_requeues_and_the_run_resumes_its_ste
     wait_until("steps of the first execution", lambda: state_of(folder) == "running" and step_of(folder) >= 20,
                RUN_TIMEOUT, folder)
     usr1(job)
-    wait_until("the requeued job", lambda: state_of(folder) == "pending" and (s := slurm.job_status(job)) is not None
-               and s.pending, 60, folder)
+    seen: list[str] = []  # what a reader (ls, attach) makes of the run while it is stopped and requeued
+
+    def requeued() -> bool:
+        now = slurm_batch.batch_state(folder)
+        seen.append(now.state if now is not None else "")
+        return state_of(folder) == "pending" and (s := slurm.job_status(job)) is not None and s.pending
+
+    wait_until("the requeued job", requeued, 60, folder)
+    assert not set(seen) - {"running", "stopping", "restarting", "pending"}, f"read as ended meanwhile: {seen}"
     saved = [e for e in run_events(folder, "info") if isinstance(e.get("stopped_step"), int)][0]
     first_end = saved["stopped_step"]
     assert 0 < first_end < 240 and saved["checkpoint"].endswith(f"ckpt-{first_end}")
