@@ -131,12 +131,12 @@ def test_a_run_started_from_the_app_outlives_it_and_is_attached_to_again(
         assert shown > 0, "the history is read first"
         qtbot.waitUntil(lambda: c2.state.step > shown + 5, timeout=30_000)  # then live steps
         qtbot.waitUntil(lambda: again.plots.loss.points("replica/0/loss") > 3, timeout=10_000)
-        assert again.stop_action.isEnabled() and again.run_status.badge.text() == "Running"
+        assert again.commands["stop"].isEnabled() and again.run_status.badge.text() == "Running"
 
         # Stop, pressed twice: one stop, through the run's channel; every process ends
-        stop = again.toolbar.widgetForAction(again.stop_action)
+        stop = again.toolbar.widgetForAction(again.commands["stop"])
         qtbot.mouseClick(stop, Qt.MouseButton.LeftButton, pos=QPoint(8, stop.height() // 2))
-        assert again.run_status.badge.text() == "Stopping…" and not again.stop_action.isEnabled()
+        assert again.run_status.badge.text() == "Stopping…" and not again.commands["stop"].isEnabled()
         assert panel.select(run_dir)
         qtbot.mouseClick(panel.buttons["stop"], Qt.MouseButton.LeftButton)
         assert "Already stopping" in again.statusBar().currentMessage()
