@@ -36,9 +36,10 @@ def program_problems(config: RunConfig) -> list[Problem]:
         return []
     path = Path(os.path.expanduser(config.program.script))
     shown = str(path)
-    if not path.is_file():
-        what = "a folder" if path.is_dir() else "no such file"
-        return [Problem("program.script", f"{shown!r}: {what}; expected your training program, a Python file")]
+    not_a_file = script_check.script_file_problem("program.script", config.program.script)
+    if not_a_file is not None:  # missing, a folder, a FIFO, a device, '~nosuchuser': named, never opened
+        return [Problem("program.script", not_a_file.message.replace("expected a Python script",
+                                                                     "expected your training program, a Python file"))]
     if path.suffix not in (".py", ".pyw"):
         return [Problem("program.script", f"{shown!r} is not a Python file (its name ends in {path.suffix or 'nothing'!r}); "
                                           "expected a .py file")]
