@@ -31,7 +31,7 @@ import orjson
 
 from engine.contract import records
 from engine.contract.records import COMMAND_VERSION, EVENT_VERSION
-from engine.contract.run_folder import MAX_LINE_BYTES, bounded_lines
+from engine.contract.run_folder import MAX_LINE_BYTES, OVERLONG, LineSplitter, bounded_lines
 
 #: Every command and the fields it takes: name -> {field: type}; all listed fields but ``reason`` and
 #: ``grace_s`` are required (declared in :data:`engine.contract.records.COMMANDS`).
@@ -215,6 +215,51 @@ class ReadStats:
         if len(self.bad_samples) < 5:
             text = line if isinstance(line, str) else line[:200].decode("utf-8", "replace")
             self.bad_samples.append(text[:200])
+
+
+class StreamDecoder:
+    """The one reader of an event stream fed in chunks (a supervisor's stdout in the launcher, a task's event
+    pipe in the supervisor): bytes are split into lines of at most :data:`MAX_LINE_BYTES`
+    (:class:`~engine.contract.run_folder.LineSplitter`), each decoded with :func:`decode`; a bad line
+    (over-long, not an event) is counted in ``stats`` and skipped, a blank one ignored.
+
+    :meth:`feed` and :meth:`finish` give ``(event, raw line)`` pairs, the line as received (its newline kept).
+    """
+
+    __slots__ = ("stats", "lines")
+
+    def __init__(self, stats: ReadStats | None = None, lines: LineSplitter | None = None) -> None:
+        self.stats = stats if stats is not None else ReadStats()
+        self.lines = lines if lines is not None else LineSplitter()
+
+    def feed(self, chunk: bytes) -> list[tuple[dict[str, Any], bytes]]:
+        """The events of every line ``chunk`` completes (a line left open waits for the next chunk)."""
+        return self._decoded(self.lines.feed(chunk))
+
+    def finish(self) -> list[tuple[dict[str, Any], bytes]]:
+        """The event of the last line of an ended stream (one without a final newline), if any."""
+        return self._decoded(self.lines.finish())
+
+    def decode_line(self, line: bytes) -> dict[str, Any] | None:
+        """One whole line's event, or None (a bad line counted, a blank one not)."""
+        if line is OVERLONG:
+            self.stats.note_bad(b"over-long line")
+            return None
+        event = decode(line)
+        if event is None:
+            if line.strip():
+                self.stats.note_bad(line)
+            return None
+        self.stats.good += 1
+        return event
+
+    def _decoded(self, lines: list[bytes]) -> list[tuple[dict[str, Any], bytes]]:
+        out = []
+        for line in lines:
+            event = self.decode_line(line)
+            if event is not None:
+                out.append((event, line))
+        return out
 
 
 def parse_lines(lines: Iterable[str | bytes], stats: ReadStats | None = None) -> Iterator[dict[str, Any]]:

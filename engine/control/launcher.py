@@ -41,7 +41,7 @@ from engine.contract import config as config_mod
 from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
 from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
-from engine.contract.run_folder import OVERLONG, LineSplitter, RunFolder, default_runs_root, launcher_identity
+from engine.contract.run_folder import RunFolder, default_runs_root, launcher_identity
 from engine.control import background, doctor, netns, preflight, reachability, transports, unchosen_code
 from engine.control import lifecycle as lc
 from engine.control.run_record import FLUSH_S as FLUSH_S  # the record's flush cadence, also read from here
@@ -419,24 +419,17 @@ class Run:
     # -- the event path
 
     def _read(self, sup: _Supervisor, stream: IO[bytes]) -> None:
-        """A supervisor's stream: what each read brings (up to :data:`READ_CHUNK` bytes) is split into lines
-        and decoded, and its events go to the dispatcher as one list of ``(event, line to write)``."""
+        """A supervisor's stream: what each read brings (up to :data:`READ_CHUNK` bytes) is decoded
+        (:class:`~engine.contract.events.StreamDecoder`), and its events go to the dispatcher as one list of
+        ``(event, line to write)``."""
         read = getattr(stream, "read1", None) or stream.read
-        lines = LineSplitter()
+        decoder = events.StreamDecoder(self._bad)
         suffix = b',"generation":%d}\n' % sup.generation if sup.generation else b""
         try:
             while True:
                 chunk = read(READ_CHUNK)
                 batch: list[tuple[dict[str, Any], bytes | None]] = []
-                for line in lines.feed(chunk) if chunk else lines.finish():
-                    if line is OVERLONG:
-                        self._bad.note_bad(b"over-long line")
-                        continue
-                    event = events.decode(line)
-                    if event is None:
-                        if line.strip():
-                            self._bad.note_bad(line)
-                        continue
+                for event, line in decoder.feed(chunk) if chunk else decoder.finish():
                     if suffix:
                         event["generation"] = sup.generation  # which restart of the run it belongs to
                     batch.append((event, _line_to_write(line, suffix)))

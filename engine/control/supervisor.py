@@ -132,6 +132,7 @@ class TaskProcess:
     event_fd: int | None = None
     lifeline_fd: int | None = None
     lines: LineSplitter = field(default_factory=LineSplitter)
+    decoder: events.StreamDecoder | None = None  # the reader of its event pipe over ``lines``
     ps: psutil.Process | None = None
     terminal_state: str = ""  # the task's own last terminal status, if it sent one
     reason: str = ""
@@ -363,8 +364,15 @@ class Supervisor:
 
     # -- relaying
 
+    def decoder(self, tp: TaskProcess) -> events.StreamDecoder:
+        """The reader of ``tp``'s event pipe (its lines, the supervisor's count of bad ones)."""
+        if tp.decoder is None or tp.decoder.lines is not tp.lines:
+            tp.decoder = events.StreamDecoder(self.stats, tp.lines)
+        return tp.decoder
+
     def read_events(self, tp: TaskProcess) -> None:
         assert tp.event_fd is not None
+        decoder = self.decoder(tp)
         while True:
             try:
                 chunk = os.read(tp.event_fd, 65536)
@@ -375,20 +383,18 @@ class Supervisor:
             if not chunk:
                 self.close_events(tp)
                 return
-            for line in tp.lines.feed(chunk):
-                self.relay(tp, line, flush=False)
+            for event, _ in decoder.feed(chunk):
+                self.forward(tp, event, flush=False)
             self.flush_out()
 
     def relay(self, tp: TaskProcess, line: bytes, *, flush: bool = True) -> None:
-        if not line.strip():
-            return
-        if line is OVERLONG:
-            self.stats.note_bad(b"over-long line")
-            return
-        event = events.decode(line)
-        if event is None:
-            self.stats.note_bad(line)
-            return
+        """One whole line of ``tp``'s pipe: its event forwarded, a bad line counted."""
+        event = self.decoder(tp).decode_line(line)
+        if event is not None:
+            self.forward(tp, event, flush=flush)
+
+    def forward(self, tp: TaskProcess, event: dict[str, Any], *, flush: bool = True) -> None:
+        """A task's event to the launcher (a terminal failure held back until the task is reaped)."""
         event["task"] = tp.plan.name  # a task speaks only for itself
         if event["kind"] == "status" and event.get("state") in ("finished", "failed", "stopped"):
             tp.terminal_state = event["state"]
@@ -400,13 +406,12 @@ class Supervisor:
                 tp.reason = tp.reason or "failed"
                 tp.traceback = str(event.get("traceback", ""))
                 return
-        self.stats.good += 1
         self.send(event, flush=flush)
 
     def close_events(self, tp: TaskProcess) -> None:
         if tp.event_fd is not None:
-            for line in tp.lines.finish():
-                self.relay(tp, line)
+            for event, _ in self.decoder(tp).finish():
+                self.forward(tp, event)
             try:
                 self.sel.unregister(tp.event_fd)
             except (KeyError, ValueError):
