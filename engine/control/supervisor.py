@@ -37,7 +37,6 @@ import json
 import os
 import selectors
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -61,8 +60,16 @@ from engine.contract.plan import (
 )
 from engine.contract.run_folder import OVERLONG, STOP_MARKERS_ENV, LineSplitter, RunFolder
 from engine.contract.task_logs import LOG_CAP_BYTES, LOG_HEAD_BYTES, cap_log, log_tail
-from engine.control import background, machine_fit, netns
+from engine.control import background, machine_fit, netns, process_end
 from engine.control.gpu import GpuSampler, driver_present, task_gpu_figures
+from engine.control.process_end import (  # noqa: F401 - also read from here (doctor, tests)
+    RUN_DIR_ENV,
+    SUPERVISOR_ENV,
+    end_earlier_supervisor,
+    kill_run_processes,
+)
+from engine.control.process_end import has_exited as _has_exited
+from engine.control.process_end import signal_group as _signal_group
 from engine.control.warm_tasks import READY_TIMEOUT_S, ForkedTask, Template, TemplateError, template_env
 
 SAMPLE_INTERVAL = 0.5
@@ -78,10 +85,6 @@ TASK_STOP_GRACE = 3.0  # a task gives itself 2.5 s after SIGTERM (engine.runtime
 #: The fewest inter-op threads a task gets (unless the user chose): TensorFlow sizes its inter-op pool by the
 #: cores it sees, and with one thread (a one-core host) an async worker's first group of steps never ended.
 MIN_INTER_OP_THREADS = 2
-#: Every task process (and what it starts) carries its run folder here: what is left is found by it.
-RUN_DIR_ENV = "CLUSTERDECK_RUN_DIR"
-#: … and its supervisor's mark (``<host>/<pid>-<random>``): what a supervisor ends is its own.
-SUPERVISOR_ENV = "CLUSTERDECK_SUPERVISOR"
 #: The record of a host's supervisor in the run folder (``hosts/<host>/``): what a later one takes over.
 RECORD_NAME = "supervisor.json"
 USER_STOP = "stopped by the user"
@@ -540,21 +543,14 @@ class Supervisor:
 
     def stop_tasks(self, tps: list[TaskProcess], grace: float = TASK_STOP_GRACE) -> None:
         """SIGTERM to each task's process group, SIGKILL to the groups of those still there after ``grace``."""
-        live = [tp for tp in tps if tp.proc is not None and not _has_exited(tp.proc)]
-        for tp in live:
+        by_proc = {id(tp.proc): tp for tp in tps if tp.proc is not None}
+
+        def stopping(proc: Any) -> None:
+            tp = by_proc[id(proc)]
             tp.stopping = True
             mark_stop(self.folder.stop_marker(tp.plan.name))  # this SIGTERM is ours: the task stops, not fails
-            _signal_group(tp.proc.pid, signal.SIGTERM)  # type: ignore[union-attr]
-        deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and not all(_has_exited(tp.proc) for tp in live):  # type: ignore[arg-type]
-            time.sleep(0.02)
-        for tp in live:
-            _signal_group(tp.proc.pid, signal.SIGKILL)  # type: ignore[union-attr]
-        for tp in live:
-            try:
-                tp.proc.wait(timeout=2)  # type: ignore[union-attr]
-            except subprocess.TimeoutExpired:
-                pass
+
+        process_end.terminate_groups([tp.proc for tp in tps if tp.proc is not None], grace, stopping)
         for tp in tps:
             tp.stopping = True
 
@@ -712,105 +708,16 @@ def mark_stop(marker: Path) -> None:
         pass
 
 
-def _has_exited(proc: subprocess.Popen[bytes] | ForkedTask) -> bool:
-    """Whether ``proc`` ended, without reaping it (its pid, and so its process group id, stays reserved)."""
-    if proc.returncode is not None:
-        return True
-    try:
-        info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
-    except ChildProcessError:
-        return proc.poll() is not None
-    return info is not None and info.si_pid == proc.pid
-
-
-def _signal_group(pid: int, sig: int, group_only: bool = False) -> None:
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
-        if group_only:
-            return
-        try:
-            os.kill(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
-
-
-def kill_run_processes(run_dir: str, owner: str | None = None) -> list[int]:
-    """Kill every process of this user on this machine whose environment names ``run_dir`` in
-    :data:`RUN_DIR_ENV` (tasks and whatever they started, even in a session of its own) and, given an
-    ``owner``, carries that supervisor's mark in :data:`SUPERVISOR_ENV`. Returns their pids."""
-    return _kill_marked(run_dir, lambda mark: owner is None or mark == owner)
-
-
-def _kill_marked(run_dir: str, mine: Any) -> list[int]:
-    killed = []
-    me = os.getpid()
-    for proc in psutil.process_iter(["pid"]):
-        if proc.pid == me:
-            continue
-        try:
-            env = proc.environ()
-            if env.get(RUN_DIR_ENV) != run_dir or not mine(env.get(SUPERVISOR_ENV)):
-                continue
-            proc.kill()
-            killed.append(proc.pid)
-        except psutil.Error:
-            continue
-    return killed
-
-
-def _machine() -> dict[str, str]:
-    """What tells this machine (and this boot of it) from another one sharing the run folder."""
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return {"node": socket.gethostname(), "boot": boot}
-
-
 def write_record(folder: RunFolder, record: Path, token: str) -> None:
     """``hosts/<host>/supervisor.json``: this supervisor's pid, start time, mark and machine."""
     folder.private_dir(record.parent)
     me = psutil.Process()
-    data = json.dumps({"pid": me.pid, "created": me.create_time(), "token": token, **_machine()})
+    data = json.dumps({"pid": me.pid, "created": me.create_time(), "token": token, **process_end.machine()})
     tmp = record.with_name(f".{record.name}.{os.getpid()}")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w") as fh:
         fh.write(data)
     os.replace(tmp, record)
-
-
-def end_earlier_supervisor(record: Path, run_dir: str, host: str, token: str, wait_s: float = 3.0) -> list[int]:
-    """Kill the earlier supervisor of ``host`` that ``record`` names (where it is this machine's, of this boot,
-    and still that process) and every process of the run marked by any supervisor of ``host`` but ``token``;
-    wait up to ``wait_s`` for them to be gone (their ports free). Returns the pids killed."""
-    killed: list[int] = []
-    try:
-        earlier = json.loads(record.read_text())
-    except (OSError, ValueError):
-        earlier = None
-    if isinstance(earlier, dict) and earlier.get("token") != token and all(
-            earlier.get(k) == v for k, v in _machine().items()):
-        try:
-            proc = psutil.Process(int(earlier.get("pid", 0)))
-            if abs(proc.create_time() - float(earlier.get("created", 0))) < 1.0 and \
-                    "engine.control.supervisor" in " ".join(proc.cmdline()):
-                proc.kill()
-                killed.append(proc.pid)
-        except (psutil.Error, ValueError, TypeError):
-            pass
-    killed += _kill_marked(run_dir, lambda mark: bool(mark) and mark != token and mark.rpartition("/")[0] == host)
-    deadline = time.monotonic() + wait_s
-    while time.monotonic() < deadline and any(psutil.pid_exists(pid) and _live(pid) for pid in killed):
-        time.sleep(0.05)
-    return killed
-
-
-def _live(pid: int) -> bool:
-    try:
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 def main() -> int:

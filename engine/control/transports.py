@@ -74,7 +74,7 @@ from engine.contract import events
 from engine.contract.config import Host, RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.contract.task_logs import is_noise
-from engine.control import netns
+from engine.control import netns, process_end
 
 SUPERVISOR_MODULE = "engine.control.supervisor"
 
@@ -139,15 +139,7 @@ class BaseTransport:
         raise NotImplementedError
 
     def kill(self, proc: subprocess.Popen[bytes]) -> None:
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # started with start_new_session: its own group
-        except (ProcessLookupError, PermissionError):
-            try:
-                proc.kill()
-            except OSError:
-                pass
+        process_end.kill_popen_group(proc)  # started with start_new_session: its own group
 
     def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
         return _with_tail(f"the supervisor {describe_exit(exit_code)}", log_tail)
