@@ -193,7 +193,12 @@ class LogView(QWidget):
     def refresh_text(self) -> None:
         tail = self._tail(self.current_task())
         if tail is None:
-            self.text.setPlainText("" if self.session.run_dir is None else "No log yet.")
+            remote = self.session.remote_run
+            if remote:  # a run on another machine: its logs stay there (only its events come over ssh)
+                self.text.setPlainText(f"Task logs of a remote run are not available here: they stay on its machine, "
+                                       f"in {remote}/tasks/<task>/log.txt.")
+            else:
+                self.text.setPlainText("" if self.session.run_dir is None else "No log yet.")
             self.folded.setText("")
             return
         if not tail.lines:

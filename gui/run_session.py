@@ -1,7 +1,9 @@
 """The shown run as a Qt model: a live run, a run folder opened from disk, or the config's tasks before any.
 
 Owns the :class:`~engine.control.launcher.Run` and the :class:`~engine.observe.telemetry.RunState`
-it is folded into. Events reach it on the run's dispatcher thread (only enqueued there) and are
+it is folded into (or the run followed through its folder, :class:`~gui.runs_follow.FolderRun`, or on another
+machine over ssh, :class:`~gui.runs_remote.RemoteFollow`, opened off the GUI thread by its
+:class:`~gui.session_remote.RemoteOpener`). Events reach it on the run's dispatcher thread (only enqueued there) and are
 folded on the GUI thread by a timer at <= 30 Hz (its :class:`~gui.session_feed.EventFeed`); views connect
 to ``runUpdated`` and read :attr:`RunSession.state`. Opened folders still written by a live launcher are
 followed (its :class:`~gui.session_follow.FolderFollower`); other runs' curves are overlaid for comparison (its
@@ -21,9 +23,11 @@ from engine.control.launcher import Run
 from engine.observe.run_reader import ENDED, read_run_folder, run_state_for
 from engine.observe.telemetry import RunState
 from gui.runs_follow import FolderRun, attach_folder
+from gui.runs_remote import RemoteFollow
 from gui.session_compare import RunComparisons
 from gui.session_feed import EventFeed
 from gui.session_follow import FolderFollower
+from gui.session_remote import RemoteOpener
 
 
 class WatchedRun(Protocol):
@@ -43,12 +47,23 @@ def describe_end(s: RunState) -> str:
     """What the app says when a run has ended: how, after how many steps, or which task failed and why."""
     if s.state == "finished":
         return f"Run finished: {s.step} steps"
+    if s.state == "lost":
+        return "Run lost: the connection to its machine was given up; it may go on there (attach again to see)"
     if s.state == "failed":
         # the launcher's reason leaves the task out (it is in failed_task); older run folders include it
         task = s.failed_task or ""
         reason = s.reason.removeprefix(f"{task}: ") if task else s.reason
         return f"Run failed: {task}: {reason}" if task else f"Run failed: {reason}"
     return f"Run {s.state}" + (f": {s.reason}" if s.reason else "")
+
+
+def serve_channel(run: Run) -> RunHost | None:
+    """The control socket of a run started in the window: `clusterdeck stop`, the Runs panel and other windows reach
+    it as they reach a detached run (None where it cannot be served: then only this window stops the run)."""
+    try:
+        return RunHost(run, detached=False).start()
+    except OSError:
+        return None
 
 
 class RunSession(QObject):
@@ -63,6 +78,7 @@ class RunSession(QObject):
     startRefused = Signal(list)  # list[Problem]: a detached start its launcher refused (nothing runs)
     stopRefused = Signal(str)  # an attached run's launcher refused to stop (another user's run), or cannot
     runReleased = Signal(object)  # Path: an attached run was let go; it runs on
+    remoteConfig = Signal(object)  # RunConfig: a remote run connected, about to be shown (the document follows)
 
     def __init__(self, runs_root: Path, config: RunConfig, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -83,6 +99,9 @@ class RunSession(QObject):
         self._follower.updated.connect(self.runUpdated)
         self._follower.ended.connect(lambda: self.runStateChanged.emit(self.state.state))
         self._host: RunHost | None = None  # the control socket of the app's own live run
+        self.remote_run: str | None = None  # the shown run's ``user@host:/path`` when it is on another machine
+        self.remote_opener = RemoteOpener(self)  # ``failed``: a remote run that could not be opened, in one line
+        self.remote_opener.opened.connect(self._remote_opened)
 
     # ------------------------------------------------------------------ reading
 
@@ -107,9 +126,9 @@ class RunSession(QObject):
         return self._stopping and self.run is not None
 
     @property
-    def attached(self) -> FolderRun | None:
-        """The live run when it is followed through its folder (it outlives the app), else None."""
-        return self.run if isinstance(self.run, FolderRun) else None
+    def attached(self) -> FolderRun | RemoteFollow | None:
+        """The live run when it is followed through its folder or over ssh (it outlives the app), else None."""
+        return self.run if isinstance(self.run, (FolderRun, RemoteFollow)) else None
 
     @property
     def shows_run(self) -> bool:
@@ -128,10 +147,7 @@ class RunSession(QObject):
             run_dir = run.start()
         except OSError as exc:
             raise ConfigError([Problem("", f"the run could not start: {exc}")]) from None
-        try:  # `clusterdeck stop`, the Runs panel and other windows reach it as they reach a detached run
-            self._host = RunHost(run, detached=False).start()
-        except OSError:
-            self._host = None  # the run goes on without a channel; only this window stops it
+        self._host = serve_channel(run)
         self._watch(run, config, run_dir, "starting")
         self.message.emit(f"Run started in {run_dir}")
         return run_dir
@@ -162,15 +178,32 @@ class RunSession(QObject):
         self.message.emit(f"Attached to {path.name}: {state.state}, {state.step} steps")
         return config
 
+    def attach_remote(self, target: str) -> None:
+        """Follow a run on another machine (``user@host:/path``) over ssh: connects off the GUI thread, then shows its
+        history and live steps (the run shown until then is let go); ``remote_opener.failed`` when it cannot."""
+        self.remote_opener.open(target)
+
+    def _remote_opened(self, run: RemoteFollow) -> None:
+        self.release()
+        if self.run is not None:  # a run of this window started meanwhile: it keeps the screen
+            return run.close()
+        self.remoteConfig.emit(run.config)
+        self._feed.listener()  # a fresh queue: nothing an earlier run left is taken for this one's
+        self._watch(run, run.config, None, run.state.state, folded=run.state, remote=run.where)
+        self.message.emit(f"Attached to {run.name} on {run.login} over ssh: {run.state.state}, {run.state.step} steps")
+
     def release(self) -> None:
-        """Let an attached run go (it runs on, outside the app); the screen keeps what it showed last."""
+        """Let an attached run go (it runs on) or call off one being connected to; the screen keeps what it shows."""
+        self.remote_opener.cancel()
         run = self.attached
         if run is None:
             return
         run.close()
         self._drop_run()
         self.runStateChanged.emit(self.state.state)
-        if run.run_dir is not None:
+        if isinstance(run, RemoteFollow):
+            self.message.emit(f"Detached from {run.name} on {run.login}: it keeps going there")
+        elif run.run_dir is not None:
             self.runReleased.emit(run.run_dir)
 
     def watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None = None, state: str = "starting") -> None:
@@ -181,9 +214,9 @@ class RunSession(QObject):
         self._watch(run, config, run_dir, state)
 
     def _watch(self, run: WatchedRun, config: RunConfig, run_dir: Path | None, state: str,
-               folded: RunState | None = None) -> None:
-        """Show ``run``, whose events already go to the feed, as the live run."""
-        self._show(folded if folded is not None else run_state_for(config), config, run_dir)
+               folded: RunState | None = None, remote: str | None = None) -> None:
+        """Show ``run``, whose events already go to the feed (or which folds them itself), as the live run."""
+        self._show(folded if folded is not None else run_state_for(config), config, run_dir, remote=remote)
         self.state.state = state
         self._stopping = False
         # a detached start: the screen clears now, and the views take the run (a listener on it) once its launcher
@@ -220,11 +253,12 @@ class RunSession(QObject):
         if run is None:
             self._feed.stop()
             return
-        if isinstance(run, FolderRun) and self._attached_news(run):
+        if isinstance(run, (FolderRun, RemoteFollow)) and self._attached_news(run):
             return
         was = self.state.state
         done = run.done  # read before draining: every event precedes ``done``
-        if self._feed.fold_into(self.state):
+        # a remote run folds into its own state, the one shown, here on the GUI thread
+        if run.poll() if isinstance(run, RemoteFollow) else self._feed.fold_into(self.state):
             self.runUpdated.emit()
         if self.state.state != was and not self._stopping:
             self.runStateChanged.emit(self.state.state)
@@ -236,10 +270,10 @@ class RunSession(QObject):
             self.runStateChanged.emit(self.state.state)
             self.message.emit(self.end_message())
 
-    def _attached_news(self, run: FolderRun) -> bool:
-        """What an attached run's thread learnt: its folder (a detached start), a refused stop, a refused start
-        (then the run is dropped: True)."""
-        if self.run_dir is None and run.run_dir is not None:
+    def _attached_news(self, run: FolderRun | RemoteFollow) -> bool:
+        """What an attached run's threads learnt: its folder (a detached start), a refused stop, a refused start
+        (then the run is dropped: True), its connection's notes (a remote run)."""
+        if isinstance(run, FolderRun) and self.run_dir is None and run.run_dir is not None:
             self.run_dir = run.run_dir
             self.runLoaded.emit()  # the logs and the status now have a folder
             self.message.emit(f"Run started detached in {run.run_dir}: it keeps going when ClusterDeck closes")
@@ -251,7 +285,7 @@ class RunSession(QObject):
                 self.stopRefused.emit(notice.text)
             else:
                 self.message.emit(notice.text)
-        if run.done and run.run_dir is None:  # the launcher never started the run
+        if isinstance(run, FolderRun) and run.done and run.run_dir is None:  # the launcher never started the run
             self._drop_run()
             if run.cancelled:
                 self.message.emit("Run cancelled before it started")
@@ -298,10 +332,12 @@ class RunSession(QObject):
         self.runLoaded.emit()
         self.runStateChanged.emit(self.state.state)
 
-    def _show(self, state: RunState, config: RunConfig, run_dir: Path | None, shows_run: bool = True) -> None:
+    def _show(self, state: RunState, config: RunConfig, run_dir: Path | None, shows_run: bool = True,
+              remote: str | None = None) -> None:
         """What the screen shows from now on (an opened folder is no longer followed); the caller tells the views."""
         self._follower.stop()
         self.state, self.config, self.run_dir = state, config, run_dir
+        self.remote_run = remote
         self._shows_run = shows_run
         self.user_stopped = False
 

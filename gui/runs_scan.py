@@ -24,13 +24,15 @@ STATES = ("running", "finished", "failed", "stopped", "interrupted")
 
 @dataclass(frozen=True)
 class RunEntry:
-    """One run of the list: ``ls``'s row, the kinds of its hosts, its owner and where its launcher runs."""
+    """One run of the list: ``ls``'s row, the kinds of its hosts, its owner and where its launcher runs; ``remote``:
+    how ssh reaches a run on another machine (``user@host:/path``; "" for a run here)."""
 
     row: RunRow
     hosts: str
     owner_uid: int
     launcher_host: str
     launcher_pid: int | None
+    remote: str = ""
 
     @property
     def path(self) -> Path:
@@ -41,8 +43,14 @@ class RunEntry:
         return self.row.state in LIVE_STATES
 
     @property
+    def key(self) -> str:
+        """What names it across the app: its folder here, or ``user@host:/path`` there."""
+        return self.remote or str(self.row.path)
+
+    @property
     def mine(self) -> bool:
-        return self.owner_uid == os.getuid()
+        """Another user's run here is not; a remote run's owner is checked there (its channel refuses others)."""
+        return bool(self.remote) or self.owner_uid == os.getuid()
 
     @property
     def state_group(self) -> str:
