@@ -13,16 +13,21 @@ from PySide6.QtGui import QDropEvent
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QMessageBox, QWidget
 
 from engine.contract import presets
-from engine.contract.config import ConfigError, Problem
+from engine.contract.config import ConfigError, Problem, RunConfig
 from engine.contract.presets import presets_dir
 from engine.contract.run_folder import LIVE_STATES, RunFolder
 from engine.control import export
 from engine.control.detach import run_state
+from engine.control.remote_protocol import RemoteTarget, TargetError
 from gui.controller import Controller, auto_ports
 from gui.preferences import app_settings
+from gui.runs_location import RecentTargets
 
 MAX_RECENT = 8
 YAML_FILTER = "ClusterDeck presets (*.yaml *.yml);;All files (*)"
+REMOTE_ASK = ("A run on another machine, named as scp names a file — user@host:/path/to/run (a bare name is a run "
+              "under the runs folder there).\nIts history, then live steps, come over your own ssh; Stop stops it "
+              "there; closing or switching runs detaches (it keeps going).")
 
 
 def first_sentence(text: str, limit: int = 70) -> str:
@@ -72,7 +77,10 @@ class FileActions(QObject):
         self.controller = controller
         self.window = window
         self.recent = RecentFiles()
+        self.recent_remote = RecentTargets("remoteRuns")
         controller.document.pathChanged.connect(self._path_changed)
+        controller.session.remoteConfig.connect(self._remote_shown)
+        controller.session.remote_opener.failed.connect(self._remote_failed)
         window.setAcceptDrops(True)
         window.installEventFilter(self)
 
@@ -195,6 +203,36 @@ class FileActions(QObject):
             return False
         self.runOpened.emit()
         return True
+
+    def open_remote_run(self, target: str | None = None) -> bool:
+        """Watch a run on another machine over ssh (asked for without ``target``: ``user@host:/path/to/run``, the
+        recent ones offered). Connects off the GUI thread; what cannot be opened is told in a box, in one line."""
+        if self.own_run_in_progress() or not self.maybe_save():
+            return False
+        if target is None:
+            recent = self.recent_remote.items()
+            text, ok = QInputDialog.getItem(self.window, "Open Remote Run", REMOTE_ASK, recent, 0, True)
+            if not ok or not text.strip():
+                return False
+            target = text.strip()
+        try:
+            RemoteTarget.parse(target, need_path=True)
+        except TargetError as exc:
+            QMessageBox.critical(self.window, "Cannot open the remote run", str(exc))
+            return False
+        self.recent_remote.add(target)
+        self.controller.session.attach_remote(target)
+        self.message.emit(f"Connecting to {target} over ssh (its history first)…", 0)
+        return True
+
+    def _remote_shown(self, config: RunConfig) -> None:
+        """A remote run connected: its config becomes the document (with new ports) as an opened folder's does."""
+        self.controller.document.replace(auto_ports(config), None)
+        self.runOpened.emit()
+
+    def _remote_failed(self, text: str) -> None:
+        self.message.emit(text, 10000)
+        QMessageBox.warning(self.window, "Cannot open the remote run", text)
 
     def open_any(self, path: str | Path) -> bool:
         """A run folder or a preset, whichever ``path`` is (command line, drop)."""

@@ -121,7 +121,7 @@ class MainWindow(QMainWindow):
             "export": files.export_config, "scaling": self.open_scaling_dialog, "open_run": files.open_run_folder,
             "compare": files.compare_with_run, "clear_compare": session.clear_comparisons,
             "runs_folder": files.choose_runs_folder, "quit": self.close, "add_host": doc.add_host,
-            "add_slurm": lambda: doc.add_host(kind="slurm"),
+            "add_slurm": lambda: doc.add_host(kind="slurm"), "open_remote": files.open_remote_run,
             "add_task": lambda: self.add_task("worker"), "delete": doc.delete_selection, "run": self.runs.start,
             "stop": c.stop_run, "fit": self.canvas.fit_all, "about": lambda: show_about(self),
             "runs": self.show_runs, "preferences": self.open_preferences,

@@ -60,6 +60,9 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("open_run", "Open Run &Folder…", "Show a run folder from anywhere: its config, tasks, curves and logs "
                "(a running run is followed live); the Runs panel lists those of the runs folder", None,
                SP.SP_DirOpenIcon),
+    ActionSpec("open_remote", "Open Re&mote Run…", "Watch a run on another machine over your ssh (user@host:/path/to/run): "
+               "its history, then live steps; Stop stops it there, closing detaches (Ctrl+Shift+R)", "Ctrl+Shift+R",
+               SP.SP_DriveNetIcon),
     ActionSpec("compare", "&Compare with Run…", "Overlay another run's replica curves, dashed"),
     ActionSpec("clear_compare", "Clear Comparison", "Remove the overlaid runs"),
     ActionSpec("runs_folder", "Runs &Folder…", "Choose the folder new runs are written to"),
@@ -88,7 +91,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
 #: role), @docks (show or hide each dock), @theme (the colour schemes).
 MENUS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("&File", ("new", "open", "@recent", "@presets", "-", "save", "save_as", "export", "-",
-               "runs", "open_run", "compare", "clear_compare", "runs_folder", "-", "quit")),
+               "runs", "open_run", "open_remote", "compare", "clear_compare", "runs_folder", "-", "quit")),
     ("&Edit", ("undo", "redo", "-", "add_host", "add_slurm", "@add_task", "delete", "-", "preferences")),
     ("&Run", ("run", "stop", "keep_going", "-", "why_slow", "scaling")),
     ("&View", ("@docks", "-", "fit", "@theme")),
@@ -249,6 +252,7 @@ class WindowActions:
             button.setToolTip(text)
         self._actions["stop"].setEnabled(state.running and not state.stopping)
         self._actions["open_run"].setEnabled(not own_run)
+        self._actions["open_remote"].setEnabled(not own_run)
         self._actions["runs_folder"].setEnabled(not own_run)
         self._actions["clear_compare"].setEnabled(state.comparing)
         save = self._actions["save"]
