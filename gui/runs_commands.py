@@ -1,5 +1,6 @@
 """What the Runs panel's buttons do: open or attach, stop, compare, delete, each with the question or message
-it needs. Stopping a run the window does not show, and deleting a folder, happen off the GUI thread."""
+it needs. Stopping a run the window does not show, and deleting a folder, happen off the GUI thread; a run on
+another machine is attached to and stopped over ssh (:mod:`gui.runs_remote`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from gui.controller import Controller
 from gui.file_actions import FileActions
 from gui.runs_follow import STOP_TIMEOUT_S
 from gui.runs_panel import RunsPanel
+from gui.runs_remote import stop_remote
 from gui.runs_scan import RunEntry
 
 _Buttons = QMessageBox.StandardButton
@@ -57,9 +59,10 @@ class RunsCommands(QObject):
         self.files = files
         self.panel = panel
         self.window = window
-        self.busy: set[Path] = set()  # runs being stopped or deleted from here
+        self.busy: set[str] = set()  # runs being stopped or deleted from here (RunEntry.key)
         self._threads: list[threading.Thread] = []
         panel.openRequested.connect(self.show)
+        panel.remoteRequested.connect(lambda target: self.files.open_remote_run(target))
         panel.attachRequested.connect(self.attach)
         panel.stopRequested.connect(self.stop)
         panel.compareRequested.connect(self.compare)
@@ -91,12 +94,12 @@ class RunsCommands(QObject):
         session = self.controller.session
         others: list[RunEntry] = []
         for entry in entries:
-            if entry.path == session.run_dir and session.is_running:
+            if self.panel.is_shown(entry) and session.is_running:
                 if session.is_stopping:
                     self.message.emit(f"Already stopping {entry.path.name}…", 4000)
                 else:
                     self.controller.stop_run()
-            elif entry.path in self.busy:
+            elif entry.key in self.busy:
                 self.message.emit(f"Already stopping {entry.path.name}…", 4000)
             elif not entry.mine:
                 QMessageBox.warning(self.window, "Cannot stop this run",
@@ -112,8 +115,9 @@ class RunsCommands(QObject):
                                 f"history is kept.\n{names}", _Buttons.Yes | _Buttons.No, _Buttons.No) != _Buttons.Yes:
             return
         for entry in others:
-            self.busy.add(entry.path)
-            self._start(lambda e=entry: self._done.emit("stop", str(e.path), *stop_through_channel(RunFolder(e.path))))
+            self.busy.add(entry.key)
+            self._start(lambda e=entry: self._done.emit("stop", e.key, *(stop_remote(e.remote) if e.remote else
+                                                                         stop_through_channel(RunFolder(e.path)))))
             self.message.emit(f"Stopping {entry.path.name}…", 0)
 
     # ------------------------------------------------------------------ comparing
@@ -127,7 +131,9 @@ class RunsCommands(QObject):
     # ------------------------------------------------------------------ deleting
 
     def delete(self, entries: list[RunEntry]) -> None:
-        """Delete the runs' folders after asking; never a running run, nor another user's."""
+        """Delete the runs' folders after asking; never a running run, nor another user's, nor one on another
+        machine (deleted there)."""
+        entries = [e for e in entries if not e.remote]
         running = [e for e in entries if e.live or run_state(RunFolder(e.path)) in LIVE_STATES]
         if running:
             QMessageBox.warning(self.window, "Cannot delete a running run",
@@ -139,7 +145,7 @@ class RunsCommands(QObject):
                                 f"{theirs[0].path.name} belongs to another user (uid {theirs[0].owner_uid}): only its "
                                 "owner may delete it.")
             return
-        entries = [e for e in entries if e.path not in self.busy]
+        entries = [e for e in entries if e.key not in self.busy]
         if not entries:
             return
         names = "\n".join(f"• {e.path}" for e in entries[:8]) + ("\n…" if len(entries) > 8 else "")
@@ -153,8 +159,8 @@ class RunsCommands(QObject):
         for entry in entries:
             if entry.path == session.run_dir and not session.is_running:
                 self.controller.reset_run_view()  # its folder is going: the window shows the config again
-            self.busy.add(entry.path)
-            self._start(lambda e=entry: self._done.emit("delete", str(e.path), *_remove(e.path)))
+            self.busy.add(entry.key)
+            self._start(lambda e=entry: self._done.emit("delete", e.key, *_remove(e.path)))
 
     # ------------------------------------------------------------------ threads
 
@@ -163,8 +169,8 @@ class RunsCommands(QObject):
         self._threads = [t for t in self._threads if t.is_alive()] + [thread]
         thread.start()
 
-    def _finished(self, what: str, path: str, kind: str, text: str) -> None:
-        self.busy.discard(Path(path))
+    def _finished(self, what: str, key: str, kind: str, text: str) -> None:
+        self.busy.discard(key)
         if kind == "refused":
             QMessageBox.warning(self.window, "Cannot stop the run" if what == "stop" else "Cannot delete the run",
                                 text)

@@ -68,7 +68,7 @@ class RunsModel(QAbstractTableModel):
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.entries: list[RunEntry] = []
-        self.shown: Path | None = None  # the run the window shows (its row is bold)
+        self.shown: Path | str | None = None  # the run the window shows (its row is bold): its folder, or user@host:/path
         self._icons: dict[str, QIcon] = {}
 
     # ------------------------------------------------------------------ updating
@@ -92,7 +92,10 @@ class RunsModel(QAbstractTableModel):
                 self.entries[at] = entry
                 self.dataChanged.emit(self.index(at, 0), self.index(at, len(COLUMNS) - 1))
 
-    def set_shown(self, path: Path | None) -> None:
+    def is_shown(self, entry: RunEntry) -> bool:
+        return self.shown is not None and (entry.key == self.shown if entry.remote else entry.path == self.shown)
+
+    def set_shown(self, path: Path | str | None) -> None:
         if path != self.shown:
             self.shown = path
             if self.entries:
@@ -128,13 +131,13 @@ class RunsModel(QAbstractTableModel):
         if role == SORT_ROLE:
             return self._sort_key(entry, column)
         if role == Qt.ItemDataRole.ToolTipRole:
-            return row_tip(entry, entry.path == self.shown)
+            return row_tip(entry, self.is_shown(entry))
         if role == Qt.ItemDataRole.DecorationRole and column == "State":
             color = state_color(entry.row.state)
             if color not in self._icons:
                 self._icons[color] = _dot(color)
             return self._icons[color]
-        if role == Qt.ItemDataRole.FontRole and column == "Run" and entry.path == self.shown:
+        if role == Qt.ItemDataRole.FontRole and column == "Run" and self.is_shown(entry):
             font = QFont()
             font.setBold(True)
             return font
@@ -183,8 +186,11 @@ def sort_key(entry: RunEntry, column: str) -> tuple[Any, ...]:
 def row_tip(entry: RunEntry, shown: bool) -> str:
     """A run's tooltip: where it is, who runs it, what can be done with it."""
     row = entry.row
-    lines = [f"<b>{row.name}</b> — {row.state}", row.path]
-    if entry.live:
+    lines = [f"<b>{row.name}</b> — {row.state}", entry.key]
+    if entry.remote:
+        lines.append(f"On {entry.launcher_host}, reached over your ssh. Enter or double-click attaches: its history, then "
+                     "live steps; Stop stops it there. Closing the window or showing another run detaches (it runs on).")
+    elif entry.live:
         who = "a launcher of its own (detached: it outlives the app that started it)" if row.detached \
             else "the process that started it (an app window or a clusterdeck run in a terminal)"
         pid = f" (pid {entry.launcher_pid}" + (f" on {entry.launcher_host}" if entry.launcher_host else "") + ")" \
@@ -196,7 +202,7 @@ def row_tip(entry: RunEntry, shown: bool) -> str:
                      "history up to then is kept and opens as any past run.")
     else:
         lines.append("Enter or double-click opens it: its config, curves, tasks and logs.")
-    if not entry.mine:
+    if not entry.mine and not entry.remote:
         lines.append(f"Another user's run (uid {entry.owner_uid}): it can be looked at, not stopped or deleted.")
     if shown:
         lines.append("<i>Shown in the window now.</i>")

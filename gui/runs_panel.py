@@ -1,76 +1,60 @@
 """The Runs panel: every run under the runs folder (running and past), filterable, with what can be done to it.
 
-It lists what :class:`~gui.runs_scan.RunsScanner` finds, again every second while it is shown (a run started
-elsewhere, by ``clusterdeck run --detach`` or another window, appears within that), and asks for what the
-user picks through its signals; :class:`gui.runs_commands.RunsCommands` does it (with the questions it needs).
+It lists what its :class:`~gui.runs_location.RunsSource` finds, again every second while it is shown (a run started
+elsewhere, by ``clusterdeck run --detach`` or another window, appears within that) — this machine's runs folder,
+or one on another machine chosen in its Location (listed over ssh, every 10 s) — and asks for what the user picks
+through its signals; :class:`gui.runs_commands.RunsCommands` does it (with the questions it needs).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from PySide6.QtCore import (
-    QByteArray,
-    QEvent,
-    QModelIndex,
-    QObject,
-    QPoint,
-    QSettings,
-    QSize,
-    Qt,
-    QTimer,
-    QUrl,
-    Signal,
-    SignalInstance,
-)
-from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication, QHideEvent, QKeySequence, QShowEvent
+from PySide6.QtCore import QByteArray, QModelIndex, QPoint, QSettings, Qt, QTimer, QUrl, Signal, SignalInstance
+from PySide6.QtGui import QAction, QDesktopServices, QGuiApplication, QHideEvent, QShowEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QLineEdit,
     QMenu,
-    QStyle,
     QTableView,
     QToolButton,
     QVBoxLayout,
     QWidget,
 )
 
+from gui import runs_actions
 from gui.run_session import RunSession
+from gui.runs_filter_field import FilterField
+from gui.runs_location import Listing, LocationBar, RunsSource
 from gui.runs_model import COLUMNS, RunsFilter, RunsModel
-from gui.runs_scan import STATES, RunEntry, RunsScanner
+from gui.runs_scan import STATES, RunEntry
 
-#: How often the list is read again while the panel shows (milliseconds).
+#: How often the list is read again while the panel shows (milliseconds; a remote folder: every 10 s).
 REFRESH_MS = 1000
 SETTINGS_PREFIX = "runsPanel"
-SP = QStyle.StandardPixmap
-#: The panel's commands (name, text, tip, icon, key): its buttons and its list's context menu.
-ACTIONS: tuple[tuple[str, str, str, QStyle.StandardPixmap | None, str | None], ...] = (
-    ("open", "Open", "Show the selected run: its config, curves, tasks and logs (a running run is attached "
-     "to and followed live) — Enter or double-click", SP.SP_DialogOpenButton, "Return"),
-    ("attach", "Attach", "Follow the selected running run live in this window; Stop then stops it. The run "
-     "shown before keeps going if it was started detached", SP.SP_MediaPlay, None),
-    ("stop", "Stop", "Stop the selected running runs through their control channel (your own runs only)",
-     SP.SP_MediaStop, None),
-    ("compare", "Compare", "Overlay the selected runs' replica curves, dashed, on the run shown",
-     SP.SP_FileDialogContentsView, None),
-    ("delete", "Delete…", "Delete the selected runs' folders (asks first; a running run is never deleted) — "
-     "Del", SP.SP_TrashIcon, "Delete"),
-    ("folder", "Open Folder…", "Open a run folder from anywhere (one not under the runs folder)",
-     SP.SP_DirOpenIcon, None),
-    ("copy", "Copy Path", "Copy the selected runs' folder paths", None, "Ctrl+C"),
-    ("reveal", "Show in File Manager", "Open the run's folder in the file manager", None, None),
-    ("find", "Filter", "Filter the runs", None, "Ctrl+F"),
-)
+
+
+def empty_text(listing: Listing, root: Path) -> str:
+    """What the panel says where it lists no run."""
+    if listing.location:
+        if listing.problem:
+            return f"No runs listed from {listing.location} (why: the line above)."
+        return (f"No runs in the runs folder on {listing.location}.\nRuns started there (clusterdeck run --detach) "
+                "appear here.")
+    if listing.problem:
+        return f"The runs folder cannot be listed: {listing.problem}.\nChoose another with File ▸ Runs Folder…"
+    return (f"No runs yet in {root}.\nPress Run (F5) to start one; runs started from a terminal "
+            "(clusterdeck run --detach) appear here too.")
 
 
 class RunsPanel(QWidget):
-    """The runs of ``session``'s runs folder; the run the window shows is in bold."""
+    """The runs of ``session``'s runs folder (or of a remote one); the run the window shows is in bold."""
 
     openRequested = Signal(object)  # Path: show it (a running run is attached to)
+    remoteRequested = Signal(str)  # user@host:/path: attach to a run on another machine over ssh
     attachRequested = Signal(object)  # Path: follow a running run live
     stopRequested = Signal(list)  # list[RunEntry]
     compareRequested = Signal(list)  # list[Path]: overlay on the shown run
@@ -81,20 +65,20 @@ class RunsPanel(QWidget):
         super().__init__(parent)
         self.setObjectName("runsPanel")
         self.session = session
-        self.scanner = RunsScanner(session.runs_root)
+        self.source = RunsSource(session.runs_root, self)
+        self.source.listed.connect(self._listed)
         self.model = RunsModel(self)
         self.proxy = RunsFilter(self.model)
-        self.problem: str | None = None
+        self.problem: str | None = None  # why the runs cannot be listed (one line), or None
 
-        self.filter = QLineEdit()
-        self.filter.setObjectName("runsFilter")
-        self.filter.setPlaceholderText("Filter runs…")
-        self.filter.setClearButtonEnabled(True)
-        self.filter.setToolTip("Show the runs whose name, state, mode or hosts hold every word typed "
-                               "(Ctrl+F in the panel; Down or Enter goes to the list)")
+        self.location = LocationBar()
+        self.location.chosen.connect(self._location_chosen)
+        self.location.reload.connect(self.refresh)
+        self.source.busyChanged.connect(self.location.set_busy)
+        self.filter = FilterField()
         self.filter.textChanged.connect(self.proxy.set_text)
         self.filter.textChanged.connect(self._counted)
-        self.filter.installEventFilter(self)
+        self.filter.toList.connect(self._to_list)
         self.state = QComboBox()
         self.state.setObjectName("runsState")
         self.state.addItem("All states", "")
@@ -138,6 +122,7 @@ class RunsPanel(QWidget):
         bar = QHBoxLayout()
         bar.setContentsMargins(0, 0, 0, 0)
         bar.setSpacing(4)
+        bar.addWidget(self.location, 3)
         bar.addWidget(self.filter, 2)
         bar.addWidget(self.state)
         self.buttons: dict[str, QToolButton] = {}
@@ -149,13 +134,14 @@ class RunsPanel(QWidget):
         layout.setContentsMargins(4, 4, 4, 4)
         layout.setSpacing(3)
         layout.addLayout(bar)
+        layout.addWidget(self.location.notice)  # why the location cannot be listed, in one line
         layout.addWidget(self.table, 1)
         layout.addWidget(self.empty, 1)
 
         self.timer = QTimer(self)
         self.timer.setObjectName("runsRefresh")
         self.timer.setInterval(REFRESH_MS)
-        self.timer.timeout.connect(self.refresh)
+        self.timer.timeout.connect(self.source.tick)
         session.runsRootChanged.connect(self._root_changed)
         session.runLoaded.connect(self._shown_changed)
         session.runStateChanged.connect(self._shown_changed)
@@ -166,22 +152,7 @@ class RunsPanel(QWidget):
     # ------------------------------------------------------------------ building
 
     def _make_actions(self) -> dict[str, QAction]:
-        out: dict[str, QAction] = {}
-        for name, text, tip, icon, key in ACTIONS:
-            action = QAction(text, self)
-            action.setObjectName(f"runs_{name}Action")
-            action.setToolTip(tip)
-            action.setStatusTip(tip)
-            if icon is not None:
-                action.setIcon(self.style().standardIcon(icon))
-            if key is not None:
-                action.setShortcut(QKeySequence(key))
-                action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-            out[name] = action
-        for name in ("open", "delete", "copy"):  # keys of the list, not of the filter field
-            self.table.addAction(out[name])
-            out[name].setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
-        self.addAction(out["find"])
+        out = runs_actions.make_actions(self, self.table)
         out["open"].triggered.connect(lambda: self._one(self.openRequested))
         out["attach"].triggered.connect(lambda: self._one(self.attachRequested))
         out["stop"].triggered.connect(lambda: self.stopRequested.emit([e for e in self.selected() if e.live]))
@@ -194,34 +165,42 @@ class RunsPanel(QWidget):
         return out
 
     def _button(self, name: str) -> QToolButton:
-        button = QToolButton()
-        button.setObjectName(f"runs_{name}Button")
-        button.setDefaultAction(self.actions_by_name[name])
-        button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
-        button.setAutoRaise(True)
-        button.setIconSize(QSize(16, 16))
-        self.buttons[name] = button
+        self.buttons[name] = button = runs_actions.tool_button(self.actions_by_name[name])
         return button
 
     # ------------------------------------------------------------------ reading the runs folder
 
     def refresh(self) -> None:
-        """Look at the runs folder again (cheap: a listing and a stat or two per run)."""
-        scan = self.scanner.scan()
-        self.problem = scan.problem
-        self.model.set_entries(scan.entries)
-        root = self.scanner.root
-        if scan.problem:
-            self.empty.setText(f"The runs folder cannot be listed: {scan.problem}.\nChoose another with "
-                               "File ▸ Runs Folder…")
-        elif not scan.entries:
-            self.empty.setText(f"No runs yet in {root}.\nPress Run (F5) to start one; runs started from a terminal "
-                               "(clusterdeck run --detach) appear here too.")
-        has_rows = bool(scan.entries)
+        """Look at the runs again: this machine's folder now (cheap: a listing and a stat or two per run), a remote
+        one over ssh (off the GUI thread: the list follows when it comes)."""
+        self.source.refresh()
+
+    def _listed(self, listing: Listing) -> None:
+        self.problem = listing.problem
+        if not listing.location or listing.problem is None:  # a remote folder that failed keeps what it listed
+            self.model.set_entries(listing.entries)
+        if listing.location and listing.problem is None:
+            self.location.remember(listing.location)
+        self.location.say(listing.problem if listing.location else None)
+        self.empty.setText(empty_text(listing, self.source.scanner.root))
+        self._rows_shown()
+        self._update_actions()
+
+    def _rows_shown(self) -> None:
+        has_rows = bool(self.model.entries)
         self.table.setVisible(has_rows)
         self.empty.setVisible(not has_rows)
         self._counted()
-        self._update_actions()
+
+    def _location_chosen(self) -> None:
+        """Another location: its runs replace the list (a remote one's once they come, over ssh)."""
+        target = self.location.target
+        self.source.set_target(target)
+        self.model.set_entries([])
+        self.location.say(None)
+        self.empty.setText(f"Listing the runs on {target} over ssh…" if target is not None else "")
+        self._rows_shown()
+        self.refresh()
 
     def _counted(self, *_args: object) -> None:
         total = len(self.model.entries)
@@ -231,16 +210,18 @@ class RunsPanel(QWidget):
         if shown != total:
             text = f"{shown} of {text}"
         self.count.setText(text)
-        self.count.setToolTip(f"Runs under {self.scanner.root}")
+        target = self.source.target
+        self.count.setToolTip(f"Runs under {self.source.scanner.root}" if target is None else
+                              f"Runs in the runs folder on {target}, listed over ssh")
 
     def _root_changed(self, root: Path) -> None:
-        self.scanner = RunsScanner(root)
+        self.source.set_root(root)
         self.refresh()
 
     def _shown_changed(self, *_args: object) -> None:
-        self.model.set_shown(self.session.run_dir)
+        self.model.set_shown(self.session.remote_run or self.session.run_dir)
         if self.session.run_dir is not None:
-            self.scanner.forget(self.session.run_dir)
+            self.source.scanner.forget(self.session.run_dir)
         QTimer.singleShot(300, self._refresh_if_shown)  # a state just changed: the list follows soon
 
     def _refresh_if_shown(self) -> None:
@@ -257,14 +238,15 @@ class RunsPanel(QWidget):
         chosen = self.selected()
         return chosen[0] if len(chosen) == 1 else None
 
-    def row_of(self, path: Path) -> int:
-        """The view's row of the run at ``path`` (-1: not listed, or filtered out)."""
+    def row_of(self, path: Path | str) -> int:
+        """The view's row of the run at ``path`` (or ``user@host:/path``; -1: not listed, or filtered out)."""
         for r in range(self.proxy.rowCount()):
-            if self.proxy.entry_at(self.proxy.index(r, 0)).path == Path(path):
+            entry = self.proxy.entry_at(self.proxy.index(r, 0))
+            if entry.key == str(path) or entry.path == Path(path):
                 return r
         return -1
 
-    def select(self, path: Path) -> bool:
+    def select(self, path: Path | str) -> bool:
         """Select (and scroll to) the run at ``path``; False when it is not listed."""
         row = self.row_of(path)
         if row < 0:
@@ -275,41 +257,40 @@ class RunsPanel(QWidget):
         self.table.scrollTo(index)
         return True
 
+    def is_shown(self, entry: RunEntry) -> bool:
+        """Whether ``entry`` is the run the window shows."""
+        return entry.key == self.session.remote_run if entry.remote else entry.path == self.session.run_dir
+
     def _update_actions(self, *_args: object) -> None:
-        chosen = self.selected()
-        one = len(chosen) == 1
-        shown = self.session.run_dir
-        a = self.actions_by_name
-        a["open"].setEnabled(one)
-        a["attach"].setEnabled(one and chosen[0].live and not (chosen[0].path == shown and self.session.is_running))
-        a["stop"].setEnabled(any(e.live for e in chosen))
-        a["compare"].setEnabled(any(e.path != shown for e in chosen))
-        a["delete"].setEnabled(bool(chosen) and not any(e.live for e in chosen))
-        a["copy"].setEnabled(bool(chosen))
-        a["reveal"].setEnabled(one)
-        live = [e for e in chosen if e.live]
-        a["delete"].setToolTip("A running run is never deleted: stop it first" if live else
-                               "Delete the selected runs' folders (asks first) — Del")
+        chosen = tuple(self.selected())
+        runs_actions.update(self.actions_by_name, runs_actions.Selected(
+            chosen, tuple(self.is_shown(e) for e in chosen), self.session.is_running))
 
     def _one(self, signal: SignalInstance) -> None:
         entry = self.current()
         if entry is not None:
-            signal.emit(entry.path)
+            self._request(entry, signal)
 
     def _activated(self, index: QModelIndex) -> None:
         if index.isValid():
-            self.openRequested.emit(self.proxy.entry_at(index).path)
+            self._request(self.proxy.entry_at(index), self.openRequested)
+
+    def _request(self, entry: RunEntry, signal: SignalInstance) -> None:
+        """Open or attach to ``entry``: a remote run is attached to over ssh, history first."""
+        if entry.remote:
+            self.remoteRequested.emit(entry.remote)
+        else:
+            signal.emit(entry.path)
 
     def _compare(self) -> None:
-        shown = self.session.run_dir
-        self.compareRequested.emit([e.path for e in self.selected() if e.path != shown])
+        self.compareRequested.emit([e.path for e in self.selected() if not e.remote and not self.is_shown(e)])
 
     def _copy(self) -> None:
-        QGuiApplication.clipboard().setText("\n".join(str(e.path) for e in self.selected()))
+        QGuiApplication.clipboard().setText("\n".join(e.key for e in self.selected()))
 
     def _reveal(self) -> None:
         entry = self.current()
-        if entry is not None:
+        if entry is not None and not entry.remote:
             QDesktopServices.openUrl(QUrl.fromLocalFile(str(entry.path)))
 
     def _context_menu(self, pos: QPoint) -> None:
@@ -330,27 +311,20 @@ class RunsPanel(QWidget):
         self.filter.setFocus(Qt.FocusReason.ShortcutFocusReason)
         self.filter.selectAll()
 
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
-        """Down or Enter in the filter field goes to the list (its first row selected); Escape clears it."""
-        if watched is self.filter and event.type() == QEvent.Type.KeyPress:
-            key = event.key()  # type: ignore[attr-defined]
-            if key in (Qt.Key.Key_Down, Qt.Key.Key_Return, Qt.Key.Key_Enter) and self.proxy.rowCount():
-                self.table.setFocus(Qt.FocusReason.OtherFocusReason)
-                if not self.selected():
-                    self.table.selectRow(0)
-                    self.table.setCurrentIndex(self.proxy.index(0, 0))
-                return True
-            if key == Qt.Key.Key_Escape and self.filter.text():
-                self.filter.clear()
-                return True
-        return super().eventFilter(watched, event)
+    def _to_list(self) -> None:
+        """Down or Enter in the filter field: the list takes the focus (its first row selected)."""
+        if self.proxy.rowCount():
+            self.table.setFocus(Qt.FocusReason.OtherFocusReason)
+            if not self.selected():
+                self.table.selectRow(0)
+                self.table.setCurrentIndex(self.proxy.index(0, 0))
 
     # ------------------------------------------------------------------ shown or not
 
     def showEvent(self, event: QShowEvent) -> None:
         super().showEvent(event)
         self.refresh()
-        self.timer.start()
+        self.timer.start()  # this machine's folder every second; a remote one every 10 s
 
     def hideEvent(self, event: QHideEvent) -> None:
         super().hideEvent(event)

@@ -207,7 +207,7 @@ def test_bad_runs_are_told_clearly(qtbot: Any, window: Any, runs_root: Path, tmp
         server.close()
     # a folder of another uid: not stopped, not deleted, and said why
     os.chown(theirs, 65534, 65534)
-    panel.scanner.forget(theirs)  # a run's owner is read once (it does not change under a run)
+    panel.source.scanner.forget(theirs)  # a run's owner is read once (it does not change under a run)
     panel.refresh()
     assert panel.select(theirs)
     window.runs_commands.stop(panel.selected())
