@@ -3,7 +3,8 @@ or stops. No threads, no processes, no clock of its own.
 
 :class:`Lifecycle` is fed what happens to a run, as small frozen records (:class:`TaskStatus`,
 :class:`StepProgress`, :class:`CpuSample`, :class:`SupervisorExited`, :class:`StopRequested`,
-:class:`TransportFailed`, :class:`LauncherFailed`, :class:`Tick`), each with the current time, and
+:class:`TransportFailed`, :class:`LauncherFailed`, :class:`Tick`, :class:`RestartRequested`), each with the
+current time, and
 answers with actions for the process plumbing (:class:`~engine.control.launcher.Run`) to carry out:
 :class:`StopRun`, :class:`RestartRun`, :class:`RestartTask`. Once every supervisor is gone,
 :meth:`Lifecycle.final` tells the run's end (:class:`Outcome`).
@@ -46,22 +47,28 @@ It also defines :class:`RunHandle`, what front ends (CLI, app, scaling report) h
 from __future__ import annotations
 
 import re
-from collections import deque
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from engine.contract import records
-from engine.contract.config import STEPS_PER_EXECUTION_MODES, TRAINER_ROLES
+from engine.contract.config import TRAINER_ROLES
 from engine.contract.plan import primary_roles
+from engine.control.lifecycle_rules import (  # noqa: F401 - also read from here
+    FIRST_STEP_FACTOR,
+    HOST_PROBE_AFTER_S,
+    HOST_PROBE_EVERY_S,
+    HostRules,
+    ProgressRules,
+    TaskInfo,
+    TaskTrack,
+)
 
 if TYPE_CHECKING:
     from engine.observe.telemetry import RunState
 
-#: A task's first step may take this many times ``progress_timeout_s`` (imports, tracing, restores).
-FIRST_STEP_FACTOR = 3.0
 #: Seconds without any event from a host (its supervisor samples every 0.5 s) after which a hang there is the
 #: supervisor's (SIGSTOP, frozen, its connection stalled), not its tasks'.
 SUPERVISOR_SILENCE_S = 10.0
@@ -169,6 +176,15 @@ class StopRequested:
 
 
 @dataclass(frozen=True)
+class RestartRequested:
+    """Restart the whole run from its last checkpoint, asked for (``Run.restart``, a front end), not forced by a
+    fault. It never uses up ``training.restarts`` (the fault budget): it is counted apart
+    (:attr:`Lifecycle.requested_restarts`). Taken only while the run runs (not starting, restarting or ending)."""
+
+    reason: str = "restart requested by the user"
+
+
+@dataclass(frozen=True)
 class TransportFailed:
     """The transport of ``host`` failed on its own (a scheduler killed the job, its time limit)."""
 
@@ -199,7 +215,7 @@ class HostProbed:
 
 
 Input = (TaskStatus | StepProgress | CpuSample | SupervisorExited | StopRequested | TransportFailed | LauncherFailed
-         | Tick | HostProbed)
+         | Tick | HostProbed | RestartRequested)
 
 
 # -- what it answers
@@ -221,6 +237,7 @@ class RestartRun:
     restart: int
     restarts_allowed: int
     dump_stacks: bool = False  # a hang: ask every task for its stacks first (engine.control.doctor)
+    requested: bool = False  # asked for (RestartRequested), not a fault: ``restart`` is then the generation
 
 
 @dataclass(frozen=True)
@@ -262,26 +279,7 @@ class RelaunchHost:
 Action = StopRun | RestartRun | RestartTask | ProbeHost | HostNotice | RelaunchHost
 
 
-@dataclass(frozen=True)
-class TaskInfo:
-    name: str
-    role: str
-    host: str = ""
-
-
-@dataclass
-class _Task:
-    info: TaskInfo
-    phase: TaskPhase = TaskPhase.PENDING
-    started_at: float | None = None  # when its current life began (for the first-step deadline)
-    progress_at: float | None = None  # when it last reported (async workers: was credited with) a step
-    last_step: int = -1
-    cpu: deque[float] = field(default_factory=lambda: deque(maxlen=4))
-
-    @property
-    def recent_cpu(self) -> float:
-        """CPU use sustained over the last two samples (a start-up burst does not count)."""
-        return min(list(self.cpu)[-2:]) if self.cpu else 0.0
+_Task = TaskTrack  # what the lifecycle follows of one task
 
 
 _TF_TASK = re.compile(r"/job:(chief|worker|ps|evaluator)/(?:replica:\d+/)?task:(\d+)")
@@ -314,11 +312,6 @@ def supervisor_name(host: str) -> str:
 
 
 SECONDHAND_GRACE_S = 3.0  # how long a failure reported by a peer waits for the culprit's own report
-#: Seconds a host of another machine may send nothing (its supervisor samples every 0.5 s) before the launcher asks
-#: whether it answers at all (:class:`ProbeHost`).
-HOST_PROBE_AFTER_S = 2.0
-#: Seconds between two probes of a host that stays silent.
-HOST_PROBE_EVERY_S = 3.0
 #: Seconds a peer's report of a task waits longer while that task's host is being probed.
 PROBE_WAIT_S = 3.0
 
@@ -330,43 +323,27 @@ class Lifecycle:
                  progress_timeout_s: float = 0.0, steps_per_execution: int = 1, now: float = 0.0,
                  report_interval_s: float = 0.0, remote_hosts: Iterable[str] = (), max_relaunches: int = 10) -> None:
         self.mode = mode
-        #: hosts of other machines (probed when silent): the launcher's supervisor groups reached by a transport
-        self.remote_hosts = frozenset(remote_hosts)
-        self.probing: set[str] = set()  # hosts asked about, no answer yet
-        self.asked: dict[str, float] = {}  # host -> when it was last asked about
-        self.unreachable: dict[str, tuple[str, float]] = {}  # host -> (why, since when): said once per episode
-        self.gone_hosts: set[str] = set()  # hosts whose supervisor ended (not probed until one speaks again)
-        self.max_relaunches = max_relaunches
-        self.relaunches: dict[str, int] = {}
-        #: seconds between a task's step reports (``1 / training.metrics_hz``): silence that long is not a hang
-        self.report_interval_s = max(0.0, report_interval_s)
-        self.host_heard: dict[str, float] = {}  # when anything last came from each host (its supervisor alive)
-        self.host_sampled: set[str] = set()  # hosts whose supervisor sent samples (silence is judged only there)
+        self.hosts = HostRules(remote_hosts, max_relaunches)  # what is known of each host
+        self.clock = ProgressRules(mode, progress_timeout_s, report_interval_s, steps_per_execution)
         self.restarts_allowed = restarts_allowed
-        self.progress_timeout_s = progress_timeout_s
-        self.steps_per_execution = steps_per_execution  # data and async: a step report comes per group of this many
         self.primaries = primary_roles(mode)
         self.tasks: dict[str, _Task] = {t.name: _Task(t) for t in tasks}
         self.phase = RunPhase.STARTING
         self.generation = 0  # bumped by every whole-run restart
+        self.requested_restarts = 0  # those of them asked for (RestartRequested), not forced by a fault
         self.outcome: Outcome | None = None
         self.pending_failure: tuple[str, str] | None = None  # decided while a restart was under way
         #: a failure another task reported of ``culprit`` (culprit, reason, until): the culprit's own words, if
         #: they come within SECONDHAND_GRACE_S, say more ("killed by SIGKILL" rather than a peer's heartbeat error)
         self.secondhand: tuple[str, str, float] | None = None
-        self.run_progress_at: float | None = None  # the last step of any task (synchronous runs)
         self.generation_started_at = now
 
     # -- queries
 
     @property
     def restarts_used(self) -> int:
-        return self.generation
-
-    @property
-    def ending(self) -> bool:
-        """True once an end was decided (the run is being stopped)."""
-        return self.outcome is not None
+        """Whole-run restarts faults used (of ``training.restarts``); requested ones are not counted."""
+        return self.generation - self.requested_restarts
 
     def all_primaries_finished(self) -> bool:
         primaries = [t for t in self.tasks.values() if t.info.role in self.primaries]
@@ -395,7 +372,7 @@ class Lifecycle:
             if known is not None and known.info.host and item.generation == self.generation:
                 said = self._heard(known.info.host, now)
                 if isinstance(item, CpuSample):
-                    self.host_sampled.add(known.info.host)  # it samples: its silence means something
+                    self.hosts.sampled.add(known.info.host)  # it samples: its silence means something
         return said + self._feed(item, now)
 
     def _feed(self, item: Input, now: float) -> list[Action]:
@@ -413,6 +390,12 @@ class Lifecycle:
             return self._supervisor_exited(item)
         if isinstance(item, StopRequested):
             return self._end(Outcome(EndState.STOPPED, item.reason or USER_STOP))
+        if isinstance(item, RestartRequested):
+            if self.outcome is not None or self.phase is not RunPhase.RUNNING:
+                return []  # starting, restarting or ending: nothing to restart now
+            self.generation += 1
+            self.requested_restarts += 1
+            return [RestartRun(item.reason, self.generation, self.restarts_allowed, requested=True)]
         if isinstance(item, TransportFailed):
             return self._failed(supervisor_name(item.host), item.reason)
         if isinstance(item, LauncherFailed):
@@ -430,18 +413,10 @@ class Lifecycle:
         self.phase = RunPhase.RESTARTING
         self.secondhand = None
         for task in self.tasks.values():
-            task.phase = TaskPhase.PENDING
-            task.started_at = task.progress_at = None
-            task.last_step = -1
-            task.cpu.clear()
-        self.run_progress_at = None
+            task.restart()
+        self.clock.run_progress_at = None
         self.generation_started_at = now
-        self.host_heard.clear()
-        self.host_sampled.clear()
-        self.probing.clear()
-        self.asked.clear()
-        self.unreachable.clear()
-        self.gone_hosts.clear()
+        self.hosts.reset()
 
     def restart_done(self) -> list[Action]:
         """The new generation's supervisors are up; a failure met meanwhile fails the run now."""
@@ -482,7 +457,7 @@ class Lifecycle:
             if culprit != item.task and suspect is not None and not suspect.phase.terminal:
                 if self.secondhand is None:
                     self.secondhand = (culprit, why, now + SECONDHAND_GRACE_S)
-                if suspect.info.host in self.unreachable:  # its host does not answer: no words will come
+                if suspect.info.host in self.hosts.unreachable:  # its host does not answer: no words will come
                     return self._secondhand_due(now)
                 return []
             return self._failed(culprit, why)
@@ -493,7 +468,7 @@ class Lifecycle:
     def _supervisor_exited(self, item: SupervisorExited) -> list[Action]:
         if item.generation != self.generation or self.outcome is not None:
             return []
-        self.gone_hosts.add(item.host)
+        self.hosts.gone.add(item.host)
         unfinished = [t for name in item.tasks if (t := self.tasks.get(name)) is not None and not t.phase.terminal]
         if not unfinished and item.exit_code == 0:
             return []  # it ended because its tasks did
@@ -501,13 +476,12 @@ class Lifecycle:
             return []
         message = item.message or ("ended before its tasks did" if item.exit_code == 0
                                    else f"exited with code {item.exit_code}")
-        cut = self.unreachable.get(item.host)
+        cut = self.hosts.unreachable.get(item.host)
         if cut is not None:  # ssh gave up on a host that had stopped answering: the network's doing, said first
             message = f"{cut[0]}; then its supervisor's connection ended ({message})"
         if unfinished and self._workers_only(unfinished) and self.phase is RunPhase.RUNNING:
-            count = self.relaunches.get(item.host, 0) + 1
-            if count <= self.max_relaunches:
-                self.relaunches[item.host] = count
+            count = self.hosts.next_relaunch(item.host)
+            if count <= self.hosts.max_relaunches:
                 for task in unfinished:  # lost: not overdue while its host comes back
                     task.phase, task.started_at, task.progress_at = TaskPhase.PENDING, None, None
                 return [RelaunchHost(item.host, tuple(t.info.name for t in unfinished), message, count)]
@@ -523,13 +497,8 @@ class Lifecycle:
 
     def _heard(self, host: str, now: float) -> list[Action]:
         """Something came from ``host``: it is alive (and back, if it had stopped answering)."""
-        self.host_heard[host] = now
-        self.gone_hosts.discard(host)
-        self.asked.pop(host, None)
-        cut = self.unreachable.pop(host, None)
-        if cut is None or self.outcome is not None:
-            return []
-        return [HostNotice(host, f"host {host} answers again after {now - cut[1]:.0f} s without a word", False)]
+        back = self.hosts.heard(host, now)
+        return [HostNotice(host, back, False)] if back and self.outcome is None else []
 
     def _host_tasks(self, host: str) -> list[_Task]:
         return [t for t in self.tasks.values() if t.info.host == host and not t.phase.terminal
@@ -539,23 +508,13 @@ class Lifecycle:
         """Ask about every host of another machine that went silent while its tasks run."""
         if self.outcome is not None or self.phase is not RunPhase.RUNNING:
             return []
-        out: list[Action] = []
-        for host in sorted(self.remote_hosts & self.host_sampled - self.gone_hosts):
-            heard = self.host_heard.get(host)
-            asked = self.asked.get(host)
-            if heard is None or now - heard <= HOST_PROBE_AFTER_S or not self._host_tasks(host) \
-                    or host in self.probing:
-                continue
-            if asked is None or now - asked >= HOST_PROBE_EVERY_S:
-                self.asked[host] = now
-                self.probing.add(host)
-                out.append(ProbeHost(host))
-        return out
+        busy = {host: bool(self._host_tasks(host)) for host in self.hosts.remote_hosts}
+        return [ProbeHost(host) for host in self.hosts.due_probes(now, busy)]
 
     def _probed(self, item: HostProbed, now: float) -> list[Action]:
-        self.probing.discard(item.host)
-        heard = self.host_heard.get(item.host)
-        if not item.problem or self.outcome is not None or heard is None or now - heard <= HOST_PROBE_AFTER_S:
+        self.hosts.probing.discard(item.host)
+        heard = self.hosts.quiet_since(item.host, now)
+        if not item.problem or self.outcome is not None or heard is None:
             return []  # it answers (or spoke meanwhile): a quiet host is judged by the progress rules
         tasks = self._host_tasks(item.host)
         if not tasks:
@@ -564,22 +523,14 @@ class Lifecycle:
         why = (f"host {item.host} does not answer: {item.problem}; nothing came from it for {now - heard:.0f} s "
                f"(network cut or host down)")
         if self._workers_only(tasks):
-            if item.host in self.unreachable:
+            if item.host in self.hosts.unreachable:
                 return []
-            self.unreachable[item.host] = (why, heard)
+            self.hosts.unreachable[item.host] = (why, heard)
             return [HostNotice(item.host, f"{why}: {names} on it {'is' if len(tasks) == 1 else 'are'} cut off until it "
                                           "answers again; the run goes on, not restarted (the chief waits for the "
                                           "steps it sent there)", True, tuple(t.info.name for t in tasks))]
-        self.unreachable[item.host] = (why, heard)
+        self.hosts.unreachable[item.host] = (why, heard)
         return self._failed(supervisor_name(item.host), f"{why}; {names} on it cannot take part")
-
-    def _cut_note(self) -> str:
-        """What a hang of the async chief owes to hosts that do not answer (it waits for the steps sent there)."""
-        cut = sorted(self.unreachable)
-        if not cut:
-            return ""
-        return (f"; meanwhile host{'s' if len(cut) > 1 else ''} {', '.join(cut)} did not answer: the chief waits for "
-                "the steps it sent to the workers there")
 
     def _secondhand_due(self, now: float) -> list[Action]:
         """A peer's report of a task whose own words did not come: the task is blamed, or its host where the host
@@ -588,10 +539,10 @@ class Lifecycle:
         culprit, why, due = self.secondhand
         suspect = self.tasks.get(culprit)
         host = suspect.info.host if suspect is not None else ""
-        if host in self.unreachable:
+        if host in self.hosts.unreachable:
             self.secondhand = None
-            return self._failed(supervisor_name(host), f"{self.unreachable[host][0]}; {culprit} on it {why}")
-        if host in self.probing and now < due + PROBE_WAIT_S:
+            return self._failed(supervisor_name(host), f"{self.hosts.unreachable[host][0]}; {culprit} on it {why}")
+        if host in self.hosts.probing and now < due + PROBE_WAIT_S:
             return []  # its host is being asked about: its answer decides whom to blame
         self.secondhand = None
         return self._failed(culprit, why)
@@ -603,9 +554,9 @@ class Lifecycle:
         if self.phase is RunPhase.RESTARTING:
             self.pending_failure = self.pending_failure or (culprit, reason)
             return []
-        if self.generation < self.restarts_allowed:
+        if self.restarts_used < self.restarts_allowed:
             self.generation += 1
-            return [RestartRun(f"{culprit}: {reason}", self.generation, self.restarts_allowed)]
+            return [RestartRun(f"{culprit}: {reason}", self.restarts_used, self.restarts_allowed)]
         return self._end(Outcome(EndState.FAILED, reason, culprit))
 
     def _end(self, outcome: Outcome) -> list[Action]:
@@ -618,72 +569,37 @@ class Lifecycle:
     # -- progress
 
     def _progress(self, item: StepProgress, now: float) -> None:
-        if item.generation != self.generation:
-            return
-        task = self.tasks.get(item.task)
-        if item.moved_on and task is not None and item.step <= task.last_step:
-            return  # a progress report of no new step is no progress
-        self.run_progress_at = now
-        if task is not None:
-            task.progress_at = now
-            task.last_step = max(task.last_step, item.step)
-        if self.mode == "async" and item.worker is not None:
-            worker = self.tasks.get(f"worker:{item.worker}")
-            if worker is not None:
-                worker.progress_at = now
-                worker.last_step = max(worker.last_step, item.step)
-
-    def _deadline(self, since: float | None, stepped: bool) -> float | None:
-        if since is None:
-            return None
-        if stepped:  # the next report may come a whole report interval (and a slow group) later
-            return since + self.progress_timeout_s + 2 * self.report_interval_s
-        return since + self.progress_timeout_s * FIRST_STEP_FACTOR
-
-    def _overdue(self, task: _Task, now: float) -> bool:
-        if task.phase.terminal or task.phase is TaskPhase.PENDING:
-            return False
-        stepped = task.progress_at is not None
-        deadline = self._deadline(task.progress_at if stepped else task.started_at, stepped)
-        return deadline is not None and now > deadline
+        if item.generation == self.generation:
+            self.clock.record(self.tasks, item.task, item.step, item.worker, item.moved_on, now)
 
     def _check_progress(self, now: float) -> list[Action]:
-        if self.progress_timeout_s <= 0 or self.outcome is not None or self.phase is not RunPhase.RUNNING:
+        if self.clock.progress_timeout_s <= 0 or self.outcome is not None or self.phase is not RunPhase.RUNNING:
             return []
         trainers = [t for t in self.tasks.values() if t.info.role in TRAINER_ROLES and not t.phase.terminal]
         if not trainers:
             return []
         if self.mode == "async":
             chief = [t for t in trainers if t.info.role == "chief"]
-            if chief and self._overdue(chief[0], now):
-                return self._hung(chief[0], self._hang_reason(chief[0], now) + self._cut_note(), now)
+            if chief and self.clock.overdue(chief[0], now):
+                return self._hung(chief[0], self.clock.hang_reason(chief[0]) + self.hosts.cut_note(), now)
             for worker in trainers:
-                if worker.info.role == "worker" and self._overdue(worker, now):
+                if worker.info.role == "worker" and self.clock.overdue(worker, now):
                     if self._silent_host(worker, now) is not None:
                         return self._hung(worker, "", now)
-                    reason = self._hang_reason(worker, now)
+                    reason = self.clock.hang_reason(worker)
                     worker.started_at, worker.progress_at = now, None  # its restart gets a fresh clock
                     return [RestartTask(worker.info.name, reason)]
             return []
         # synchronous: every trainer moves together; the run is hung when none reported a step
-        if self.run_progress_at is not None:
-            deadline = self._deadline(self.run_progress_at, True)
-        else:
-            starts = [t.started_at for t in trainers if t.started_at is not None]
-            if len(starts) < len(trainers):
-                return []  # some task is not even started yet: its supervisor is still coming up
-            deadline = self._deadline(max(starts), False)
+        deadline = self.clock.run_deadline(trainers)
         if deadline is None or now <= deadline:
             return []
         culprit = hang_culprit(trainers)
-        return self._hung(culprit, self._hang_reason(culprit, now, run_wide=True), now)
+        return self._hung(culprit, self.clock.hang_reason(culprit, run_wide=True), now)
 
     def _silent_host(self, task: _Task, now: float, quiet: float = QUIET_HOST_S) -> float | None:
         """Seconds ``task``'s host (a sampling one) has sent nothing, where that is past ``quiet``."""
-        heard = self.host_heard.get(task.info.host)
-        if heard is None or task.info.host not in self.host_sampled or now - heard <= quiet:
-            return None
-        return now - heard
+        return self.hosts.silent_for(task.info.host, now, quiet)
 
     def _hung(self, task: _Task, reason: str, now: float) -> list[Action]:
         """Fail the run for a hang of ``task``, blamed on its host's supervisor where that host went silent."""
@@ -696,25 +612,6 @@ class Lifecycle:
                 f"(SIGSTOP), frozen or cut off; its tasks ({task.info.name} among them) could not report"))
         actions = self._failed(task.info.name, reason + STACKS_NOTE)
         return [replace(a, dump_stacks=True) if isinstance(a, (StopRun, RestartRun)) else a for a in actions]
-
-    def _hang_reason(self, task: _Task, now: float, run_wide: bool = False) -> str:
-        limit = self.progress_timeout_s
-        if (self.run_progress_at if run_wide else task.progress_at) is None:
-            why = f"hung: no first step within {limit * FIRST_STEP_FACTOR:g} s of starting"
-        else:
-            why = f"hung: no progress for {limit:g} s (training.progress_timeout_s)"
-            if self.report_interval_s >= 1.0:
-                why += (f" after a report interval of {self.report_interval_s:g} s (training.metrics_hz "
-                        f"{1 / self.report_interval_s:g})")
-            if task.last_step >= 0:
-                why += f", last step {task.last_step}"
-            if self.mode in STEPS_PER_EXECUTION_MODES and self.steps_per_execution > 1:
-                who = "a worker" if self.mode == "async" else "a task"
-                why += (f"; {who} reports once per {self.steps_per_execution} steps (training.steps_per_execution):"
-                        " where so many steps take longer, lower it or raise the timeout")
-        if task.cpu:
-            why += f"; it used {task.recent_cpu:.0f}% CPU meanwhile"
-        return why
 
 
 def hang_culprit(tasks: Sequence[_Task]) -> _Task:

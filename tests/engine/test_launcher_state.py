@@ -29,3 +29,28 @@ def test_a_launcher_keeps_figures_but_no_curves_unless_asked(tmp_path: Path) -> 
         rep = run.state.replicas[0]
         assert (rep.step, rep.loss, rep.first_loss) == (5, 0.2, 1.0)
         assert run.state.tasks["worker:0"].cpu_percent == 50.0
+
+
+def test_a_run_not_started_has_nothing_to_restart(tmp_path: Path) -> None:
+    run = Run(config_mod.load(PRESETS / "data-2workers.yaml"), runs_root=tmp_path)
+    assert run.restart("asked") is False and run.restarts_used == 0
+
+
+def test_a_requested_restart_starts_every_task_again_without_using_the_fault_budget(tmp_path: Path) -> None:
+    import threading
+
+    from tests.engine.test_faults import fake_run, start_and_wait_for_steps
+
+    run = fake_run(tmp_path, worker_0="forever", worker_1="forever")
+    again = threading.Event()
+    run.add_listener(lambda e: again.set() if e["kind"] == "step" and e.get("generation") == 1 else None)
+    start_and_wait_for_steps(run, 30, ("worker:0", "worker:1"))
+    try:
+        before = {name: t.pid for name, t in run.state.tasks.items()}
+        assert run.restart("asked by the test")
+        assert again.wait(30), "no step of the restarted run"
+        assert run.restarts_used == 0 and run.state.state == "running"  # training.restarts is 0: not used up
+        assert all(run.state.tasks[name].pid != pid for name, pid in before.items())
+    finally:
+        run.stop()
+    assert run.wait(10) == "stopped"

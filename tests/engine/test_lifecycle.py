@@ -113,7 +113,7 @@ def test_a_worker_its_supervisor_restarts_does_not_end_the_run() -> None:
     policy = started(ASYNC, "async")
     assert feed(policy, [status("worker:1", "failed", reason="killed by SIGKILL", will_restart=True),
                          status("worker:1", "restarting"), status("worker:1", "starting")]) == []
-    assert not policy.ending
+    assert policy.outcome is None
 
 
 def test_restarts_restart_the_whole_run_then_fail_it() -> None:
@@ -333,7 +333,7 @@ def test_an_async_host_of_workers_that_does_not_answer_is_named_not_failed_and_s
     (notice,) = policy.feed(lc.HostProbed("lab3", "no answer from 10.99.0.13 (port 4003) within 1.5 s"), 5.0)
     assert isinstance(notice, lc.HostNotice) and notice.unreachable and notice.tasks == ("worker:1",)
     assert "host lab3 does not answer" in notice.message and "not restarted" in notice.message
-    assert not policy.ending
+    assert policy.outcome is None
     assert policy.feed(lc.HostProbed("lab3", "no answer"), 8.0) == []  # said once
     (back,) = feed(policy, [events.make("device", "worker:1", cpu_percent=1.0)], now=9.0)
     assert back == lc.HostNotice("lab3", "host lab3 answers again after 8 s without a word", False)
@@ -350,7 +350,7 @@ def test_a_lost_async_host_of_workers_is_started_again_not_the_whole_run() -> No
     why = "ssh to lab3 failed: Timeout, server 10.99.0.13 not responding."
     (relaunch,) = policy.feed(lc.SupervisorExited("lab3", 255, why, ("worker:1",)), 1.0)
     assert relaunch == lc.RelaunchHost("lab3", ("worker:1",), why, 1)
-    assert policy.generation == 0 and not policy.ending  # no whole-run restart
+    assert policy.generation == 0 and policy.outcome is None  # no whole-run restart
     feed(policy, [status("worker:1", "starting"), status("worker:1", "running")], now=2.0)
     assert policy.feed(lc.SupervisorExited("lab3", 255, why, ("worker:1",)), 3.0) == [
         lc.RelaunchHost("lab3", ("worker:1",), why, 2)]
@@ -366,7 +366,7 @@ def test_a_lost_async_host_of_workers_is_started_again_not_the_whole_run() -> No
     policy = started(LAB, remote_hosts=["lab1", "lab2"])
     sampled(policy, LAB, 1.0)
     sampled(policy, LAB[:1], 3.5)
-    policy.unreachable["lab2"] = ("host lab2 does not answer: no answer", 1.0)
+    policy.hosts.unreachable["lab2"] = ("host lab2 does not answer: no answer", 1.0)
     (stop,) = policy.feed(lc.SupervisorExited("lab2", 255, why, ("worker:1",)), 20.0)
     assert isinstance(stop, lc.StopRun)
     assert stop.outcome.reason == f"host lab2 does not answer: no answer; then its supervisor's connection ended ({why})"
@@ -374,7 +374,35 @@ def test_a_lost_async_host_of_workers_is_started_again_not_the_whole_run() -> No
 
 def test_a_hung_async_chief_says_which_host_did_not_answer() -> None:
     policy = started(LAB_ASYNC, "async", remote_hosts=["lab1", "lab2", "lab3"], progress_timeout_s=10.0)
-    policy.unreachable["lab3"] = ("host lab3 does not answer", 1.0)
+    policy.hosts.unreachable["lab3"] = ("host lab3 does not answer", 1.0)
     (stop,) = policy.feed(lc.Tick(), 31.0)
     assert isinstance(stop, lc.StopRun) and stop.outcome.failed_task == "chief:0"
     assert "host lab3 did not answer: the chief waits for the steps it sent to the workers there" in stop.outcome.reason
+
+
+# -- a restart asked for (Run.restart, a front end's restart command)
+
+
+def test_a_requested_restart_restarts_the_whole_run_without_using_the_fault_budget() -> None:
+    policy = started(restarts_allowed=1)
+    (action,) = policy.feed(lc.RestartRequested("the user asked"), 1.0)
+    assert isinstance(action, lc.RestartRun) and action.requested and action.reason == "the user asked"
+    assert action.restart == 1 and policy.generation == 1
+    assert policy.restarts_used == 0 and policy.requested_restarts == 1  # training.restarts is for faults
+    policy.restart_started(2.0)
+    assert policy.feed(lc.RestartRequested(), 2.5) == []  # restarting: nothing to restart now
+    assert policy.restart_done() == []
+    feed(policy, [status(t.name, "starting", generation=1) for t in DATA], now=3.0)
+    # a fault now still has its one restart
+    (fault,) = feed(policy, [status("worker:1", "failed", reason="boom", generation=1)], now=4.0)
+    assert isinstance(fault, lc.RestartRun) and not fault.requested and fault.restart == 1
+    assert policy.restarts_used == 1 and policy.generation == 2
+
+
+def test_a_requested_restart_is_refused_while_starting_or_ending() -> None:
+    policy = Lifecycle(DATA, mode="data")
+    assert policy.feed(lc.RestartRequested(), 0.0) == []  # still starting
+    policy.started()
+    (stop,) = policy.feed(lc.StopRequested(), 1.0)
+    assert isinstance(stop, lc.StopRun)
+    assert policy.feed(lc.RestartRequested(), 1.5) == [] and policy.generation == 0

@@ -1,0 +1,343 @@
+"""The run driver: the dispatcher of one :class:`~engine.control.launcher.Run` and what it does on the lifecycle's word.
+
+:class:`RunDriver` owns the run's dispatcher thread: each event a reader queued is recorded (the run's
+:class:`~engine.control.run_record.RunRecord`), folded into the run's state, handed to listeners and fed to the
+pure :class:`~engine.control.lifecycle.Lifecycle`, and each action the lifecycle answers is carried out here
+(stop every supervisor, restart the whole run, restart a task, probe or relaunch a host through
+:class:`~engine.control.host_watch.HostWatch`). It also ends the run: the final ``run`` event, the record closed,
+whatever is left killed (:mod:`engine.control.process_end`), the transports released. The process plumbing is
+:mod:`engine.control.supervisor_links`; what is started, and how, stays the :class:`Run`'s.
+"""
+
+from __future__ import annotations
+
+import queue
+import sys
+import threading
+import time
+import traceback
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from engine.contract import events
+from engine.contract.config import RunConfig
+from engine.control import doctor, process_end, transports
+from engine.control import lifecycle as lc
+from engine.control.run_record import RunRecord
+from engine.control.supervisor_links import HostAnswer, SupervisorGone, SupervisorLink, stop_supervisors
+
+TICK_S = 0.5  # progress deadlines and the run folder are checked this often
+MAX_WORKER_RESTARTS = 10  # async: a worker that keeps dying is restarted at most this often
+#: Marks an event the launcher says of a task on a lost host: shown and recorded, but not news from that host.
+LOST_WITH_HOST = "lost_with_host"
+LOCAL_GROUP = "localhost"  # the supervisor of every host that is this machine
+
+
+class _Tick:
+    """A dispatcher turn without an event."""
+
+
+_TICK = _Tick()
+#: What the dispatcher's queue holds: a reader's batch of ``(event, line to write)``, one event (the
+#: launcher's own), a supervisor's end, a host's answer, or None (every stream ended).
+Item = list[tuple[dict[str, Any], bytes | None]] | dict[str, Any] | SupervisorGone | HostAnswer | None
+_Item = Item
+
+
+def lifecycle_for(config: RunConfig, now: float) -> lc.Lifecycle:
+    """The policy of a run of ``config`` (its tasks, restarts, progress and report rules, its hosts of other
+    machines)."""
+    training = config.training
+    return lc.Lifecycle(
+        [lc.TaskInfo(t.name, t.role, h.name) for h, t in config.cluster.tasks()],
+        mode=config.parallelism.mode, restarts_allowed=training.restarts,
+        # a user's program reports when it likes (or never): no hang is inferred from its silence
+        progress_timeout_s=0.0 if config.program is not None else
+        float(getattr(training, "progress_timeout_s", 0.0) or 0.0),
+        steps_per_execution=training.steps_per_execution, now=now,
+        report_interval_s=1.0 / training.metrics_hz if training.metrics_hz > 0 else 0.0,
+        remote_hosts=[h.name for h in config.cluster.hosts if transports.kind_of(
+            None if h.is_local else h) == "ssh"],
+        max_relaunches=MAX_WORKER_RESTARTS)
+
+
+def keeping(run: Any, target: Callable[..., Any], *args: Any) -> None:
+    """``target(*args)`` on a thread that holds ``run`` while it runs: the driver and the host watch hold their run
+    weakly (no reference cycle: an ended run is freed at once, its supervisors' pipes closed with it)."""
+    target(*args)
+
+
+class RunDriver:
+    """Drives one run: its dispatcher, the lifecycle's actions, restarts and the end. The :class:`Run` holds the
+    shared state (its locks, queue, supervisors, state fold); this class holds the behaviour."""
+
+    def __init__(self, run: Any) -> None:
+        self._run = weakref.ref(run)  # the engine.control.launcher.Run it serves (not imported: no cycle)
+
+    @property
+    def run(self) -> Any:
+        return self._run()
+
+    def decide(self, item: lc.Input) -> None:
+        """Feed ``item`` to the lifecycle and carry out what it answers."""
+        self.act(self.feed(item))
+
+    def stop_supervisors(self, sups: list[SupervisorLink], task_state: lc.TaskPhase, reason: str) -> None:
+        stop_supervisors(sups, str(task_state), reason, lambda sup: self.run._stop_grace(sup, task_state),
+                         self.run._cut)
+
+    def watch(self) -> None:
+        """Ends the run once every supervisor has exited and its stream is drained (restarts aside)."""
+        while True:
+            with self.run._restart_lock:
+                current = list(self.run._supervisors)
+            for sup in current:
+                if sup.reader is not None:
+                    sup.reader.join()
+            with self.run._restart_lock:
+                launched = bool(self.run._supervisors) or self.run._stopping
+                if launched and not self.run._restarting.is_set() and not self.run._relaunching \
+                        and current == self.run._supervisors:
+                    break
+            time.sleep(0.05)
+        self.run._queue.put(None)
+
+    def dispatch(self) -> None:
+        """The dispatcher thread: never dies without ending the run."""
+        next_tick = time.monotonic() + TICK_S
+        try:
+            while True:
+                item: _Item | _Tick
+                try:
+                    item = self.run._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
+                except queue.Empty:
+                    item = _TICK
+                if item is None:
+                    break
+                if time.monotonic() >= next_tick:  # a steady stream of events must not starve the ticks
+                    next_tick = time.monotonic() + TICK_S
+                    if not isinstance(item, _Tick):
+                        self._handle_safely(_TICK)
+                if isinstance(item, list):
+                    for event, line in item:
+                        self._handle_safely(event, line)
+                else:
+                    self._handle_safely(item)
+                self.recorder().catch_up(self.run._queue.empty)  # events.jsonl, run.json: per burst
+        finally:
+            self.finish()
+
+    def _handle_safely(self, item: dict[str, Any] | SupervisorGone | HostAnswer | _Tick,
+                       line: bytes | None = None) -> None:
+        try:
+            self._handle(item, line)
+        except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
+            traceback.print_exc(file=sys.stderr)
+            self.act(self.feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
+
+    def _handle(self, item: dict[str, Any] | SupervisorGone | HostAnswer | _Tick, line: bytes | None = None) -> None:
+        if isinstance(item, _Tick):
+            self.recorder().check_folder()
+            self.act(self.feed(lc.Tick()))
+            self.recorder().update_meta()
+        elif isinstance(item, SupervisorGone):
+            sup = item.sup
+            message = ""
+            if not self.run._stopping and item.exit_code != 0:
+                tail = transports.log_tail(sup.launch.log)
+                message = sup.transport.failure(sup.launch, item.exit_code, tail)
+            self.act(self.feed(lc.SupervisorExited(sup.group, item.exit_code, message, tuple(sup.tasks),
+                                                     sup.generation)))
+        elif isinstance(item, HostAnswer):
+            self.act(self.feed(lc.HostProbed(item.host, item.problem)))
+        else:
+            self.deliver(item, line)
+            if item.get(LOST_WITH_HOST):
+                return  # the launcher's word of a lost task: no news from its host
+            policy_input = lc.from_event(item)
+            if policy_input is not None:
+                self.act(self.feed(policy_input))
+
+    def deliver(self, event: dict[str, Any], line: bytes | None = None) -> None:
+        """``event`` into the run's file (``line`` as received where it can be kept), the state and the
+        listeners."""
+        with self.run._lock:
+            self.recorder().write_event(event, line)
+            self.run.state.apply(event)
+            listeners = list(self.run._listeners)
+        for listener in listeners:
+            try:
+                listener(event)
+            except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
+                print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
+
+    def feed(self, item: lc.Input) -> list[lc.Action]:
+        with self.run._lock:
+            return self.run._lifecycle.feed(item, time.monotonic())
+
+    def act(self, actions: list[lc.Action]) -> None:
+        for action in actions:
+            if isinstance(action, lc.RestartTask) or getattr(action, "dump_stacks", False):  # a hang: who waits where
+                self._ask_for_stacks(action)
+            if isinstance(action, lc.StopRun):
+                with self.run._restart_lock:
+                    if self.run._stopping:
+                        continue
+                    self.run._stopping = True
+                self.run._stop_asked.set()
+                threading.Thread(target=keeping, args=(self.run, self._stop_all, action.outcome), name="run-stop",
+                                 daemon=True).start()
+            elif isinstance(action, lc.RestartRun):
+                self.run._restarting.set()
+                threading.Thread(target=keeping, args=(self.run, self._restart_all, action), name="run-restart",
+                                 daemon=True).start()
+            elif isinstance(action, lc.RestartTask):
+                self.run._emit_info(f"{action.task}: {action.reason}; its supervisor restarts it", task_hung=action.task)
+                self.run.send(action.task, "restart", reason=action.reason)
+            elif isinstance(action, lc.ProbeHost):
+                threading.Thread(target=keeping, args=(self.run, self.run._hosts.probe, action.host), name=f"probe-{action.host}",
+                                 daemon=True).start()
+            elif isinstance(action, lc.HostNotice):
+                (self.run._cut.add if action.unreachable else self.run._cut.discard)(action.host)
+                self.run._emit_info(action.message, host=action.host, host_unreachable=action.unreachable,
+                                **({"warning": "host-unreachable", "lost_tasks": list(action.tasks)}
+                                   if action.unreachable else {}))
+            elif isinstance(action, lc.RelaunchHost):
+                self.run._hosts.relaunch_host(action)
+
+    def _ask_for_stacks(self, action: lc.Action) -> None:
+        with self.run._lock:
+            live = [n for n, t in self.run.state.tasks.items() if t.state not in ("finished", "failed", "stopped")]
+        if isinstance(action, lc.RestartTask):
+            live = [action.task]
+        if isinstance(action, lc.RestartTask):
+            culprit = action.task
+        elif isinstance(action, lc.StopRun):
+            culprit = action.outcome.failed_task
+        elif isinstance(action, lc.RestartRun):
+            culprit = action.reason.split(": ")[0]
+        else:
+            return  # asked only for a hang
+        for message, fields in doctor.dump_for_hang(self.run.folder, self.run.send, live, culprit):
+            self.run._emit_info(message, **fields)
+
+    def _resubmit(self) -> bool:
+        """A whole-run restart: transports holding a scheduler's allocation (``resubmit_on_restart``, Slurm)
+        give it back and queue a new one; the run is then planned on the new nodes. False: stopped meanwhile."""
+        again = [t for t in self.run._prepared if getattr(t, "resubmit_on_restart", False)]
+        if not again:
+            return True
+        ctx = transports.PrepareContext(config=getattr(self.run, "_drawn_config", self.run._base_config), folder=self.run.folder,
+                                        stop=self.run._stop_asked, emit=self.run._queue.put)
+        try:
+            for transport in self.run._transports.values():
+                if transport in again:
+                    transport.release()
+                ctx.config = transport.prepare(ctx)
+        except transports.TransportStopped:
+            return False
+        self.run._base_config = ctx.config
+        return True
+
+    def _restart_all(self, action: lc.RestartRun) -> None:
+        """Stop every task and start them all again; they resume from the last checkpoint."""
+        self.run._emit_run("restarting", reason=action.reason, restart=action.restart,
+                           restarts_allowed=action.restarts_allowed, **({"requested": True} if action.requested else {}))
+        try:
+            with self.run._restart_lock:
+                old = list(self.run._supervisors)
+            self.stop_supervisors(old, lc.TaskPhase.STOPPED, f"restarting the run: {action.reason}")
+            for sup in old:
+                if sup.reader is not None:
+                    sup.reader.join(timeout=5)
+            if not self._resubmit():
+                return  # stopped while the new allocation waited
+            with self.run._restart_lock:
+                if self.run._stopping:
+                    return
+                with self.run._lock:
+                    self.run._lifecycle.restart_started(time.monotonic())
+                self.run._supervisors = []
+                self.run._resolve()
+                self.run._start_supervisors()
+            self.run._emit_run("running", restart=action.restart)
+            with self.run._lock:
+                actions = self.run._lifecycle.restart_done()
+            self.act(actions)
+        except Exception as exc:  # noqa: BLE001 - a failed restart fails the run, visibly
+            with self.run._lock:
+                self.run._lifecycle.phase = lc.RunPhase.RUNNING
+            self.act(self.feed(lc.LauncherFailed(f"the restart failed: {exc}")))
+        finally:
+            self.run._restarting.clear()
+
+    def finish(self) -> None:
+        try:
+            with self.run._lock:
+                outcome = self.run._lifecycle.final()
+            if self.run._bad.bad:
+                self.deliver(events.make("info", "launcher", message=f"{self.run._bad.bad} malformed event line(s) "
+                                          "skipped", bad_lines=self.run._bad.bad))
+            self.deliver(events.make("run", "launcher", **outcome.event_fields()))
+            self.recorder().flush()
+            self.kill_leftovers()
+            for transport in self.run._prepared:
+                try:
+                    transport.release()
+                except Exception as exc:  # noqa: BLE001 - a release must not keep the run from ending
+                    print(f"clusterdeck: releasing the {transport.kind} transport failed: {exc!r}", file=sys.stderr)
+            self.run._prepared = []
+            with self.run._lock:
+                self.recorder().write_meta(str(outcome.state), ended=time.strftime("%Y-%m-%dT%H:%M:%S"))
+        except Exception:  # noqa: BLE001 - done must be set whatever happens
+            traceback.print_exc(file=sys.stderr)
+        finally:
+            # closed, and let go: the record holds the run's callbacks, and an ended run must be freed
+            # at once (its supervisors' pipes close with it), not at the next garbage collection
+            record, self.run._record = self.run._record, None  # the dispatcher's alone from start() on
+            if record is not None:
+                record.close()
+            self.run._stop_done.set()
+            self.run._done.set()
+
+    def _stop_all(self, outcome: lc.Outcome) -> None:
+        try:
+            with self.run._restart_lock:
+                sups = list(self.run._supervisors)
+            self.stop_supervisors(sups, outcome.task_state, outcome.task_reason)
+            self.kill_leftovers()
+        finally:
+            self.run._stop_done.set()
+
+    def kill_leftovers(self) -> None:
+        """Whatever of the run still runs on this machine: task processes whose supervisor was killed
+        and the children of users' scripts (every task process carries the run folder in its environment)."""
+        if self.run._run_dir is None:
+            return
+        with self.run._lock:
+            pids = [t.pid for t in self.run.state.tasks.values() if t.pid]
+        process_end.kill_tasks(pids)
+        process_end.kill_run_processes(str(self.run.run_dir.resolve()))
+
+    def describe(self) -> dict[str, Any]:
+        """``run.json``'s fields of the moment: what runs where, and how far it got."""
+        with self.run._lock:
+            sups = list(self.run._supervisors)  # a snapshot (a restart may be replacing them)
+            supervisors = {s.group: {"pid": s.proc.pid, "transport": s.transport.kind,
+                                     "host": s.launch.host.name if s.launch.host is not None else LOCAL_GROUP}
+                           for s in sups}
+            tasks = {n: {"pid": t.pid, "state": t.state, "host": t.host} for n, t in self.run.state.tasks.items()}
+            return {"name": self.run.config.name, "state": str(self.run._lifecycle.phase),
+                    "mode": self.run.config.parallelism.mode, "launcher": self.run._launcher, "supervisors": supervisors,
+                    "tasks": tasks, "step": self.run.state.step, "summary": self.run.state.summary()}
+
+    def record_failed(self, reason: str) -> None:
+        """The run folder can no longer be written or vanished: the run fails, saying why."""
+        self.act(self.feed(lc.LauncherFailed(reason)))
+
+    def recorder(self) -> RunRecord:
+        """The run's record (there from :meth:`start` on; the dispatcher starts after it)."""
+        if self.run._record is None:
+            raise RuntimeError("the run has not started")
+        return self.run._record
