@@ -361,7 +361,11 @@ def batch_state(folder: RunFolder, state: str | None = None) -> BatchState | Non
     if status.pending:
         return BatchState("pending", status.explain(), job, status.state)
     if not status.ended:  # running (its launcher on another node, or starting), completing
-        return BatchState("starting" if state == "pending" else state, reason, job, status.state)
+        if state == "pending":  # its launcher is starting, unless this is the execution that requeued it ending
+            start = _last_start(folder)
+            again = not start or status.restarts > _int(start.get("slurm_restart_count"))
+            return BatchState("starting" if again and status.running else "pending", reason, job, status.state)
+        return BatchState(state, reason, job, status.state)
     if status.state == "CANCELLED":
         return BatchState("stopped", f"{status.explain()} before its launcher recorded an end", job, status.state)
     if status.state == "COMPLETED":
