@@ -9,7 +9,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import QCloseEvent, QIcon, QShowEvent
-from PySide6.QtWidgets import QFrame, QGroupBox, QMainWindow, QMessageBox, QScrollArea, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QMainWindow, QMessageBox, QWidget
 
 from engine.contract import resources
 from gui.canvas import ClusterCanvas
@@ -33,20 +33,10 @@ from gui.stragglers_view import StragglerWatch
 from gui.task_table import TaskTable
 from gui.why_slow import WhySlowPanel
 from gui.window_actions import ActionState, WindowActions, show_about
-from gui.window_layout import WindowLayout, add_dock, show_dock, titled
+from gui.window_layout import WindowLayout, add_dock, bottom_docks, inspector, scrolled, show_dock, titled
 from gui.window_theme import ThemeSwitcher
 
 __all__ = ["APPLICATION", "ORGANIZATION", "MainWindow", "app_icon", "app_settings"]
-
-
-def scrolled(view: QWidget) -> QScrollArea:
-    """``view`` in a frameless scroll area: a tall view in a bottom dock never takes height from the plots."""
-    area = QScrollArea()
-    area.setObjectName(f"{view.objectName()}Scroll")
-    area.setFrameShape(QFrame.Shape.NoFrame)
-    area.setWidgetResizable(True)
-    area.setWidget(view)
-    return area
 
 
 def app_icon() -> QIcon:
@@ -90,21 +80,15 @@ class MainWindow(QMainWindow):
                                                        "(or the Menu key) to add, drag (or Ctrl+arrows) to move, "
                                                        "arrows to select, Delete to remove."))
         self.splitter = self.window_layout.splitter
-        self.settings_dock = add_dock(self, "Settings", "settingsDock", self._inspector(),
-                                        Qt.DockWidgetArea.RightDockWidgetArea)
-        self.tasks_dock = add_dock(self, "Tasks", "tasksDock", self.task_table, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.logs_dock = add_dock(self, "Logs", "logsDock", self.logs, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.messages_dock = add_dock(self, "Messages", "messagesDock", self.messages,
-                                        Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.runs_dock = add_dock(self, "Runs", "runsDock", self.runs_panel, Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.runs_dock.setToolTip("Running and past runs of the runs folder (Ctrl+Shift+O)")
-        self.why_slow_dock = add_dock(self, "Why Slow", "whySlowDock", scrolled(self.why_slow),
-                                      Qt.DockWidgetArea.BottomDockWidgetArea)
-        self.why_slow_dock.setToolTip("Where each replica's step goes, a profile of every task, every task's stacks "
-                                      "(Ctrl+Shift+Y)")
-        bottom = (self.tasks_dock, self.logs_dock, self.messages_dock, self.runs_dock, self.why_slow_dock)
-        for above, below in zip(bottom, bottom[1:], strict=False):
-            self.tabifyDockWidget(above, below)
+        column, self.selection_box = inspector(self.problems, self.properties, self.settings_panel)
+        self.settings_dock = add_dock(self, "Settings", "settingsDock", column, Qt.DockWidgetArea.RightDockWidgetArea)
+        self.tasks_dock, self.logs_dock, self.messages_dock, self.runs_dock, self.why_slow_dock = bottom_docks(self, (
+            ("Tasks", "tasksDock", self.task_table, ""),
+            ("Logs", "logsDock", self.logs, ""),
+            ("Messages", "messagesDock", self.messages, ""),
+            ("Runs", "runsDock", self.runs_panel, "Running and past runs of the runs folder (Ctrl+Shift+O)"),
+            ("Why Slow", "whySlowDock", scrolled(self.why_slow),
+             "Where each replica's step goes, a profile of every task, every task's stacks (Ctrl+Shift+Y)")))
         self.tasks_dock.raise_()
         # the plots join the window last: Tab goes from the cluster to the settings and the run's tables
         # before it reaches the plots' many small buttons (Qt's focus chain follows the order widgets join)
@@ -188,23 +172,6 @@ class MainWindow(QMainWindow):
             status.show("Ready", 3000)
 
     # ------------------------------------------------------------------ building
-
-    def _inspector(self) -> QWidget:
-        """One column: what stops a run, the selected host or task, the run settings."""
-        self.selection_box = QGroupBox("Selected")
-        self.selection_box.setObjectName("selectionBox")
-        box_layout = QVBoxLayout(self.selection_box)
-        box_layout.setContentsMargins(2, 2, 2, 2)
-        box_layout.addWidget(self.properties)
-        inspector = QWidget()
-        inspector.setObjectName("inspector")
-        column = QVBoxLayout(inspector)
-        column.setContentsMargins(0, 0, 0, 0)
-        column.setSpacing(2)
-        column.addWidget(self.problems, 0)
-        column.addWidget(self.selection_box, 0)
-        column.addWidget(self.settings_panel, 1)
-        return inspector
 
     # ------------------------------------------------------------------ following the models
 

@@ -10,6 +10,7 @@ from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDockWidget,
     QFrame,
+    QGroupBox,
     QLabel,
     QMainWindow,
     QScrollArea,
@@ -223,3 +224,45 @@ def show_dock(window: QMainWindow, dock: QDockWidget, share: float = 1 / 3, most
         wanted = min(most, int(window.height() * share))
         if dock.height() < wanted:
             window.resizeDocks([dock], [wanted], Qt.Orientation.Vertical)
+
+
+def scrolled(view: QWidget) -> QScrollArea:
+    """``view`` in a frameless scroll area: a tall view in a bottom dock never takes height from the plots."""
+    area = QScrollArea()
+    area.setObjectName(f"{view.objectName()}Scroll")
+    area.setFrameShape(QFrame.Shape.NoFrame)
+    area.setWidgetResizable(True)
+    area.setWidget(view)
+    return area
+
+
+def bottom_docks(window: QMainWindow, views: tuple[tuple[str, str, QWidget, str], ...]) -> list[QDockWidget]:
+    """A bottom dock per ``(title, name, widget, tip)``, tabbed together in that order, the first raised."""
+    docks = []
+    for title, name, widget, tip in views:
+        dock = add_dock(window, title, name, widget, Qt.DockWidgetArea.BottomDockWidgetArea)
+        if tip:
+            dock.setToolTip(tip)
+        docks.append(dock)
+    for above, below in zip(docks, docks[1:], strict=False):
+        window.tabifyDockWidget(above, below)
+    docks[0].raise_()
+    return docks
+
+
+def inspector(problems: QWidget, properties: QWidget, settings: QWidget) -> tuple[QWidget, QGroupBox]:
+    """One column: what stops a run, the selected host or task (in the box returned), the run settings."""
+    selection_box = QGroupBox("Selected")
+    selection_box.setObjectName("selectionBox")
+    box_layout = QVBoxLayout(selection_box)
+    box_layout.setContentsMargins(2, 2, 2, 2)
+    box_layout.addWidget(properties)
+    column = QWidget()
+    column.setObjectName("inspector")
+    layout = QVBoxLayout(column)
+    layout.setContentsMargins(0, 0, 0, 0)
+    layout.setSpacing(2)
+    layout.addWidget(problems, 0)
+    layout.addWidget(selection_box, 0)
+    layout.addWidget(settings, 1)
+    return column, selection_box
