@@ -627,9 +627,9 @@ class Breakdowns:
     def recent(self, replica: int, every: int = 1) -> list[StepBreakdown]:
         """The replica's last ``keep`` breakdowns, oldest first (every ``every``-th of them: a view of many
         replicas reads fewer)."""
-        raws = self._recent.get(replica, ())
+        raws: list[tuple[Any, ...]] = list(self._recent.get(replica, ()))
         if every > 1:
-            raws = list(raws)[::-1][::every][::-1]  # the newest always among them
+            raws = raws[::-1][::every][::-1]  # the newest always among them
         made = (_breakdown(*raw) for raw in raws)
         return [b for b in made if b is not None]
 
