@@ -442,6 +442,9 @@ def build_parser() -> argparse.ArgumentParser:
     from engine.cli import doctor as doctor_cli
 
     doctor_cli.register(sub)  # stacks, profile: why a run is stuck or slow
+    from engine.cli import batch as batch_cli
+
+    batch_cli.register(sub)  # sbatch: a Slurm group as a batch job that outlives the login
     parser.set_defaults(commands=set(sub.choices))
     sub.metavar = "{" + ",".join(name for name in sub.choices if name not in PLUMBING) + "}"
     return parser
