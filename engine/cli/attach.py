@@ -185,6 +185,35 @@ def stop(args: argparse.Namespace) -> int:
     return 0 if reply.get("done") else 1
 
 
+def restart(args: argparse.Namespace) -> int:
+    """``clusterdeck restart RUN``: every task stopped and started again from the last checkpoint (0: it began)."""
+    try:
+        folder = find_run(args.run, runs_root_of(args.out))
+    except RunNotFound as exc:
+        print(f"clusterdeck: {exc}", file=sys.stderr)
+        return 2
+    name = folder.path.name
+    if run_state(folder) in (*_TERMINAL, "interrupted"):
+        print(f"clusterdeck: {_ended(name, folder).replace('nothing to stop', 'nothing to restart')}", file=sys.stderr)
+        return 1
+    try:
+        reply = control_socket.request(folder.control_socket, "restart", timeout=10.0,
+                                       by=f"clusterdeck restart (pid {os.getpid()})")
+    except control_socket.ChannelGone:
+        print(f"clusterdeck: {name} has no control channel (its launcher is gone or older); nothing restarted",
+              file=sys.stderr)
+        return 1
+    except control_socket.ControlError as exc:  # refused (another user's run) or a bad answer
+        print(f"clusterdeck: {name}: {exc}", file=sys.stderr)
+        return 1
+    if not reply.get("restarted"):
+        print(f"clusterdeck: {name} is {reply.get('state')}: it restarts only while it runs", file=sys.stderr)
+        return 1
+    print(f"{name}: restarting from its last checkpoint (step {reply.get('step')}); it does not count against "
+          "training.restarts")
+    return 0
+
+
 def _ended(name: str, folder: RunFolder) -> str:
     state = run_state(folder) or "ended"
     if state == "interrupted":

@@ -475,6 +475,11 @@ def _add_run_commands(sub: Any) -> None:
     runs_list.add_runs_option(p)
     attach.add_remote_option(p)
     p.set_defaults(func=attach.stop)
+    p = sub.add_parser("restart", help="restart a running run from its last checkpoint (every task; not counted "
+                                       "against training.restarts)")
+    p.add_argument("run", metavar="RUN", help="a run folder, or a run's name under the runs folder (clusterdeck ls)")
+    runs_list.add_runs_option(p)
+    p.set_defaults(func=attach.restart)
     attach.add_follow_command(sub)  # the remote side of the three over ssh (plumbing)
 
 

@@ -28,7 +28,7 @@ __all__ = ["CONTROL_VERSION", "COMMANDS", "ChannelGone", "ChannelRefused", "Cont
 
 CONTROL_VERSION = 1
 #: The commands a launcher answers.
-COMMANDS = ("status", "stop")
+COMMANDS = ("status", "stop", "restart")
 #: The longest request or reply line (bytes).
 MAX_MESSAGE = 64 * 1024
 #: What a Unix socket path may hold on Linux (``sun_path`` is 108 bytes with its terminating zero).

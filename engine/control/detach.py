@@ -140,7 +140,18 @@ class RunHost:
     def handle(self, message: dict[str, Any]) -> dict[str, Any]:
         if message["command"] == "stop":
             return self._stop(message)
+        if message["command"] == "restart":
+            return self._restart(message)
         return self.status()
+
+    def _restart(self, message: dict[str, Any]) -> dict[str, Any]:
+        """Restart every task from the last checkpoint (not counted against ``training.restarts``); answers at once
+        with whether the restart began (a run starting, restarting or ending does not restart)."""
+        by = message.get("by")
+        reason = f"restart requested by {by}" if isinstance(by, str) and by else "restart requested from its channel"
+        restart = getattr(self.run, "restart", None)
+        began = bool(restart(reason)) if restart is not None and not self.run.done else False
+        return {**self.status(), "restarted": began}
 
     def status(self) -> dict[str, Any]:
         state = self.run.state
