@@ -154,8 +154,8 @@ def test_the_socket_is_owner_only_and_serves_several_clients_at_once(tmp_path: P
             t.join()
         assert len(replies) == 6 and all(r["state"] == "running" for r in replies)
         assert time.monotonic() - started < 2.5, "clients were served one after another"
-        with pytest.raises(control_socket.ControlError, match="unknown command 'restart'; expected one of"):
-            control_socket.request(path, "restart")
+        with pytest.raises(control_socket.ControlError, match="unknown command 'reboot'; expected one of"):
+            control_socket.request(path, "reboot")
     finally:
         server.close()
     assert not path.exists()
