@@ -28,7 +28,7 @@ Every line the follower writes is a versioned event, read with the one decoder
     the run ended (``state``); the follower exits 0 after it.
 
 Commands on the follower's stdin are control-socket requests (:mod:`engine.control.control_socket`):
-``{"v": 1, "command": "status"|"stop", "id": N, "by": "..."}``, forwarded to the run's ``control.sock``, and
+``{"v": 1, "command": "status"|"stop"|"restart", "id": N, "by": "..."}``, forwarded to the run's ``control.sock``, and
 ``{"v": 1, "command": "ping"}`` every :data:`PING_S` seconds, which it does not answer. The follower exits when
 its stdin closes (the front end detached: nothing stays behind), once the run ended, and when it heard nothing
 for :data:`SILENCE_S` seconds with no command in flight (a front end cut off by the network).
