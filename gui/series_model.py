@@ -785,8 +785,8 @@ class SeriesModel:
 CROWD_BINS = 1 << 16
 #: Points a :class:`Crowd` folds per call at most, and owners it visits: a run of thousands of replicas
 #: (or a metric chosen again after hours) is folded over several frames, each a bounded amount of work.
-CROWD_BUDGET = 300_000
-CROWD_OWNERS = 4096
+CROWD_BUDGET = 100_000
+CROWD_OWNERS = 1024
 #: How much of an owner's level (its ranking) each batch of its new points moves.
 LEVEL_WEIGHT = 0.3
 #: An owner whose last point is this many bins behind the newest owner's no longer holds the crowd's
