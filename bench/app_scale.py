@@ -436,7 +436,9 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
     frames.close()
     drawn_lo, drawn_hi = _band_extremes(window)  # before the live events add their own
     frames.phase = "live"
-    # live: 10 Hz per replica from where the run stopped, folded as a followed folder's events are
+    # live: 10 Hz per replica from where the run stopped, folded as a followed folder's events are (a run
+    # that goes on: running, as an attached folder's state is)
+    state.state = "running"
     replicas = len(state.replicas)
     last_t = max((s.t_base + float(s.t_rel[-1])) for s in state.history.series.values() if len(s))
     last_step = state.step
@@ -446,6 +448,12 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
 
     proc = psutil.Process()
     cpu0 = proc.cpu_times()
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+        profiler.enable()
 
     def step() -> bool:
         due = int((time.perf_counter() - live_start) * 10)
@@ -468,6 +476,11 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
 
     _run_loop(app, step, 25)
     frames.close()
+    if profiler is not None:
+        import pstats
+
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
     cpu1 = proc.cpu_times()
     wall = time.perf_counter() - live_start
     rss, peak = _rss_mb()
@@ -647,7 +660,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--folder", type=Path, help="where a scenario's run folder is written")
     parser.add_argument("--reuse", action="store_true", help="open the run already in --folder")
     parser.add_argument("--png", help="grab the plots to this PNG at the end")
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of the live phase (live)")
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of the live phase")
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose app is measured")
     parser.add_argument("--json", type=Path, help="write the figures here (one scenario)")
     parser.add_argument("--before", type=Path, help="figures of the same scenarios from another checkout (JSON)")

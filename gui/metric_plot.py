@@ -302,7 +302,8 @@ class MetricPlot(QWidget):
                width: float = 1.6, rank: tuple[object, ...] = ()) -> Curve:
         curve = self.curves.get(key)
         if curve is None:
-            thin = len(self.curves) >= THIN_ABOVE
+            # (a crowded plot draws its mean, band and a few lines: never many, and its mean stays bold)
+            thin = len(self.curves) >= THIN_ABOVE and not self.crowded
             on_top = key.startswith(COMPARE_PREFIX)  # an overlaid run is drawn over the shown one's lines
             curve = self.lines.add(key, pg.mkPen(color, width=1.0 if thin else width, style=style), label,
                                    on_top=on_top)
@@ -310,7 +311,7 @@ class MetricPlot(QWidget):
             self.labels[key] = label
             self.legends.added(curve, label, rank)
             self._empty_axes()
-            if len(self.curves) == THIN_ABOVE + 1:
+            if len(self.curves) == THIN_ABOVE + 1 and not self.crowded:
                 for other in self.curves.values():
                     pen = pg.mkPen(other.pen())
                     pen.setWidthF(1.0)

@@ -1118,10 +1118,8 @@ class Crowd:
             return []
         level = self.level if highest else -self.level
         key = np.where(self.last_bad, np.inf, np.where(np.isnan(level), -np.inf, level))
-        k = min(k, len(key))
-        top = np.argpartition(-key, k - 1)[:k]
-        top = top[np.argsort(-key[top], kind="stable")]
-        return [int(i) for i in top if key[i] > -np.inf]
+        order = np.argsort(-key, kind="stable")[: min(k, len(key))]  # (ties: the first owners, every time)
+        return [int(i) for i in order if key[i] > -np.inf]
 
 
 def lens_first(owner: np.ndarray) -> int:
