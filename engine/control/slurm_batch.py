@@ -318,14 +318,36 @@ def _launcher_alive_here(folder: RunFolder) -> bool:
     return info is not None and info.host == socket.gethostname() and info.alive()
 
 
-def batch_state(folder: RunFolder, state: str | None = None) -> BatchState | None:
+#: Seconds an answer of Slurm about a job is reused by :func:`batch_state` (followers ask twice a second; the
+#: controller is shared by every user of the cluster).
+STATUS_TTL_S = 2.0
+_asked: dict[str, tuple[float, JobStatus | None, str]] = {}
+_asked_lock = threading.Lock()
+
+
+def _job_status(job: str, fresh: bool = False) -> tuple[JobStatus | None, str]:
+    now = time.monotonic()
+    with _asked_lock:
+        cached = _asked.get(job)
+    if cached is not None and not fresh and now - cached[0] < STATUS_TTL_S:
+        return cached[1], cached[2]
+    status, why = slurm.final_status(job)
+    with _asked_lock:
+        _asked[job] = (time.monotonic(), status, why)
+        if len(_asked) > 256:
+            _asked.pop(next(iter(_asked)))
+    return status, why
+
+
+def batch_state(folder: RunFolder, state: str | None = None, *, fresh: bool = False) -> BatchState | None:
     """A batch run's state, Slurm asked where its folder cannot know; None for a run that is no batch run.
 
     ``state`` is what the folder says (``engine.control.detach.run_state``; read here when not given). Slurm is
     asked (``scontrol``, else ``sacct``) only while that state is live, ``interrupted`` or a stop the job may come
     back from, and no launcher is seen alive on this machine: a job cancelled while queued reads *stopped*, one
     Slurm ended with its launcher *failed* (TIMEOUT, NODE_FAIL, ...), one queued again (a requeue) *pending*. A run
-    stopped at the time-limit warning whose requeue is under way reads *restarting*, never ended.
+    stopped at the time-limit warning whose requeue is under way reads *restarting*, never ended. Slurm's answer
+    about a job is reused for :data:`STATUS_TTL_S` seconds unless ``fresh``.
     """
     record = read_batch(folder)
     if record is None:
@@ -346,7 +368,7 @@ def batch_state(folder: RunFolder, state: str | None = None) -> BatchState | Non
         if last == "requeueing":
             return BatchState("restarting", f"requeueing Slurm job {job} at its time limit", job)
         return BatchState(state, reason, job)
-    status, why = slurm.final_status(job)
+    status, why = _job_status(job, fresh)
     if last:
         if status is not None and status.pending:
             return BatchState("pending", status.explain(), job, status.state)
@@ -398,7 +420,7 @@ def stop_run(folder: RunFolder, by: str = "") -> str:
         raise SlurmError(f"{folder.path}: not a Slurm batch run (no {BATCH_JSON}); expected a run clusterdeck "
                          "sbatch submitted")
     job = str(record["job_id"])
-    now = batch_state(folder)
+    now = batch_state(folder, fresh=True)
     state = now.state if now is not None else ""
     who = f"stopped by {by}" if by else "stopped through Slurm"
     if state == "pending":
