@@ -19,6 +19,8 @@ ACTIONS: tuple[tuple[str, str, str, QStyle.StandardPixmap | None, str | None], .
      "to and followed live) — Enter or double-click", SP.SP_DialogOpenButton, "Return"),
     ("attach", "Attach", "Follow the selected running run live in this window; Stop then stops it. The run "
      "shown before keeps going if it was started detached", SP.SP_MediaPlay, None),
+    ("window", "Open in New Window", "Show the selected run in a window of its own, beside the run this window shows "
+     "(watch several runs at once) — Ctrl+Enter", None, "Ctrl+Return"),
     ("stop", "Stop", "Stop the selected running runs through their control channel (your own runs only)",
      SP.SP_MediaStop, None),
     ("compare", "Compare", "Overlay the selected runs' replica curves, dashed, on the run shown",
@@ -52,7 +54,7 @@ def make_actions(owner: QWidget, table: QWidget) -> dict[str, QAction]:
             action.setShortcut(QKeySequence(key))
             action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
         out[name] = action
-    for name in ("open", "delete", "copy"):  # keys of the list, not of the filter field
+    for name in ("open", "window", "delete", "copy"):  # keys of the list, not of the filter field
         table.addAction(out[name])
         out[name].setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
     owner.addAction(out["find"])
@@ -87,6 +89,7 @@ def enabled(sel: Selected) -> dict[str, bool]:
     return {
         "open": one,
         "attach": one and chosen[0].live and not (sel.shown[0] and sel.running),
+        "window": one and not remote and not sel.shown[0],
         "stop": any(e.live for e in chosen),
         "compare": not remote and any(not shown for shown in sel.shown),
         "delete": bool(chosen) and not remote and not any(e.live for e in chosen),

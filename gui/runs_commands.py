@@ -9,7 +9,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtWidgets import QMessageBox, QWidget
 
 from engine.contract.run_folder import LIVE_STATES, RunFolder
@@ -47,6 +47,10 @@ def stop_through_channel(folder: RunFolder) -> tuple[str, str]:
     return "stopped", f"{name}: {reply.get('state')} at step {step}" + (f" of {total}" if total else "")
 
 
+#: windows opened by "Open in New Window" (held here: a window no one refers to would be collected)
+OPEN_WINDOWS: set[QWidget] = set()
+
+
 class RunsCommands(QObject):
     """The Runs panel's requests over ``controller`` (``files`` opens runs; ``window`` parents the questions)."""
 
@@ -64,6 +68,7 @@ class RunsCommands(QObject):
         panel.openRequested.connect(self.show)
         panel.remoteRequested.connect(lambda target: self.files.open_remote_run(target))
         panel.attachRequested.connect(self.attach)
+        panel.windowRequested.connect(self.new_window)
         panel.stopRequested.connect(self.stop)
         panel.compareRequested.connect(self.compare)
         panel.deleteRequested.connect(self.delete)
@@ -86,6 +91,20 @@ class RunsCommands(QObject):
         if state not in LIVE_STATES:
             self.message.emit(f"{folder.path.name} is not running ({state or 'no state'}): shown as it ended", 6000)
         return self.show(path)
+
+    def new_window(self, path: Path) -> QWidget:
+        """A new window showing the run at ``path`` (followed live if it runs), beside this one: several runs
+        watched at once. It lives until it is closed (the app ends with its last window)."""
+        from gui.main_window import MainWindow  # the window holds these commands: imported when asked
+
+        window = MainWindow(Controller(runs_root=self.controller.runs_root))
+        window.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        OPEN_WINDOWS.add(window)
+        window.destroyed.connect(lambda: OPEN_WINDOWS.discard(window))
+        window.show()
+        if not window.open_run_folder(path):
+            self.message.emit(f"{Path(path).name} could not be shown in a new window", 6000)
+        return window
 
     # ------------------------------------------------------------------ stopping
 

@@ -56,6 +56,7 @@ class RunsPanel(QWidget):
     openRequested = Signal(object)  # Path: show it (a running run is attached to)
     remoteRequested = Signal(str)  # user@host:/path: attach to a run on another machine over ssh
     attachRequested = Signal(object)  # Path: follow a running run live
+    windowRequested = Signal(object)  # Path: show it in a new window
     stopRequested = Signal(list)  # list[RunEntry]
     compareRequested = Signal(list)  # list[Path]: overlay on the shown run
     deleteRequested = Signal(list)  # list[RunEntry]
@@ -155,6 +156,7 @@ class RunsPanel(QWidget):
         out = runs_actions.make_actions(self, self.table)
         out["open"].triggered.connect(lambda: self._one(self.openRequested))
         out["attach"].triggered.connect(lambda: self._one(self.attachRequested))
+        out["window"].triggered.connect(lambda: self._one(self.windowRequested))
         out["stop"].triggered.connect(lambda: self.stopRequested.emit([e for e in self.selected() if e.live]))
         out["compare"].triggered.connect(self._compare)
         out["delete"].triggered.connect(lambda: self.deleteRequested.emit(self.selected()))
@@ -298,7 +300,7 @@ class RunsPanel(QWidget):
         menu = QMenu(self)
         menu.setToolTipsVisible(True)
         a = self.actions_by_name
-        menu.addActions([a["open"], a["attach"], a["stop"], a["compare"]])
+        menu.addActions([a["open"], a["window"], a["attach"], a["stop"], a["compare"]])
         menu.addSeparator()
         menu.addActions([a["copy"], a["reveal"]])
         menu.addSeparator()

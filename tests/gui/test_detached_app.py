@@ -17,6 +17,7 @@ from engine.contract.run_folder import RunFolder
 from engine.control import control_socket
 from engine.control.detach import read_launcher
 from gui import preferences
+from gui.runs_commands import OPEN_WINDOWS
 from gui.runs_follow import folder_pids
 from gui.runs_model import COLUMNS
 from tests.conftest import alive, wait_gone
@@ -280,6 +281,19 @@ def test_two_detached_runs_go_on_while_the_window_switches_between_them(qtbot: A
         qtbot.waitUntil(lambda: running(first) == running(second) == "running · detached", timeout=5000)
         step = status_step(first)
         qtbot.waitUntil(lambda: status_step(first) > step, timeout=30_000)  # not shown, still training
+
+        # both watched at once: the first in a window of its own (Ctrl+Enter), live, beside the second
+        assert panel.select(first)
+        qtbot.keyClick(panel.table, Qt.Key.Key_Return, Qt.KeyboardModifier.ControlModifier)
+        other = next(iter(OPEN_WINDOWS))
+        assert (other.controller.run_dir, c.run_dir) == (first, second)
+        seen = other.controller.state.step
+        qtbot.waitUntil(lambda: other.controller.state.step > seen, timeout=30_000)
+        other.close()  # its run was started detached: it goes on, nothing asked
+        qtbot.waitUntil(lambda: not OPEN_WINDOWS, timeout=10_000)
+        assert dialogs.kinds() == [] and running(first) == "running · detached"
+        window.activateWindow()  # keys go to the active window: this one again
+        qtbot.waitUntil(window.isActiveWindow, timeout=5000)
 
         # back to the first: the second goes on; its history, then live steps
         assert panel.select(first)
