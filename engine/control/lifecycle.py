@@ -4,8 +4,7 @@ or stops. No threads, no processes, no clock of its own.
 :class:`Lifecycle` is fed what happens to a run, as small frozen records (:class:`TaskStatus`,
 :class:`StepProgress`, :class:`CpuSample`, :class:`SupervisorExited`, :class:`StopRequested`,
 :class:`TransportFailed`, :class:`LauncherFailed`, :class:`Tick`, :class:`RestartRequested`), each with the
-current time, and
-answers with actions for the process plumbing (:class:`~engine.control.launcher.Run`) to carry out:
+current time, and answers with actions for the run driver (:mod:`engine.control.run_driver`) to carry out:
 :class:`StopRun`, :class:`RestartRun`, :class:`RestartTask`. Once every supervisor is gone,
 :meth:`Lifecycle.final` tells the run's end (:class:`Outcome`).
 
@@ -36,6 +35,12 @@ Rules, written once here:
   workers, not the run: the launcher starts that supervisor again once the host answers (:class:`RelaunchHost`,
   at most ``max_relaunches`` times per host).
 - The user's stop wins over anything decided later; the first decided end is kept.
+- A restart asked for (:class:`RestartRequested`: ``Run.restart``, a front end) restarts the whole run like a
+  fault would (:class:`RestartRun` with ``requested``), only while it runs, and never uses up
+  ``training.restarts``: that budget is for faults (:attr:`Lifecycle.restarts_used` counts only those).
+
+The host rules and the progress clocks are :mod:`engine.control.lifecycle_rules`' (:class:`HostRules`,
+:class:`ProgressRules`), owned by the lifecycle.
 
 When the run ends by a stop, the tasks still running are reported as the outcome says
 (:attr:`Outcome.task_state`, :attr:`Outcome.task_reason`): ``finished`` in a finished run,

@@ -54,3 +54,17 @@ def test_a_requested_restart_starts_every_task_again_without_using_the_fault_bud
     finally:
         run.stop()
     assert run.wait(10) == "stopped"
+
+
+def test_the_control_classes_stay_small() -> None:
+    """The design rule: no class over ~300 lines (the launcher, its driver, the supervisor, the lifecycle, …)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[2] / "engine" / "control"
+    big = []
+    for path in sorted(root.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and node.end_lineno is not None \
+                    and node.end_lineno - node.lineno + 1 > 300:
+                big.append(f"{path.name}:{node.name} ({node.end_lineno - node.lineno + 1} lines)")
+    assert big == [], big
