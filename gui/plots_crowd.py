@@ -163,6 +163,9 @@ class CrowdDraw:
                 self._ranked_at = now
             chosen = self._ranked
         self._asked = asked
+        staying = {keys[i] for i in chosen} & self._lines
+        taken = {plot.curves[k].pen().color().name() for k in staying if k in plot.curves}
+        free = [c for c in LINE_COLORS if c not in taken]
         for pos, i in enumerate(chosen):
             key = keys[i]
             series = history.series.get(key)
@@ -171,9 +174,11 @@ class CrowdDraw:
             x, y, offset = series_xy(state, key, by_time)
             owner = owners[i]
             name = replica_label(state, owner) if plot.spec.scope == "replica" else owner
-            # (a line keeps the colour it was drawn with while it stays)
-            plot.set_curve(key, name, LINE_COLORS[pos % len(LINE_COLORS)], x, y, weight, style, x_offset=offset,
-                           rank=("", 1, pos, 0), envelope=self._envelope(history, key, x_by_time))
+            color = LINE_COLORS[0]
+            if key not in plot.curves:  # a new line takes a colour no line drawn beside it has
+                color = free.pop(0) if free else LINE_COLORS[pos % len(LINE_COLORS)]
+            plot.set_curve(key, name, color, x, y, weight, style, x_offset=offset, rank=("", 1, pos, 0),
+                           envelope=self._envelope(history, key, x_by_time))
             drawn.add(key)
         for key in self._lines - drawn:
             plot.remove_curve(key)
