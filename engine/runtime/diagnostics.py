@@ -16,7 +16,9 @@ appends a last dump to the same file, headed ``Fatal Python error``.
 ``RUN/profile/<id>/<task>.summary.json`` (:func:`summarize`: the top ops and op types by self time, and the
 ops' time by category: compute, collective, input), read back by front ends without
 TensorFlow (``engine.control.profiling``), and last ``RUN/profile/<id>/<task>.done`` (JSON: the file, the top
-ops, where the summary is, or the error).
+ops, where the summary is, or the error). Before its first capture a task guards TensorFlow 2.21's trace
+collection (:func:`guard_trace_collection`): unguarded, ``profiler.stop()`` wrote into freed memory on a
+multi-worker task and killed it about one capture in ten.
 """
 
 from __future__ import annotations
@@ -152,6 +154,7 @@ class ProfileRequests:
     def _capture(self, tf: Any, rid: str, ms: int) -> dict[str, Any]:
         raw = self.folder.path / "profile" / rid / f"raw-{task_folder_name(self.task)}"
         self.folder.private_dir(raw)
+        guard = guard_trace_collection()
         started = time.time()
         tf.profiler.experimental.start(str(raw))
         try:
@@ -167,7 +170,7 @@ class ProfileRequests:
         os.replace(found[-1], target)
         shutil.rmtree(raw, ignore_errors=True)
         out: dict[str, Any] = {"xplane": str(target.relative_to(self.folder.path)), "started": started,
-                               "seconds": round(time.time() - started, 3)}
+                               "seconds": round(time.time() - started, 3), "trace_collection": guard}
         try:
             summary = summarize(target)
         except Exception as exc:  # noqa: BLE001 - the file is there; the summary is a bonus
@@ -188,6 +191,19 @@ class ProfileRequests:
                 self.emit_info(f"{self.task}: {message}")
             except Exception:  # noqa: BLE001, S110 - nothing more to say
                 pass
+
+
+def guard_trace_collection() -> str:
+    """Make this process's ``profiler.stop()`` safe before its first capture (``tf_compat.keep_trace_events_in_place``:
+    TensorFlow 2.21's trace collection writes into freed memory on a task whose collectives start and end on
+    different threads, as a multi-worker task's do, and kills it about one capture in ten); what was done, or
+    why not (another TensorFlow needs no cure, or the cure does not fit it: the capture goes ahead as it is)."""
+    from engine.runtime import tf_compat
+
+    try:
+        return tf_compat.keep_trace_events_in_place()
+    except Exception as exc:  # noqa: BLE001 - the capture goes ahead unguarded, and says so
+        return f"not guarded: {exc}"[:300]
 
 
 def op_table(xplane: Path) -> list[dict[str, Any]]:

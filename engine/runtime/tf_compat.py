@@ -20,6 +20,9 @@ ClusterDeck's runtime relies on a few internals that no public API offers:
 - :func:`scheduled_concrete_function`: the concrete function ``ClusterCoordinator.schedule`` looks up for a
   ``tf.function`` at every call, looked up once (TF's private ``cluster_coordinator._select_worker_slice``
   and ``_maybe_as_type_spec``, which ``schedule`` itself uses to find it).
+- :func:`keep_trace_events_in_place`: ``tf.profiler.experimental.stop()`` made safe on a multi-worker task
+  (TensorFlow 2.21's ``TraceMeRecorder::Consume`` copies the per-thread event deques its tracker still points
+  into when its vector grows; the library's PLT slot for that copy is pointed at a relocation that moves them).
 
 Not a patch but a TF behaviour worked around elsewhere: the coordination service's preemption
 notifier installs its own C++ ``SIGTERM`` handler (it swallows the signal); :mod:`engine.runtime.stop`
@@ -373,3 +376,219 @@ def compile_setting(model: keras.Model, key: str) -> Any:
         raise CompatError(f"compile_setting: keras.Model._compile_config.config is gone in {_versions_text()}; "
                           f"{_tested_text()}")
     return config.get(key)
+
+
+# --------------------------------------------------------------------------- the profiler's trace collection
+
+#: The library that holds the profiler's ``TraceMeRecorder`` in the TensorFlow wheels this was tested with.
+PROFILER_LIBRARY = "libtensorflow_framework.so.2"
+#: ``std::__uninitialized_copy<false>::__uninit_copy<TraceMeRecorder::ThreadEvents const*, ThreadEvents*>``: what
+#: ``std::vector<ThreadEvents>`` calls (through the library's PLT) to carry its elements over when it grows.
+THREAD_EVENTS_COPY = ("_ZNSt20__uninitialized_copyILb0EE13__uninit_copyIPKN3tsl8profiler15TraceMeRecorder"
+                      "12ThreadEventsEPS5_EET0_T_SA_S9_")
+_CONSUME = "_ZN3tsl8profiler15TraceMeRecorder7ConsumeEv"  # exported: where the library sits in memory
+#: The layout of a ``ThreadEvents`` (libstdc++, new ABI, x86-64; read off the copy's own machine code): the
+#: thread's id, its name (``std::string``: pointer, length, 16-byte local buffer), then ``std::deque<Event>``.
+THREAD_EVENTS_SIZE, _NAME_AT, _EVENTS_AT = 120, 8, 40
+_DEQUE_SIZE = THREAD_EVENTS_SIZE - _EVENTS_AT
+_R_X86_64_JUMP_SLOT = 7
+#: TensorFlow versions (major.minor) whose ``TraceMeRecorder::Consume`` has the bug (see
+#: :func:`keep_trace_events_in_place`); XLA's own fix (``result.reserve(recorders.size())``) is not in them.
+TRACE_COLLECTION_BUG = ("2.21",)
+
+
+class _TraceEventsGuard:
+    """The state of :func:`keep_trace_events_in_place` in this process (one per process, kept alive)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.installed: str | None = None  # the description, once installed
+        self.callback: Any = None  # the ctypes function the GOT slot points at: must outlive the process
+        self.original: Any = None
+        self.relocations = 0  # vectors grown through it (for tests and the done file)
+
+
+_TRACE_GUARD = _TraceEventsGuard()
+
+
+def relocate_thread_events(first: int, last: int, dest: int) -> int:
+    """Move the ``ThreadEvents`` in ``[first, last)`` to ``dest`` as a relocation: each one's bytes are carried
+    over (a ``std::deque`` holds no pointer into itself, so its events stay where they are), a name kept in its
+    string's local buffer is pointed at its new buffer, and the source is left an empty name and an empty deque
+    (a null map: its destructor frees nothing). Returns the end of the moved range, as the copy it replaces.
+
+    Raises ValueError (before touching anything) on a range that is not whole ``ThreadEvents`` or an element
+    that does not look like one, so the caller can fall back on TensorFlow's own copy."""
+    import ctypes
+
+    size = last - first
+    if not first or not dest or size < 0 or size % THREAD_EVENTS_SIZE:
+        raise ValueError(f"not a range of ThreadEvents: {first:#x}..{last:#x}")
+    word = ctypes.c_uint64.from_address
+    count = size // THREAD_EVENTS_SIZE
+    for i in range(count):
+        element = first + i * THREAD_EVENTS_SIZE
+        name_p, name_len = word(element + _NAME_AT).value, word(element + _NAME_AT + 8).value
+        local = element + _NAME_AT + 16
+        if not name_p or (name_p == local and name_len > 15) or name_len > 1 << 20:
+            raise ValueError(f"ThreadEvents at {element:#x}: its name is not a std::string")
+        deque_map, map_size, start_node = (word(element + _EVENTS_AT).value, word(element + _EVENTS_AT + 8).value,
+                                           word(element + _EVENTS_AT + 40).value)
+        if deque_map and not deque_map <= start_node < deque_map + 8 * map_size:
+            raise ValueError(f"ThreadEvents at {element:#x}: its events are not a std::deque")
+    for i in range(count):
+        src, dst = first + i * THREAD_EVENTS_SIZE, dest + i * THREAD_EVENTS_SIZE
+        ctypes.memmove(dst, src, THREAD_EVENTS_SIZE)
+        local = src + _NAME_AT + 16
+        if word(src + _NAME_AT).value == local:
+            word(dst + _NAME_AT).value = dst + _NAME_AT + 16
+        word(src + _NAME_AT).value = local
+        word(src + _NAME_AT + 8).value = 0
+        ctypes.c_uint8.from_address(local).value = 0
+        ctypes.memset(src + _EVENTS_AT, 0, _DEQUE_SIZE)
+    return dest + size
+
+
+def _mapped_library(name: str) -> tuple[str, int, list[tuple[int, int, str]]]:
+    """The path of the loaded library ``name``, its load address (its mapping at file offset 0) and all its
+    mappings ``(start, end, permissions)``, from ``/proc/self/maps``."""
+    path, base, spans = "", 0, []
+    with open("/proc/self/maps", encoding="utf-8") as maps:
+        for line in maps:
+            parts = line.split(maxsplit=5)
+            if len(parts) < 6 or not parts[5].rstrip("\n").endswith("/" + name):
+                continue
+            start, end = (int(x, 16) for x in parts[0].split("-"))
+            path = parts[5].rstrip("\n")
+            spans.append((start, end, parts[1]))
+            if int(parts[2], 16) == 0 and not base:
+                base = start
+    return path, base, spans
+
+
+def _plt_slot(path: str, symbol: str, anchor: str) -> tuple[int, int, int]:
+    """``(GOT offset of symbol's PLT slot, symbol's own address, anchor's address)`` in the ELF file ``path``,
+    all relative to the library's load address."""
+    import struct
+
+    import numpy as np
+
+    with open(path, "rb") as f:
+        head = f.read(64)
+        if head[:4] != b"\x7fELF" or head[4] != 2 or head[5] != 1:
+            raise CompatError(f"keep_trace_events_in_place: {path} is not a 64-bit little-endian ELF file")
+        shoff, = struct.unpack_from("<Q", head, 0x28)
+        shentsize, shnum, shstrndx = struct.unpack_from("<HHH", head, 0x3A)
+        f.seek(shoff)
+        table = f.read(shentsize * shnum)
+        sections = [struct.unpack_from("<IIQQQQIIQQ", table, i * shentsize) for i in range(shnum)]
+
+        def read(index: int) -> bytes:
+            f.seek(sections[index][4])
+            return f.read(sections[index][5])
+
+        names = read(shstrndx)
+
+        def named(wanted: str) -> int:
+            for i, s in enumerate(sections):
+                if names[s[0]:names.index(b"\0", s[0])].decode() == wanted:
+                    return i
+            raise CompatError(f"keep_trace_events_in_place: {path} has no {wanted} section")
+
+        dynsym = named(".dynsym")
+        strings = read(sections[dynsym][6])
+        symbols = np.frombuffer(read(dynsym), dtype=np.dtype([("name", "<u4"), ("info", "u1"), ("other", "u1"),
+                                                               ("shndx", "<u2"), ("value", "<u8"), ("size", "<u8")]))
+        relocations = np.frombuffer(read(named(".rela.plt")), dtype=np.dtype([("offset", "<u8"), ("info", "<u8"),
+                                                                               ("addend", "<i8")]))
+
+    def index_of(name: str) -> int:
+        wanted, offsets, at = name.encode() + b"\0", [], strings.find(name.encode() + b"\0")
+        while at >= 0:  # where the name's bytes end a string (a string table may share a tail between names)
+            offsets.append(at)
+            at = strings.find(wanted, at + 1)
+        found = np.flatnonzero(np.isin(symbols["name"], offsets))
+        if not len(found):
+            raise CompatError(f"keep_trace_events_in_place: {path} exports no {name}")
+        return int(found[0])
+
+    copy, consume = index_of(symbol), index_of(anchor)
+    slot = np.flatnonzero((relocations["info"] >> np.uint64(32) == copy)
+                          & (relocations["info"] & np.uint64(0xFFFFFFFF) == _R_X86_64_JUMP_SLOT))
+    if len(slot) != 1:
+        raise CompatError(f"keep_trace_events_in_place: {path} calls {symbol} through {len(slot)} PLT slots; "
+                          "expected one")
+    return (int(relocations["offset"][slot[0]]), int(symbols["value"][copy]), int(symbols["value"][consume]))
+
+
+def keep_trace_events_in_place() -> str:
+    """Make ``tf.profiler.experimental.stop()`` safe on a task whose trace holds cross-thread events.
+
+    TensorFlow 2.21's ``tsl::profiler::TraceMeRecorder::Consume()`` (run by ``stop()``) drains each thread's
+    events into a ``std::deque`` and pushes it into a ``std::vector<ThreadEvents>`` without reserving it, while
+    its ``SplitEventTracker`` keeps pointers to the deques' end events whose start it has not seen yet (a start
+    recorded on a thread drained later). libstdc++'s deque has no ``noexcept`` move, so each time the vector
+    grows it *copies* every deque and frees the originals; the tracker then merges the starts into freed
+    memory: SIGSEGV in ``SplitEventTracker::FindStartAndMerge``, or ``free(): invalid pointer``. A
+    multi-worker task hits it: its collectives' ``CollectiveExecutor::CompleteParams`` starts on a
+    ``tf_Compute`` thread and ends on a ``collective_ops`` thread, about 50 times a second per thread. XLA
+    since reserves the vector (``result.reserve(recorders.size())``).
+
+    The cure here does what that reserve does: the library's PLT slot for the vector's element copy points at
+    :func:`relocate_thread_events`, which moves the deques without moving their events, so the tracker's
+    pointers stay valid. The slot is this library's only caller of that copy (the vector's growth). Guarded:
+    Linux x86-64, TensorFlow :data:`TRACE_COLLECTION_BUG`, the library, symbols, slot and current target as
+    expected, else :class:`CompatError` and nothing is changed. Idempotent; returns what it did."""
+    import ctypes
+    import platform
+    import sys
+
+    guard = _TRACE_GUARD
+    with guard.lock:
+        if guard.installed is not None:
+            return guard.installed
+        version = ".".join(tf.__version__.split(".")[:2])
+        if version not in TRACE_COLLECTION_BUG:
+            raise CompatError(f"keep_trace_events_in_place: TensorFlow {tf.__version__} is not one of "
+                              f"{', '.join(TRACE_COLLECTION_BUG)}, whose profiler needs it")
+        if not sys.platform.startswith("linux") or platform.machine() not in ("x86_64", "AMD64"):
+            raise CompatError(f"keep_trace_events_in_place: written for Linux x86-64, not {sys.platform} "
+                              f"{platform.machine()}")
+        path, base, spans = _mapped_library(PROFILER_LIBRARY)
+        if not path or not base:
+            raise CompatError(f"keep_trace_events_in_place: {PROFILER_LIBRARY} is not loaded in this process")
+        got, copy_at, consume_at = _plt_slot(path, THREAD_EVENTS_COPY, _CONSUME)
+        library = ctypes.CDLL(path)
+        if ctypes.cast(getattr(library, _CONSUME), ctypes.c_void_p).value != base + consume_at:
+            raise CompatError(f"keep_trace_events_in_place: {path} is not loaded where /proc/self/maps says")
+        slot = base + got
+        if not any(start <= slot < end and "w" in perms for start, end, perms in spans):
+            raise CompatError(f"keep_trace_events_in_place: the PLT slot at {slot:#x} is not writable")
+        word = ctypes.c_uint64.from_address(slot)
+        if word.value != base + copy_at:
+            raise CompatError(f"keep_trace_events_in_place: the PLT slot points at {word.value:#x}, not at the "
+                              f"library's own copy ({base + copy_at:#x}): bound lazily, or patched by another")
+        kind = ctypes.CFUNCTYPE(ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t, ctypes.c_size_t)
+        original = kind(base + copy_at)
+
+        def relocate(first: int, last: int, dest: int) -> int:
+            try:
+                end = relocate_thread_events(first, last, dest)
+            except Exception:  # noqa: BLE001 - not a ThreadEvents range after all: TensorFlow's own copy
+                return int(original(first, last, dest))
+            guard.relocations += 1
+            return end
+
+        guard.callback, guard.original = kind(relocate), original
+        target = ctypes.cast(guard.callback, ctypes.c_void_p).value
+        if not target:
+            raise CompatError("keep_trace_events_in_place: ctypes made no callable address for the relocation")
+        word.value = target
+        guard.installed = (f"TraceMeRecorder's growing vector relocates its deques ({PROFILER_LIBRARY} PLT slot "
+                           f"{got:#x})")
+        return guard.installed
+
+
+def trace_events_relocated() -> int:
+    """How many times a growing ``vector<ThreadEvents>`` went through :func:`keep_trace_events_in_place`."""
+    return _TRACE_GUARD.relocations

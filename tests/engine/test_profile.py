@@ -1,9 +1,15 @@
 """One-click profile of every task: a request file in the run folder, a TensorFlow profile per task in
-TensorBoard's layout, the run going on; and the on-demand stack dump of a live run."""
+TensorBoard's layout, the run going on; the guard that keeps TensorFlow 2.21's trace collection from writing into
+freed memory (tf_compat.keep_trace_events_in_place); and the on-demand stack dump of a live run."""
 
 from __future__ import annotations
 
 import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from dataclasses import replace
@@ -18,7 +24,7 @@ from engine.contract.run_folder import RunFolder
 from engine.control import doctor
 from engine.control.launcher import Run
 from engine.runtime import diagnostics
-from tests.conftest import PRESETS
+from tests.conftest import PRESETS, ROOT
 
 
 def test_a_task_takes_only_a_new_recent_well_formed_request(tmp_path: Path) -> None:
@@ -65,3 +71,126 @@ def test_every_task_profiles_at_once_and_the_run_finishes(runs_root: Path, capsy
     assert xplanes == ["worker-0.xplane.pb", "worker-1.xplane.pb"], out
     assert "worker:0: tensorboard/plugins/profile/" in out and "tensorboard --logdir" in out
     print(out)
+
+
+def test_thread_events_are_relocated_with_their_events_left_where_they_are() -> None:
+    """tf_compat.relocate_thread_events, on ThreadEvents laid out as libstdc++ lays them out: a name kept in its
+    local buffer is pointed at its new buffer, a heap name and the deque's pointers are carried over as they are
+    (the events they point at stay put: what the profiler's tracker points at stays valid), the sources are left
+    empty; a range that is not whole ThreadEvents is refused before anything is touched."""
+    import ctypes
+
+    from engine.runtime import tf_compat
+
+    size = tf_compat.THREAD_EVENTS_SIZE
+    src, dst = (ctypes.c_uint8 * (3 * size))(), (ctypes.c_uint8 * (3 * size))()
+    first, dest = ctypes.addressof(src), ctypes.addressof(dst)
+    heap = ctypes.create_string_buffer(b"tf_Compute/a-thread-name-longer-than-15", 64)
+    node_map = (ctypes.c_uint64 * 8)()
+
+    def word(address: int, value: int | None = None) -> int:
+        cell = ctypes.c_uint64.from_address(address)
+        if value is not None:
+            cell.value = value
+        return cell.value
+
+    def name(element: int) -> bytes:
+        return ctypes.string_at(word(element + 8), word(element + 16))
+
+    for i in range(3):
+        element = first + i * size
+        word(element, 100 + i)  # the thread's id
+        if i == 1:  # a long name, on the heap
+            word(element + 8, ctypes.addressof(heap))
+            word(element + 16, 39)
+        else:  # a short one, in the string's own buffer
+            ctypes.memmove(element + 24, b"worker\0", 7)
+            word(element + 8, element + 24)
+            word(element + 16, 6)
+        if i < 2:  # a deque: its map, the map's size, then its start and finish (cur, first, last, node)
+            word(element + 40, ctypes.addressof(node_map))
+            word(element + 48, 8)
+            for k, value in enumerate((0xA0, 0xA0, 0xB0, ctypes.addressof(node_map) + 24,
+                                       0xA8, 0xA0, 0xB0, ctypes.addressof(node_map) + 24)):
+                word(element + 56 + 8 * k, value)
+    deques = [bytes(src)[i * size + 40:(i + 1) * size] for i in range(3)]
+    assert tf_compat.relocate_thread_events(first, first + 3 * size, dest) == dest + 3 * size
+    for i in range(3):
+        moved, left = dest + i * size, first + i * size
+        assert word(moved) == 100 + i and bytes(dst)[i * size + 40:(i + 1) * size] == deques[i]
+        assert name(moved) == (b"tf_Compute/a-thread-name-longer-than-15" if i == 1 else b"worker")
+        assert word(moved + 8) == (ctypes.addressof(heap) if i == 1 else moved + 24)
+        assert word(left + 8) == left + 24 and word(left + 16) == 0 and ctypes.c_uint8.from_address(left + 24).value == 0
+        assert bytes(src)[i * size + 40:(i + 1) * size] == bytes(size - 40)  # a null map: nothing to free
+    before = bytes(dst)
+    with pytest.raises(ValueError, match="not a range of ThreadEvents"):
+        tf_compat.relocate_thread_events(first, first + size + 8, dest)
+    word(first + 16, 20)  # a name "in its local buffer" longer than the buffer: not a std::string
+    with pytest.raises(ValueError, match="not a std::string"):
+        tf_compat.relocate_thread_events(first, first + size, dest)
+    assert bytes(dst) == before
+
+
+GUARDED_CAPTURES = """
+    import glob, os, sys, threading, time
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * 2)
+    from engine.runtime import diagnostics, tf_compat
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    print("guard:", diagnostics.guard_trace_collection())
+    print("again:", diagnostics.guard_trace_collection())
+    tf_compat.emulate_multi_worker_devices(2)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()  # one worker, two devices: collectives in one process
+    with strategy.scope():
+        v = tf.Variable(tf.ones([64, 64]))
+
+    @tf.function
+    def step():
+        return strategy.run(lambda: tf.distribute.get_replica_context().all_reduce("sum", tf.matmul(v, v)))
+
+    done = threading.Event()
+    def train():
+        while not done.is_set():
+            step()
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    time.sleep(1.0)
+    for i in range(3):
+        tf.profiler.experimental.start(os.path.join(sys.argv[1], str(i)))
+        time.sleep(0.4)
+        tf.profiler.experimental.stop()
+    done.set()
+    trainer.join()
+    print("relocations:", tf_compat.trace_events_relocated())
+    # the collectives' CompleteParams starts on an executor thread and ends on a collective_ops one: merged there
+    merged = 0
+    for path in glob.glob(os.path.join(sys.argv[1], "*", "plugins", "profile", "*", "*.xplane.pb")):
+        space = xplane_pb2.XSpace()
+        space.ParseFromString(open(path, "rb").read())
+        for plane in space.planes:
+            for line in plane.lines:
+                merged += sum(1 for e in line.events if line.name.startswith("collective_ops") and
+                              plane.event_metadata[e.metadata_id].name.split("#")[0] == "CollectiveExecutor::CompleteParams")
+    print("merged:", merged)
+"""
+
+
+@pytest.mark.cluster
+def test_the_profilers_trace_collection_is_guarded_and_cross_thread_events_come_through(tmp_path: Path) -> None:
+    """tf_compat.keep_trace_events_in_place on the installed TensorFlow (2.21: the PLT slot of the growing
+    vector's copy, patched once), then real captures of a process whose collectives start and end on different
+    threads: the vector grew through the relocation, and those events came out merged on their end thread."""
+    script = tmp_path / "guarded.py"
+    script.write_text(textwrap.dedent(GUARDED_CAPTURES).lstrip(), encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "traces")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=240, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    out = done.stdout
+    assert done.returncode == 0, (out, done.stderr[-3000:])
+    guard = re.search(r"^guard: (.*)$", out, re.M)
+    assert guard and guard.group(1).startswith("TraceMeRecorder's growing vector relocates its deques"), out
+    assert re.search(r"^again: (.*)$", out, re.M).group(1) == guard.group(1), out  # type: ignore[union-attr]
+    assert int(re.search(r"^relocations: (\d+)$", out, re.M).group(1)) > 0, out  # type: ignore[union-attr]
+    assert int(re.search(r"^merged: (\d+)$", out, re.M).group(1)) > 0, out  # type: ignore[union-attr]

@@ -197,49 +197,29 @@ def test_a_model_mode_step_reports_its_input_wait_and_a_slowed_pipeline_is_input
     assert slow_share > 0.5 and slow_share > 2 * fast_share, (fast_share, slow_share)
 
 
-def profiler_crash(run: Run) -> bool:
-    """Whether a task of ``run`` died inside TensorFlow's ``profiler.stop()``: TensorFlow 2.21's trace collection
-    (``TraceMeRecorder::Consume``) corrupts its heap now and then on a multi-worker task (SIGSEGV or "free():
-    invalid pointer"); the task's fatal-signal dump names the frame."""
-    folder = RunFolder(run.run_dir)
-    for task in ("worker:0", "worker:1"):
-        try:
-            text = (folder.task_dir(task) / diagnostics.STACKS_FILE).read_text(errors="replace")
-        except OSError:
-            continue
-        fatal = text.rfind("Fatal Python error")
-        if fatal >= 0 and "profiler_v2.py" in text[fatal:]:
-            return True
-    return False
-
-
 @pytest.mark.cluster
 def test_a_two_worker_profile_writes_a_trace_and_a_summary_per_task(runs_root: Path, capsys: Any) -> None:
+    """Three captures in a row of one 2-worker run, none retried: TensorFlow 2.21's trace collection used to kill a
+    task of such a run about one capture in ten (``tf_compat.keep_trace_events_in_place``), and the run goes on."""
     cfg = config_mod.load(PRESETS / "data-2workers.yaml")
     cfg = replace(cfg, training=replace(cfg.training, steps=100_000, checkpoint_every=0))
-    crashes = 0
-    for _ in range(3):  # a capture that hits TensorFlow's own crash (see profiler_crash) is tried again
-        run = Run(cfg, runs_root=runs_root)
-        stepping = threading.Event()
-        run.add_listener(lambda e: stepping.set() if e["kind"] == "step" else None)  # noqa: B023
-        run.start()
-        try:
-            assert stepping.wait(120), run.state.summary()
-            deadline = time.monotonic() + 10  # run.json names the tasks' pids within a flush or two
-            while len(profiling.live_tasks(run.run_dir)) < 2 and time.monotonic() < deadline:
-                time.sleep(0.2)
+    run = Run(cfg, runs_root=runs_root)
+    stepping = threading.Event()
+    run.add_listener(lambda e: stepping.set() if e["kind"] == "step" else None)
+    run.start()
+    try:
+        assert stepping.wait(120), run.state.summary()
+        deadline = time.monotonic() + 10  # run.json names the tasks' pids within a flush or two
+        while len(profiling.live_tasks(run.run_dir)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        for _ in range(3):
             code = doctor_cli.main(["profile", str(run.run_dir), "--ms", "1000"])
             out = capsys.readouterr().out
-        finally:
-            run.stop(wait=False)
-            run.wait(60)
-        if code != 0 and profiler_crash(run):
-            crashes += 1
-            continue
-        assert code == 0, out
-        break
-    else:
-        pytest.fail(f"TensorFlow's profiler crashed a task in {crashes} captures of 3")
+            assert code == 0, (out, run.state.summary())
+        assert not run.done, run.state.summary()
+    finally:
+        run.stop(wait=False)
+        run.wait(60)
     rid = profiling.captures(run.run_dir)[-1]
     capture = profiling.read_capture(run.run_dir, rid)
     assert sorted(capture.tasks) == ["worker:0", "worker:1"]
@@ -252,4 +232,8 @@ def test_a_two_worker_profile_writes_a_trace_and_a_summary_per_task(runs_root: P
         assert any(op.category == "collective" for op in got.top_types), got.top_types
         assert f"{task}: tensorboard/plugins/profile/{rid}/" in out
     assert out.count("op time: compute") == 2 and "tensorboard --logdir" in out
-    print(out, f"({crashes} capture(s) hit TensorFlow's profiler crash)")
+    folder = RunFolder(run.run_dir)
+    for task in ("worker:0", "worker:1"):  # the trace collection was guarded in each task
+        done = json.loads(profiling.done_file(folder, rid, task).read_text(encoding="utf-8"))
+        assert done["trace_collection"].startswith("TraceMeRecorder's growing vector relocates"), done
+    print(out)
