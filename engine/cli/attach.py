@@ -18,7 +18,7 @@ from typing import Any
 from engine.cli.runs_list import RunNotFound, add_runs_option, find_run, runs_root_of
 from engine.contract.config import ConfigError
 from engine.contract.run_folder import LIVE_STATES, RunFolder
-from engine.control import control_socket
+from engine.control import control_socket, slurm, slurm_batch
 from engine.control.detach import launcher_alive, read_launcher, run_state
 from engine.control.remote_protocol import looks_remote
 
@@ -72,7 +72,9 @@ class FollowedRun:
             return
         self._fold(self._reader.read_new())
         if self.state.state in _TERMINAL:
-            self._done = True
+            # a Slurm batch job being requeued ends one execution, not the run: stay on through it
+            if not (slurm_batch.is_batch_run(self.folder) and run_state(self.folder) in LIVE_STATES):
+                self._done = True
         elif time.monotonic() - self._checked_at >= LIVENESS_S:
             self._checked_at = time.monotonic()
             if not launcher_alive(self.folder):
@@ -161,13 +163,20 @@ def stop(args: argparse.Namespace) -> int:
     if state in _TERMINAL or state == "interrupted":
         print(_ended(name, folder))
         return 0
+    by = f"clusterdeck stop (pid {os.getpid()})"
     try:
-        reply = control_socket.request(folder.control_socket, "stop", timeout=60.0,
-                                       by=f"clusterdeck stop (pid {os.getpid()})")
+        reply = control_socket.request(folder.control_socket, "stop", timeout=60.0, by=by)
     except control_socket.ChannelRefused as exc:
         print(f"clusterdeck: {name}: {exc}", file=sys.stderr)
         return 1
     except control_socket.ChannelGone:
+        if slurm_batch.is_batch_run(folder):  # queued, or its launcher on a compute node: through Slurm
+            try:
+                print(slurm_batch.stop_run(folder, by=by))
+            except slurm.SlurmError as exc:
+                print(f"clusterdeck: {name}: {exc}", file=sys.stderr)
+                return 1
+            return 0
         if launcher_alive(folder) and run_state(folder) in LIVE_STATES:
             print(f"clusterdeck: {name} has no control channel (it was started by the app or an older ClusterDeck); "
                   "stop it where it was started", file=sys.stderr)

@@ -92,23 +92,30 @@ def read_launcher(folder: RunFolder) -> LauncherInfo | None:
 
 
 def launcher_alive(folder: RunFolder) -> bool:
-    """Whether the run's launcher is still there: ``launcher.json`` where there is one, else ``run.json``."""
+    """Whether the run's launcher is still there: ``launcher.json`` where there is one, else ``run.json``; a Slurm
+    batch run whose launcher is on another node (or not started yet) is asked of Slurm."""
+    from engine.control import slurm_batch
+
     info = read_launcher(folder)
-    if info is not None:
+    batch = slurm_batch.is_batch_run(folder)
+    if info is not None and not (batch and info.host != socket.gethostname()):
         return info.alive()
+    if batch:
+        return run_state(folder) in LIVE_STATES
     return folder.effective_state() in LIVE_STATES
 
 
 def run_state(folder: RunFolder, meta: dict[str, Any] | None = None) -> str:
     """The run's state as its folder tells it (:meth:`RunFolder.effective_state`), ``interrupted`` also where
     ``launcher.json`` names a launcher that is gone; ``""`` when the folder says nothing yet."""
+    from engine.control import slurm_batch
+
     state = folder.effective_state(meta)
     info = read_launcher(folder)
-    if info is None:
-        return state
-    if not info.alive() and state in (*LIVE_STATES, ""):
-        return "interrupted"
-    return state or "starting"
+    if info is not None:
+        state = "interrupted" if not info.alive() and state in (*LIVE_STATES, "") else (state or "starting")
+    batch = slurm_batch.batch_state(folder, state)  # None (one stat) for any run that is no Slurm batch job
+    return batch.state if batch is not None else state
 
 
 class RunHost:

@@ -276,7 +276,7 @@ def test_bad_runs_over_ssh_get_one_line_naming_the_host_and_never_hang(ssh_env: 
     started = time.monotonic()
     for target, said in ((f"cdtest:{runs / 'not-a-run'}", "not a run folder"),
                          (f"cdtest:{tmp_path / 'missing'}", "no such folder"),
-                         ("root@cdtest:nosuchrun", "nosuchrun: ")):
+                         ("root@cdtest:nosuchrun", "nosuchrun")):
         with pytest.raises(RemoteError, match=said) as exc:
             RemoteRun(target).open()
         assert str(exc.value).startswith(("cdtest: ", "root@cdtest: ")) and "\n" not in str(exc.value)
