@@ -216,11 +216,11 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     def feed() -> None:
         phase = current["phase"]
         if phase == "fast-forward":
-            if session._events.qsize() > per_tick * args.replicas * 4:
+            if _queued(session).qsize() > per_tick * args.replicas * 4:
                 return  # let the app catch up: queue a chunk only when the last one is folded
             upto = min(ticks, replay.next_tick + per_tick)
             run.deliver(replay.events(upto))
-            if upto >= ticks and session._events.empty():
+            if upto >= ticks and _queued(session).empty():
                 marks["ff_end"] = time.perf_counter()
                 close_frame()
                 current["phase"] = "live"
@@ -327,6 +327,12 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
         else:
             write_section("gui_scale", _doc(f), args.doc)
     return f
+
+
+def _queued(session: Any) -> Any:
+    """The session's queue of events not folded yet (its event feed's, where the session has one)."""
+    feed = getattr(session, "_feed", None)
+    return feed._events if feed is not None and hasattr(feed, "_events") else session._events
 
 
 def check_history(history: Any, replicas: int, ticks: int) -> int:
