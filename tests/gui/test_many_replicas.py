@@ -68,6 +68,13 @@ def test_the_legend_of_many_replicas_is_searched_and_ranked_as_a_person_uses_it(
     assert lo[0] == pytest.approx(2.0 / (1 + 29 / 50) + 3e-4 - 0.5, abs=1e-5)
     assert hi[1] == pytest.approx(2.0 + 7e-4 + 0.5, abs=1e-5)
 
+    # the hover reads the curve under the pointer (the mean here), named as its legend entry
+    x, y = plot.curves["crowd/loss/mean"].getData()
+    scene = plot.item.getViewBox().mapViewToScene(QPointF(float(x[len(x) // 2]), float(y[len(y) // 2])))
+    plot.hover.moved(scene)
+    assert plot.hover.reading is not None and plot.hover.text.startswith("step ")
+    assert plot.hover.reading.key in plot.curves and plot.hover.reading.key != "crowd/loss/band"
+
     # typing a replica's name draws it (and only it) beside the mean and the band
     search = plot.crowd_controls.search
     qtbot.mouseClick(search, Qt.MouseButton.LeftButton)
