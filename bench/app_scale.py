@@ -234,6 +234,11 @@ def _rss_mb() -> tuple[float, float]:
     return psutil.Process().memory_info().rss / 2**20, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def _full_draws(window: Any) -> int:
+    """How many times a plot drew every line again (a moved view, a line added or gone, a reset curve)."""
+    return sum(getattr(p.lines, "full_draws", 0) for p in window.plots.plots.values())
+
+
 def _curves(window: Any) -> int:
     return sum(len(p.curves) for p in window.plots.plots.values())
 
@@ -323,6 +328,7 @@ def scenario_live(args: argparse.Namespace) -> dict[str, Any]:
                 frames.phase = "live"
                 marks["live_start"] = time.perf_counter()
                 cpu["start"] = proc.cpu_times()
+                cpu["draws"] = _full_draws(window)
                 if profiler is not None:
                     profiler.enable()
             return True
@@ -336,6 +342,7 @@ def scenario_live(args: argparse.Namespace) -> dict[str, Any]:
             frames.phase = "done"
             marks["live_end"] = time.perf_counter()
             cpu["end"] = proc.cpu_times()
+            cpu["draws"] = _full_draws(window) - cpu["draws"]
             return False
         return True
 
@@ -362,6 +369,7 @@ def scenario_live(args: argparse.Namespace) -> dict[str, Any]:
         "ff_s": marks["live_start"] - marks["ff_start"], "ff_p95_ms": percentile(frames.ms("fast-forward"), 95),
         "cpu_pct": ((c1.user + c1.system) - (c0.user + c0.system)) / wall * 100, "rss_mb": rss, "peak_mb": peak,
         "rss_start_mb": rss0, "lost": lost, "curves": curves, "load": os.getloadavg()[0],
+        "full_draws": cpu["draws"],
     }
 
 
@@ -474,8 +482,10 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
             session.runUpdated.emit()
         return time.perf_counter() - live_start < args.live
 
+    draws0 = _full_draws(window)
     _run_loop(app, step, 25)
     frames.close()
+    draws = _full_draws(window) - draws0
     if profiler is not None:
         import pstats
 
@@ -492,6 +502,7 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
         "frames_cpu": frames.cpu_ms("live"), "redraw": frames.part_ms("live", 1), "paint": frames.part_ms("live", 2),
         "rss_mb": rss, "peak_mb": peak, "rss_start_mb": rss0, "cpu_pct": ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall * 100,
         "represented": state.events, "points": state.history.total_points(), "curves": _curves(window),
+        "full_draws": draws,
         "loss_min": lo, "loss_max": hi, "band_min": drawn_lo, "band_max": drawn_hi, "load": os.getloadavg()[0],
         "folder": str(run_dir),
     }
@@ -552,11 +563,14 @@ def scenario_many(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _doc(results: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]], note: str) -> str:
-    def frame_cell(r: dict[str, Any] | None) -> str:
-        if not r or not r.get("frames"):
+    def frame_cell(r: dict[str, Any] | None, field: str = "frames") -> str:
+        if not r or not r.get(field):
             return "—"
-        p, lo, hi = bootstrap(r["frames"], p95)
+        p, lo, hi = bootstrap(r[field], p95)
         return f"{p:.1f} ms [{lo:.1f}, {hi:.1f}]"
+
+    def cpu_met(r: dict[str, Any]) -> str:
+        return "met" if r.get("frames_cpu") and bootstrap(r["frames_cpu"], p95)[2] <= GOAL_FRAME_MS else "**not met**"
 
     lines = ["## 3e. The app at 1,024 replicas, at 24 hours, and on 50,000 replicas", "",
              "`python bench/app_scale.py all` — each scenario in the real main window (offscreen Qt, 1600x1000) "
@@ -573,6 +587,8 @@ def _doc(results: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]], 
                   "| figure | before | now | goal |", "| --- | ---: | ---: | --- |",
                   f"| frame p95, live | {frame_cell(b)} | **{frame_cell(live)}** | <= {GOAL_FRAME_MS:g} ms "
                   f"({'met' if bootstrap(live['frames'], p95)[2] <= GOAL_FRAME_MS else '**not met**'}) |",
+                  f"| — the GUI thread's CPU time per frame, p95 | {frame_cell(b, 'frames_cpu')} | "
+                  f"**{frame_cell(live, 'frames_cpu')}** | <= {GOAL_FRAME_MS:g} ms ({cpu_met(live)}) |",
                   f"| frame median, live | {med(b['frames']) if b else math.nan:.1f} ms | {med(live['frames']):.1f} ms | |",
                   f"| curves drawn (5 plots) | {b['curves'] if b else '—'} | {live['curves']} | |",
                   f"| GUI CPU, live | {b['cpu_pct'] if b else math.nan:.0f} % | {live['cpu_pct']:.0f} % of one core | |",
@@ -593,6 +609,8 @@ def _doc(results: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]], 
                   f"{folder['open_s']:.2f} s | |",
                   f"| frame p95, live at 24 h | {frame_cell(b)} | **{frame_cell(folder)}** | <= {GOAL_FRAME_MS:g} ms "
                   f"({'met' if bootstrap(folder['frames'], p95)[2] <= GOAL_FRAME_MS else '**not met**'}) |",
+                  f"| — the GUI thread's CPU time per frame, p95 | {frame_cell(b, 'frames_cpu')} | "
+                  f"**{frame_cell(folder, 'frames_cpu')}** | <= {GOAL_FRAME_MS:g} ms ({cpu_met(folder)}) |",
                   f"| RSS | {b['rss_mb'] if b else math.nan:.0f} MB | **{folder['rss_mb']:.0f} MB** (peak "
                   f"{folder['peak_mb']:.0f}) | <= {GOAL_RSS_FOLDER_MB:g} MB "
                   f"({'met' if folder['rss_mb'] <= GOAL_RSS_FOLDER_MB else '**not met**'}) |",
@@ -626,6 +644,15 @@ def write_doc(body: str, path: Path = DOC) -> None:
     path.write_text(text, encoding="utf-8")
 
 
+def _load(files: str) -> dict[str, dict[str, Any]]:
+    """Scenario figures (``--json`` of single scenarios) by scenario."""
+    out = {}
+    for name in files.split(","):
+        r = json.loads(Path(name).read_text(encoding="utf-8"))
+        out[r["scenario"]] = r
+    return out
+
+
 def summary(r: dict[str, Any]) -> str:
     parts = [f"{r['scenario']}:"]
     if r.get("frames"):
@@ -636,7 +663,7 @@ def summary(r: dict[str, Any]) -> str:
         p, lo, hi = bootstrap(r["frames_cpu"], p95)
         parts.append(f"frame CPU p95 {p:.1f} ms [{lo:.1f}, {hi:.1f}]; redraw p95 {percentile(r['redraw'], 95):.1f}, "
                      f"paint p95 {percentile(r['paint'], 95):.1f} ms (wall)")
-    for key in ("open_s", "ff_s", "rss_mb", "peak_mb", "curves", "lost", "cpu_pct", "resize_ms"):
+    for key in ("open_s", "ff_s", "rss_mb", "peak_mb", "curves", "lost", "cpu_pct", "resize_ms", "full_draws"):
         if key in r and r[key] == r[key]:
             parts.append(f"{key} {r[key]:.2f}" if isinstance(r[key], float) else f"{key} {r[key]}")
     if r.get("turns"):
@@ -663,7 +690,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true", help="print a cProfile of the live phase")
     parser.add_argument("--code", type=Path, default=ROOT, help="the checkout whose app is measured")
     parser.add_argument("--json", type=Path, help="write the figures here (one scenario)")
-    parser.add_argument("--before", type=Path, help="figures of the same scenarios from another checkout (JSON)")
+    parser.add_argument("--before", help="figures of the same scenarios from another checkout: JSON files of "
+                        "scenarios (comma-separated; each from --json of one scenario)")
+    parser.add_argument("--results", help="write the document from these scenarios' JSON files (comma-separated) "
+                        "instead of running them")
     parser.add_argument("--quick", action="store_true", help="a smoke run: minutes, not hours (figures mean nothing)")
     parser.add_argument("--write-doc", action="store_true")
     parser.add_argument("--doc", type=Path, default=DOC)
@@ -680,8 +710,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.json:
             args.json.write_text(json.dumps(r), encoding="utf-8")
         os._exit(0)  # (the window's teardown is no part of the figures)
-    results: dict[str, dict[str, Any]] = {}
-    for name in ("live", "folder", "many"):
+    results: dict[str, dict[str, Any]] = _load(args.results) if args.results else {}
+    for name in () if args.results else ("live", "folder", "many"):
         with tempfile.TemporaryDirectory() as tmp:
             out = Path(tmp) / "r.json"
             cmd = [sys.executable, __file__, name, "--json", str(out), "--live", str(args.live), "--code", str(args.code)]
@@ -698,7 +728,7 @@ def main(argv: list[str] | None = None) -> int:
                 print(proc.stderr[-3000:], file=sys.stderr)
                 return 1
             results[name] = json.loads(out.read_text(encoding="utf-8"))
-    before = json.loads(args.before.read_text(encoding="utf-8")) if args.before else {}
+    before = _load(args.before) if args.before else {}
     note = ("A smoke run at reduced scale: figures mean nothing." if args.quick else
             "Load average (1 min) at the end of each: " + ", ".join(f"{k} {v['load']:.1f}" for k, v in results.items())
             + " "
