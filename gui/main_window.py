@@ -98,7 +98,7 @@ class MainWindow(QMainWindow):
         self.themes = ThemeSwitcher(self)
         self.files = files = FileActions(c, self)
         self.runs = WindowRunActions(c, self)
-        self.runs_commands = RunsCommands(c, files, self.runs_panel, self)
+        self.runs_commands = RunsCommands(c, files, self.runs_panel, self, make_window=type(self))
         self.commands = commands = WindowActions(self, doc.undo_stack)
         commands.connect({
             "new": files.new_document, "open": files.open_preset, "save": files.save, "save_as": files.save_as,

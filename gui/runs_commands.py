@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Qt, Signal
@@ -57,8 +58,10 @@ class RunsCommands(QObject):
     message = Signal(str, int)  # for the status bar: text, milliseconds
     _done = Signal(str, str, str, str)  # from a worker thread: what (stop, delete), the run's path, kind, text
 
-    def __init__(self, controller: Controller, files: FileActions, panel: RunsPanel, window: QWidget) -> None:
+    def __init__(self, controller: Controller, files: FileActions, panel: RunsPanel, window: QWidget,
+                 make_window: Callable[[Controller], QWidget] | None = None) -> None:
         super().__init__(window)
+        self.make_window = make_window  # a new window of the app's kind, for "Open in New Window"
         self.controller = controller
         self.files = files
         self.panel = panel
@@ -95,14 +98,15 @@ class RunsCommands(QObject):
     def new_window(self, path: Path) -> QWidget:
         """A new window showing the run at ``path`` (followed live if it runs), beside this one: several runs
         watched at once. It lives until it is closed (the app ends with its last window)."""
-        from gui.main_window import MainWindow  # the window holds these commands: imported when asked
-
-        window = MainWindow(Controller(runs_root=self.controller.runs_root))
+        if self.make_window is None:
+            self.message.emit("this window cannot open others", 4000)
+            return self.window
+        window = self.make_window(Controller(runs_root=self.controller.runs_root))
         window.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         OPEN_WINDOWS.add(window)
         window.destroyed.connect(lambda: OPEN_WINDOWS.discard(window))
         window.show()
-        if not window.open_run_folder(path):
+        if not getattr(window, "open_run_folder", lambda _path: False)(path):
             self.message.emit(f"{Path(path).name} could not be shown in a new window", 6000)
         return window
 

@@ -12,15 +12,14 @@ the launcher dies, however it dies, each supervisor sees its stdin close and end
 from __future__ import annotations
 
 import json
-import os
 import socket
 import threading
-import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from typing import Any, Protocol
 
-from engine.contract.run_folder import LIVE_STATES, RunFolder, process_alive, process_token, write_atomic
+from engine.contract.run_folder import LIVE_STATES, RunFolder, write_atomic
 from engine.control.control_socket import ControlServer
+from engine.control.launcher_info import LauncherInfo, folder_state, read_launcher
 
 __all__ = ["LauncherInfo", "RunHost", "launcher_alive", "read_launcher", "run_state"]
 
@@ -46,51 +45,6 @@ class HostedRun(Protocol):
     def wait(self, timeout: float | None = None) -> str: ...
 
 
-@dataclass(frozen=True)
-class LauncherInfo:
-    """``launcher.json``: the process serving a run, and how to reach it."""
-
-    pid: int
-    token: str
-    host: str
-    socket: str
-    detached: bool
-    started: str
-
-    @classmethod
-    def of_this_process(cls, folder: RunFolder, *, detached: bool) -> LauncherInfo:
-        return cls(pid=os.getpid(), token=process_token(os.getpid()), host=socket.gethostname(),
-                   socket=str(folder.control_socket), detached=detached,
-                   started=time.strftime("%Y-%m-%dT%H:%M:%S"))
-
-    def alive(self) -> bool:
-        """Whether this launcher still runs (on this machine; one on another host reads as alive). A killed
-        launcher not yet reaped by its new parent (a zombie) has ended."""
-        if self.host != socket.gethostname():
-            return True
-        return process_alive(self.pid, self.token) and not _zombie(self.pid)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            text = fh.read().decode("utf-8", "replace")
-        return text[text.rindex(")") + 2:].split()[0] in ("Z", "X")
-    except (OSError, ValueError, IndexError):
-        return False
-
-
-def read_launcher(folder: RunFolder) -> LauncherInfo | None:
-    """The folder's ``launcher.json``, or None (a run hosted by the app, or from before detaching)."""
-    try:
-        data = json.loads(folder.launcher_json.read_text(encoding="utf-8"))
-        return LauncherInfo(pid=int(data["pid"]), token=str(data.get("token", "")), host=str(data["host"]),
-                            socket=str(data["socket"]), detached=bool(data.get("detached", False)),
-                            started=str(data.get("started", "")))
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def launcher_alive(folder: RunFolder) -> bool:
     """Whether the run's launcher is still there: ``launcher.json`` where there is one, else ``run.json``; a Slurm
     batch run whose launcher is on another node (or not started yet) is asked of Slurm."""
@@ -110,10 +64,7 @@ def run_state(folder: RunFolder, meta: dict[str, Any] | None = None) -> str:
     ``launcher.json`` names a launcher that is gone; ``""`` when the folder says nothing yet."""
     from engine.control import slurm_batch
 
-    state = folder.effective_state(meta)
-    info = read_launcher(folder)
-    if info is not None:
-        state = "interrupted" if not info.alive() and state in (*LIVE_STATES, "") else (state or "starting")
+    state = folder_state(folder, meta)
     batch = slurm_batch.batch_state(folder, state)  # None (one stat) for any run that is no Slurm batch job
     return batch.state if batch is not None else state
 

@@ -195,7 +195,7 @@ def test_a_queued_batch_run_reads_pending_with_slurm_s_reason_and_is_stopped_fro
         folder = done.folder
         assert done.job_id and slurm.queued(done.job_id)
         script = (folder.path / slurm_batch.BATCH_SCRIPT).read_text()
-        assert f"-m engine.control.slurm_batch {folder.path}" in script and script.count("exec ") == 1
+        assert f"-m engine.control.slurm_batch_launcher {folder.path}" in script and script.count("exec ") == 1
         cmd = done.command
         assert cmd[:2] == ("sbatch", "--parsable") and "--requeue" in cmd and f"--partition={partition}" in cmd
         assert f"--signal=B:USR1@{slurm_batch.DEFAULT_WARNING_S}" in cmd
