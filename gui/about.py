@@ -4,24 +4,16 @@ what the app runs on (the engine's TensorFlow is named, never imported here)."""
 from __future__ import annotations
 
 import html
-import importlib.metadata
 import sys
 from pathlib import Path
 
 from PySide6 import __version__ as pyside_version
 
 import engine
+from engine import version
 
 #: The project's documentation online (the same address as ``[project.urls]`` in pyproject.toml).
 DOCS_URL = "https://clusterdeck.invalid/docs/"
-
-
-def version() -> str:
-    """The installed distribution's version (the source tree's when it is not installed)."""
-    try:
-        return importlib.metadata.version("clusterdeck")
-    except importlib.metadata.PackageNotFoundError:
-        return engine.__version__
 
 
 def local_docs() -> Path | None:

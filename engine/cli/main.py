@@ -34,6 +34,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from engine import version
 from engine.cli import detached, live_view
 from engine.cli.folders import expand_folder, unusable_folder
 from engine.cli.stopping import Interrupted
@@ -366,24 +367,6 @@ def cmd_gui(args: argparse.Namespace) -> int:
         sys.stderr.flush()
         os.execv(sys.executable, argv)  # does not return
     return subprocess.call(argv)
-
-
-def version() -> str:
-    """The installed version, or the source tree's (``pyproject.toml``) when ClusterDeck is not installed."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("clusterdeck")
-    except metadata.PackageNotFoundError:
-        pass
-    import re
-
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    try:
-        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.MULTILINE)
-    except OSError:
-        found = None
-    return found.group(1) if found else "unknown"
 
 
 #: commands ClusterDeck runs for itself (over ssh), left out of the usage line

@@ -10,12 +10,13 @@ import argparse
 import json
 import os
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from engine.cli.folders import expand_folder
 from engine.contract.run_folder import CONFIG_YAML, LIVE_STATES, RUN_JSON, RUNS_ENV, RunFolder, default_runs_root
+from engine.control.launcher_info import RunRow
 
 __all__ = ["RunNotFound", "RunRow", "find_run", "listed_runs", "ls", "run_row", "runs_root_of"]
 
@@ -24,23 +25,6 @@ _STAMP = "%Y-%m-%dT%H:%M:%S"
 
 class RunNotFound(Exception):
     """The run a user named is not there, or not a run; the message says what was expected."""
-
-
-@dataclass(frozen=True)
-class RunRow:
-    """One line of ``clusterdeck ls``."""
-
-    run: str
-    path: str
-    name: str
-    mode: str
-    state: str
-    step: int
-    total_steps: int | None
-    started: str
-    duration_s: float | None
-    detached: bool
-    hosts: str = ""  # where it runs: the kinds of its hosts (local, ssh, slurm), joined with " + "
 
 
 def add_runs_option(p: argparse.ArgumentParser) -> None:

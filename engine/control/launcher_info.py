@@ -59,6 +59,23 @@ def read_launcher(folder: RunFolder) -> LauncherInfo | None:
         return None
 
 
+@dataclass(frozen=True)
+class RunRow:
+    """What a run folder says of its run: one line of ``clusterdeck ls`` (and of the app's Runs panel)."""
+
+    run: str
+    path: str
+    name: str
+    mode: str
+    state: str
+    step: int
+    total_steps: int | None
+    started: str
+    duration_s: float | None
+    detached: bool
+    hosts: str = ""  # where it runs: the kinds of its hosts (local, ssh, slurm), joined with " + "
+
+
 def folder_state(folder: RunFolder, meta: dict[str, Any] | None = None) -> str:
     """The run's state as its folder tells it (:meth:`RunFolder.effective_state`), ``interrupted`` also where
     ``launcher.json`` names a launcher that is gone; ``""`` when the folder says nothing yet."""

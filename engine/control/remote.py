@@ -32,6 +32,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
+from engine.control.launcher_info import RunRow
 from engine.control.remote_feed import RECONNECT_S, REMOTE_TASK, Feed, Received
 from engine.control.remote_link import (
     END,
@@ -55,20 +56,9 @@ _ENDED = ("finished", "failed", "stopped")
 
 
 @dataclass(frozen=True)
-class RunSummary:
+class RunSummary(RunRow):
     """One run of a remote runs folder: the fields of ``clusterdeck ls --json`` and the machine it is on."""
 
-    run: str
-    path: str
-    name: str
-    mode: str
-    state: str
-    step: int
-    total_steps: int | None
-    started: str
-    duration_s: float | None
-    detached: bool
-    hosts: str = ""  # the kinds of its hosts (older ClusterDecks do not say)
     host: str = ""
 
 

@@ -43,9 +43,9 @@ import re
 import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from engine import version
 from engine.contract import events
 
 if TYPE_CHECKING:  # numpy and pyarrow load while ssh connects (a front end imports this module first)
@@ -71,22 +71,6 @@ PING_S = 10.0
 SILENCE_S = 45.0
 #: Sets :data:`SILENCE_S` of a follower (tests).
 SILENCE_ENV = "CLUSTERDECK_FOLLOW_SILENCE_S"
-
-
-def version() -> str:
-    """This ClusterDeck's version: the installed one, else the source tree's ``pyproject.toml``."""
-    from importlib import metadata
-
-    try:
-        return metadata.version("clusterdeck")
-    except metadata.PackageNotFoundError:
-        pass
-    pyproject = Path(__file__).resolve().parents[2] / "pyproject.toml"
-    try:
-        found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(encoding="utf-8"), re.MULTILINE)
-    except OSError:
-        found = None
-    return found.group(1) if found else "unknown"
 
 
 def message(what: str, text: str = "", **fields: Any) -> dict[str, Any]:
