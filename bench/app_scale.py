@@ -352,7 +352,7 @@ def scenario_live(args: argparse.Namespace) -> dict[str, Any]:
     if profiler is not None:
         import pstats
 
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(profiler).sort_stats(os.environ.get("PSORT", "cumulative")).print_stats(45)
     rss, peak = _rss_mb()
     lost = gui_scale.check_history(controller.state.history, replicas, replay.next_tick)
     _grab(window, args.png)
@@ -490,7 +490,7 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
         import pstats
 
         profiler.disable()
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(45)
+        pstats.Stats(profiler).sort_stats(os.environ.get("PSORT", "cumulative")).print_stats(45)
     cpu1 = proc.cpu_times()
     wall = time.perf_counter() - live_start
     rss, peak = _rss_mb()

@@ -5,7 +5,8 @@ Past :data:`CROWD_ABOVE` replicas a plot no longer draws a line per replica (1,0
 of 1,024 names, say nothing and cost every frame): it draws the mean of all of them, the band of
 their min and max (every point inside it, peaks included: the band of a run read back from its tiers
 holds each bucket's extremes) and, as lines, the *k* highest or lowest of them (by their latest
-values, ranked again every :data:`RANK_INTERVAL_S` seconds so lines do not flicker in and out), one
+values, ranked again every :data:`RANK_INTERVAL_S` seconds, a line staying while its replica is still
+among the 2k highest, so lines do not flicker in and out), one
 mean line per host, or the replicas the plot's search box names (:mod:`gui.legend_crowd`). The
 legend names only what is drawn. The folding of every replica's points into the mean and the band is
 :class:`gui.series_model.Crowd`: incremental and bounded per frame, so a frame costs the same with
@@ -72,6 +73,7 @@ class CrowdDraw:
         self._ranked_at = -math.inf
         self._asked: tuple[object, ...] = ()
         self._lines: set[str] = set()  # curve keys of the lines drawn besides the mean and band
+        self._joined = 0  # lines drawn so far (a new line's place in the legend)
         self.used: set[tuple[str, str, bool, str]] = set()
 
     def forget(self) -> None:
@@ -158,8 +160,16 @@ class CrowdDraw:
                 drawn.add(key)
         else:
             controls.say(0, 0)
-            if asked != self._asked or now - self._ranked_at >= RANK_INTERVAL_S or not self._ranked:
+            if asked != self._asked or not self._ranked:
                 self._ranked = crowd.ranked(controls.k, controls.highest)
+                self._ranked_at = now
+            elif now - self._ranked_at >= RANK_INTERVAL_S:
+                # a line drawn stays while its replica is still among the 2k highest (or lowest): lines do
+                # not come and go with every small change of order
+                wide = crowd.ranked(2 * controls.k, controls.highest)
+                kept = [i for i in wide if i in set(self._ranked)]
+                self._ranked = sorted(kept + [i for i in wide if i not in kept][: controls.k - len(kept)],
+                                      key=wide.index)[: controls.k]
                 self._ranked_at = now
             chosen = self._ranked
         self._asked = asked
@@ -177,7 +187,9 @@ class CrowdDraw:
             color = LINE_COLORS[0]
             if key not in plot.curves:  # a new line takes a colour no line drawn beside it has
                 color = free.pop(0) if free else LINE_COLORS[pos % len(LINE_COLORS)]
-            plot.set_curve(key, name, color, x, y, weight, style, x_offset=offset, rank=("", 1, pos, 0),
+            if key not in plot.curves:
+                self._joined += 1  # (a new line's legend entry goes last: the others' entries stay as they are)
+            plot.set_curve(key, name, color, x, y, weight, style, x_offset=offset, rank=("", 1, self._joined, 0),
                            envelope=self._envelope(history, key, x_by_time))
             drawn.add(key)
         for key in self._lines - drawn:
