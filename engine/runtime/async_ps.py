@@ -70,7 +70,7 @@ from engine.contract.run_folder import RunFolder
 from engine.runtime import compiled, models, nan_guard, servers, tf_compat
 from engine.runtime import data as data_mod
 from engine.runtime import embedding as embedding_mod
-from engine.runtime.context import TaskContext
+from engine.runtime.context import TaskContext, breakdown_measured
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 
 #: Steps (or groups of steps) in flight per worker before the chief waits for the oldest one; a stop
@@ -438,19 +438,31 @@ class CoordinatorAdapter:
         self.iterator = iter(coordinator.create_per_worker_dataset(per_worker_dataset))
         ctx.keep(self.iterator)
 
-        def figures(values: tf.Tensor, count: tf.Tensor, start: tf.Tensor, waited: tf.Tensor, n: Any) -> tf.Tensor:
+        # the step breakdown (the function's own time, its wait for the batch) is measured inside the function:
+        # off (CLUSTERDECK_STEP_BREAKDOWN=0, for benchmarks) it holds neither timestamp and reports no breakdown
+        self.timed = timed = breakdown_measured()
+
+        def started() -> tf.Tensor | None:
+            return tf.timestamp() if timed else None
+
+        def figures(values: tf.Tensor, count: tf.Tensor, start: tf.Tensor | None, waited: tf.Tensor,
+                    n: Any) -> tf.Tensor:
             # one tensor, so that reading a step's figures is one copy from its worker, not four: the loss, the
             # worker, its clock, its batch count, the seconds per step the function ran and waited for its input,
             # then the step's metrics
             with tf.control_dependencies([values]):  # the step done (a timestamp is not ordered after remote ops)
                 end = tf.timestamp()
             steps = tf.cast(n, tf.float64)
+            ran = (end - start) / steps if start is not None else tf.constant(0.0, tf.float64)
             return tf.concat([values[:1], tf.stack([tf.cast(tf_compat.current_worker_index(), tf.float64), end,
-                                                    tf.cast(count, tf.float64), (end - start) / steps,
-                                                    waited / steps]), values[1:]], 0)
+                                                    tf.cast(count, tf.float64), ran, waited / steps]),
+                              values[1:]], 0)
 
         def next_batch(it: Any) -> tuple[Any, Any, tf.Tensor]:
             """The next (count, batch) of this worker, and the seconds it waited for them."""
+            if not timed:
+                count, batch = next(it)
+                return count, batch, tf.constant(0.0, tf.float64)
             t0 = tf.timestamp()
             count, batch = next(it)
             with tf.control_dependencies([count, *tf.nest.flatten(batch)]):
@@ -461,13 +473,13 @@ class CoordinatorAdapter:
         # once, at its first step; what it returns stays on the worker unless the step is a sample
         @tf.function
         def train_step(it: Any) -> tf.Tensor:
-            start = tf.timestamp()
+            start = started()
             count, batch, waited = next_batch(it)
             return figures(strategy.run(trainable.step_fn, args=batch), count, start, waited, 1)
 
         @tf.function
         def train_steps(it: Any, n: tf.Tensor) -> tf.Tensor:
-            start = tf.timestamp()
+            start = started()
             count, batch, waited = next_batch(it)
             total = strategy.run(trainable.step_fn, args=batch)
             for _ in tf.range(n - 1):
@@ -529,7 +541,8 @@ class CoordinatorAdapter:
         self.completed += ran
         self.reporter.step_done(step, float(loss), int(worker), float(ts), int(count),
                                 dict(zip(self.metric_names, (float(m) for m in metrics), strict=False)),
-                                busy_s=float(ran_s), input_s=float(input_s))
+                                busy_s=float(ran_s) if self.timed else None,
+                                input_s=float(input_s) if self.timed else None)
 
     def _lost(self, step: int, ran: int) -> None:
         """Count a group whose figures could not be read (it ran); say so for the first few."""

@@ -9,10 +9,15 @@ their scratch folders because the strategy wants every worker to save.
 With ``training.steps_per_execution`` K > 1 one ``tf.function`` runs a group of up to K steps in a
 ``tf.range`` loop (each step still all-reduces its gradients): the Python dispatch of a step, a
 large share of a small model's step, is paid once per group. The updates are those of K single
-steps. A group's figures are its means: each replica's mean loss and all-reduce wait over the
-group's steps, and the step time over the group. Costs: figures and a stop come per group, and a
-worker lost in the middle of a group leaves the others' variables part-way through it (the restart
-resumes from the last checkpoint, as without groups).
+steps. A group's figures are its means: each replica's mean loss and metrics over the group's steps,
+and the step time over the group; its breakdown (all-reduce and input waits) is its last step's. Costs:
+figures and a stop come per group, and a worker lost in the middle of a group leaves the others'
+variables part-way through it (the restart resumes from the last checkpoint, as without groups).
+
+The step breakdown is measured on a sample of the steps, chosen by step number so that every worker
+runs the same functions (:data:`BREAKDOWN_EVERY`, or a group's last step); a report carries the last
+measured step's. Timestamps in every step cost a small model about 1 % of its steps/s
+(``bench/breakdown_cost.py``).
 """
 
 from __future__ import annotations
@@ -26,7 +31,7 @@ from engine.contract.config import TRAINER_ROLES, RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import compiled, models, servers, tf_compat
 from engine.runtime import data as data_mod
-from engine.runtime.context import StepReporter, TaskContext
+from engine.runtime.context import StepReporter, TaskContext, breakdown_measured
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 from engine.runtime.summaries import Summaries, hparams_of
@@ -57,6 +62,11 @@ def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strateg
     spec = tf.distribute.cluster_resolver.TFConfigClusterResolver().cluster_spec().as_dict()
     servers.await_before_connecting(ctx, servers.leader_to_await(spec, ctx.task))
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
+
+
+#: With one step per function, the breakdown is measured on one step in this many (and on the first); with groups,
+#: on each group's last step. A report carries the last measured step's: at most a few steps old.
+BREAKDOWN_EVERY = 8
 
 
 class MirroredAdapter:
@@ -95,53 +105,82 @@ class MirroredAdapter:
         self.checkpoints = Checkpoints(ctx, tf.train.Checkpoint(model=model, optimizer=optimizer),
                                        primary=rank == 0)
         self.iterator = iter(dist)
-        try:
-            sync_timer = tf_compat.time_gradient_all_reduce(optimizer)
-        except tf_compat.CompatError as exc:
-            sync_timer = tf_compat.SyncTimer()
-            ctx.emitter.info(f"the all-reduce wait is not measured: {exc}")
+        # the step breakdown (the all-reduce's wait, the batch's) is measured inside the step's functions, on a
+        # sample of the steps (see BREAKDOWN_EVERY): its timestamps cost about 1 % of a small model's step where
+        # every step carries them. ``timed`` says whether it is measured at all (CLUSTERDECK_STEP_BREAKDOWN=0 turns
+        # it off for a task; bench/breakdown_cost.py flips it between the groups of one adapter). A step not
+        # measured holds neither timestamps nor the all-reduce hook.
+        self.timed = breakdown_measured()
+        self.sync_timer: tf_compat.SyncTimer | None = None  # the all-reduce hook, once a measured function is made
+        self._functions: dict[bool, tuple[Any, Any]] = {}
+        # the last result and the last that measured the breakdown (reports read both): (its figures, grouped)
+        self.result: tuple[Any, bool] | None = None
+        self.breakdown_result: tuple[Any, bool] | None = None
+        self.last_step = 0  # the last step taken
+        plain = tf_compat.SyncTimer()
 
-        def step_fn(data: Any) -> dict[str, tf.Tensor]:
-            # this replica's own figures (its mean loss, not the all-reduced one; its metrics) and how long it
-            # waited for the others in the all-reduce
-            return recipe.step(data, loss_obj, global_batch, after_apply=sync_timer.wait)
+        def run(batch: Any, measured: bool) -> Any:
+            """``strategy.run`` of one step: each replica's own figures (its mean loss, not the all-reduced one; its
+            metrics) and, measured, how long it waited for the others in the all-reduce."""
+            hook = self.sync_timer
+            timer = hook if measured and hook is not None else plain
+            if hook is not None:
+                hook.active = measured  # (while tracing) this step's all-reduce timed or not
+            return strategy.run(lambda data: recipe.step(data, loss_obj, global_batch, after_apply=timer.wait),
+                                args=(batch,))
 
-        def next_batch(it: Any) -> tuple[Any, tf.Tensor]:
-            """The next batch, and the seconds this task waited for it (its input pipeline's share of a step)."""
-            t0 = tf.timestamp()
+        def next_batch(it: Any, measured: bool, after: Any = ()) -> tuple[Any, tf.Tensor]:
+            """The next batch and, measured, the seconds this task waited for it (its input pipeline's share),
+            from when the step before it (``after``: its figures) was done."""
+            if not measured:
+                return next(it), tf.constant(0.0, tf.float64)
+            with tf.control_dependencies(tf.nest.flatten(after)):
+                t0 = tf.timestamp()
             batch = next(it)
-            with tf.control_dependencies(tf.nest.flatten(batch, expand_composites=True)):
+            with tf.control_dependencies([t0, *tf.nest.flatten(batch, expand_composites=True)]):
                 waited = tf.timestamp() - t0
             return batch, waited
-
-        @tf.function
-        def train_step(it: Any) -> Any:
-            batch, waited = next_batch(it)
-            results = dict(strategy.run(step_fn, args=(batch,)))
-            results["_input"] = waited
-            return results
 
         def on_this_task(results: dict[str, Any]) -> dict[str, tf.Tensor]:
             """Each figure of each replica of this task as a float64 vector."""
             return {name: tf.stack([tf.cast(v, tf.float64) for v in strategy.experimental_local_results(r)])
                     for name, r in results.items()}
 
-        @tf.function
-        def train_steps(it: Any, n: tf.Tensor) -> dict[str, tf.Tensor]:
-            """A group of ``n`` steps (n >= 1): each replica's mean of each figure over them."""
-            batch, waited = next_batch(it)
-            sums = on_this_task(strategy.run(step_fn, args=(batch,)))
-            for _ in tf.range(n - 1):
-                batch, wait = next_batch(it)
-                figures = on_this_task(strategy.run(step_fn, args=(batch,)))
-                sums = {name: sums[name] + figures[name] for name in sums}
-                waited += wait
-            count = tf.cast(n, tf.float64)
-            means = {name: value / count for name, value in sums.items()}
-            means["_input"] = tf.fill(tf.shape(means["_wait"]), waited / count)
-            return means
+        def step_functions(timed: bool) -> tuple[Any, Any]:
+            """The single-step function, measuring its step's breakdown where ``timed``, and the group function
+            (n >= 2 steps), measuring its last step's where ``timed``."""
 
-        self.train_step, self.train_steps = train_step, train_steps
+            @tf.function
+            def train_step(it: Any) -> Any:
+                batch, waited = next_batch(it, timed)
+                results = dict(run(batch, timed))
+                results["_input"] = waited
+                return results
+
+            @tf.function
+            def train_steps(it: Any, n: tf.Tensor) -> dict[str, tf.Tensor]:
+                """A group of ``n`` >= 2 steps: each replica's mean of each figure over them; its breakdown
+                (``_wait``, ``_input``) is its last step's. Measured or not, the group's shape is the same: a first
+                step, a loop of ``n - 2``, a last step."""
+                batch, _ = next_batch(it, False)
+                sums = on_this_task(run(batch, False))
+                for _ in tf.range(n - 2):
+                    batch, _ = next_batch(it, False)
+                    figures = on_this_task(run(batch, False))
+                    sums = {name: sums[name] + figures[name] for name in sums}
+                batch, waited = next_batch(it, timed, after=sums)
+                last = on_this_task(run(batch, timed))
+                count = tf.cast(n, tf.float64)
+                means = {name: (sums[name] + last[name]) / count for name in sums}
+                means["_wait"] = last["_wait"]
+                means["_input"] = tf.fill(tf.shape(means["_wait"]), waited)
+                return means
+
+            return train_step, train_steps
+
+        self._step_functions_of = step_functions
+        if self.timed:  # the all-reduce hook's failure is said at the start
+            self._step_functions(True)
         self.per_execution = config.training.steps_per_execution
         self.pending = 0  # steps taken and not run yet (the loop says where a group ends)
         self.unreported = 0  # steps run and not yet counted by the reporter
@@ -157,7 +196,6 @@ class MirroredAdapter:
                                      config.training.metrics_hz,
                                      [n.lstrip("/").replace("device:", "") for n in setup.names],
                                      memory_info, self.summaries)
-        self.result: Any = None
         # validation on every trainer in step (what it runs may include collectives, which every worker must
         # run alike); the first trainer reports it
         self.validator = None
@@ -177,6 +215,7 @@ class MirroredAdapter:
 
     def run_step(self, step: int, *, last: bool) -> None:
         self.pending += 1
+        self.last_step = step
         if last:
             self._run_group()
 
@@ -185,29 +224,61 @@ class MirroredAdapter:
         n, self.pending = self.pending, 0
         if not n:
             return
-        if self.per_execution == 1:
-            self.result = self.train_step(self.iterator)
-        else:
-            self.result = self.train_steps(self.iterator, tf.constant(n, tf.int64))
+        # which steps measure the breakdown: the same on every worker (a function's collectives must match theirs)
+        if self.per_execution == 1 or n == 1:
+            every = BREAKDOWN_EVERY if self.per_execution == 1 else 1
+            measured = self.timed and (self.breakdown_result is None or self.last_step % every == 0)
+            result = (self._step_functions(measured)[0](self.iterator), False)
+        else:  # a group's last step
+            measured = self.timed
+            result = (self._step_functions(measured)[1](self.iterator, tf.constant(n, tf.int64)), True)
+        self.result = result
+        if measured:
+            self.breakdown_result = result
         self.unreported += n
 
-    def _local_results(self) -> list[tuple[float | None, float, dict[str, float], float]]:
-        """(loss, sync wait, metrics, input wait) of each replica on this task, of the last step or group run
-        (the input wait is the task's: its replicas share one input pipeline)."""
-        if self.per_execution > 1:
-            columns = {name: value.numpy() for name, value in self.result.items()}
-            inputs = columns.pop("_input")
+    def _step_functions(self, measured: bool) -> tuple[Any, Any]:
+        """The step functions that measure the breakdown or not, made the first time they are asked for."""
+        if measured and self.sync_timer is None:
+            try:
+                self.sync_timer = tf_compat.time_gradient_all_reduce(self.optimizer)
+            except tf_compat.CompatError as exc:
+                self.sync_timer = tf_compat.SyncTimer()
+                self.ctx.emitter.info(f"the all-reduce wait is not measured: {exc}")
+        if measured not in self._functions:
+            self._functions[measured] = self._step_functions_of(measured)
+        return self._functions[measured]
+
+    def _columns(self, result: tuple[Any, bool]) -> tuple[dict[str, Any], list[float]]:
+        """A result's figures, each a sequence over this task's replicas, and the task's input wait per replica."""
+        value, grouped = result
+        if grouped:
+            columns = {name: v.numpy() for name, v in value.items()}
+            inputs = [float(v) for v in columns.pop("_input")]
         else:
-            result = dict(self.result)
-            waited = float(result.pop("_input").numpy())
-            columns = {name: [v.numpy() for v in self.strategy.experimental_local_results(value)]
-                       for name, value in result.items()}
+            figures = dict(value)
+            waited = float(figures.pop("_input").numpy())
+            columns = {name: [v.numpy() for v in self.strategy.experimental_local_results(v)]
+                       for name, v in figures.items()}
             inputs = [waited] * len(columns["_wait"])
-        waits = columns.pop("_wait")
+        return columns, inputs
+
+    def _local_results(self) -> list[tuple[float | None, float | None, dict[str, float], float | None]]:
+        """(loss, sync wait, metrics, input wait) of each replica on this task: the last step or group run's loss and
+        metrics, the last measured step's waits (the input wait is the task's: its replicas share one input
+        pipeline; both None where the breakdown is off)."""
+        assert self.result is not None
+        columns, _ = self._columns(self.result)
+        count = len(columns.pop("_wait"))
         losses = columns.pop("loss", None)
-        return [(float(losses[i]) if losses is not None else None, float(waits[i]),
-                 {name: float(values[i]) for name, values in columns.items()}, float(inputs[i]))
-                for i in range(len(waits))]
+        waits: list[float | None] = [None] * count
+        inputs: list[float | None] = [None] * count
+        if self.timed and self.breakdown_result is not None:
+            measured, measured_inputs = self._columns(self.breakdown_result)
+            waits, inputs = [float(w) for w in measured["_wait"]], list(measured_inputs)
+        return [(float(losses[i]) if losses is not None else None, waits[i],
+                 {name: float(values[i]) for name, values in columns.items()}, inputs[i])
+                for i in range(count)]
 
     def report(self, step: int, *, force: bool) -> None:
         self.forced = self.forced or force

@@ -122,11 +122,13 @@ class SyncTimer:
     In a synchronous step every replica lasts as long as the slowest, so the time a replica
     spends waiting in the all-reduce separates a straggler (little wait) from the others (long
     wait). :meth:`wait` is a float64 tensor inside the replica function (0 without the hook).
+    ``active`` False leaves the timestamps out of the functions traced meanwhile (the step breakdown switched off).
     """
 
     def __init__(self) -> None:
         self.local = threading.local()
         self.hooked = False
+        self.active = True
 
     def wait(self) -> tf.Tensor:
         value = getattr(self.local, "wait", None)
@@ -139,14 +141,16 @@ def time_gradient_all_reduce(optimizer: keras.optimizers.Optimizer) -> SyncTimer
     original = _require("time_gradient_all_reduce", optimizer, "_all_reduce_sum_gradients", ("grads_and_vars",))
 
     def timed(grads_and_vars: Any) -> Any:
+        if not timer.active:  # traced with the breakdown off: the all-reduce as it is
+            return original(grads_and_vars)
         pairs = list(grads_and_vars)
         grads = [g for g, _ in pairs if g is not None]
         with tf.control_dependencies(grads):
-            before = tf.timestamp()
-        with tf.control_dependencies([before]):
-            pairs = [(tf.identity(g) if g is not None else None, v) for g, v in pairs]
+            before = tf.timestamp()  # this replica's gradients are all there
+        # the all-reduce is not made to wait for the timestamp: a gradient computed early may start its reduction
+        # while the others are computed, as without the hook (holding it back cost about 2 % of a small step)
         reduced = original(pairs)
-        with tf.control_dependencies([g for g, _ in reduced if g is not None]):
+        with tf.control_dependencies([before, *(g for g, _ in reduced if g is not None)]):
             timer.local.wait = tf.timestamp() - before
         return reduced
 
