@@ -15,8 +15,9 @@ from engine.runtime import nan_guard
 from engine.runtime.emitter import Emitter
 from engine.runtime.stop import StopSignal
 
-#: Set to ``0`` to leave the step breakdown unmeasured where an adapter can (``bench/breakdown_cost.py``
-#: compares a run with and without it; nothing else turns it off).
+#: Set to ``0`` to leave the step breakdown unmeasured: model mode's input wait, data and async modes' timestamps
+#: inside the step's function (``bench/breakdown_cost.py`` compares steps with and without it; nothing else turns
+#: it off). Data and async modes read it when their adapter is built.
 BREAKDOWN_ENV = "CLUSTERDECK_STEP_BREAKDOWN"
 
 
