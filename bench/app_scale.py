@@ -599,6 +599,10 @@ def _doc(results: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]], 
                   f"{live['points']:,} | 0 |",
                   f"| fast-forward (fold + draw) | {b['ff_s'] if b else math.nan:.0f} s | {live['ff_s']:.0f} s, frame p95 "
                   f"{live['ff_p95_ms']:.0f} ms | |", ""]
+        if b and b["minutes"] != live["minutes"]:
+            lines += [f"*Before* is the same scenario at {b['minutes']:g} simulated minutes (one line per replica: its "
+                      "fast-forward of an hour would take hours here); a frame's cost does not grow with the hours "
+                      "behind it in either (each frame draws the new points only).", ""]
     if folder:
         b = before.get("folder")
         lines += [f"**folder**: {folder['replicas']} replicas x {folder['hours']:g} h written through `RunRecord` "
