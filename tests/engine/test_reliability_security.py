@@ -15,6 +15,7 @@ import pytest
 from engine.contract import config as config_mod
 from engine.contract.config import Host, Task, replace
 from engine.contract.run_folder import RunFolder
+from engine.contract.supervisor_spec import SPEC_VERSION
 from engine.control import unchosen_code
 from engine.control.launcher import Run, launch_problems
 from tests.conftest import PRESETS, ROOT
@@ -77,7 +78,7 @@ def test_a_hosts_python_must_be_a_python_interpreter(python: str) -> None:
 
 def _supervise(run_dir: Path, config_yaml: str) -> subprocess.CompletedProcess[str]:
     """The real supervisor, as a transport starts it on a host, with a spec of no tasks."""
-    spec = {"run_dir": str(run_dir), "host": "remote", "tasks": [], "config_yaml": config_yaml}
+    spec = {"v": SPEC_VERSION, "run_dir": str(run_dir), "host": "remote", "tasks": [], "config_yaml": config_yaml}
     return subprocess.run([sys.executable, "-m", "engine.control.supervisor"], input=json.dumps(spec) + "\n",
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
 
