@@ -268,7 +268,8 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
             plot.widget.viewport().repaint()
         full_ms.append((time.perf_counter() - start) * 1e3)
     curves_full = all(panel.loss.points(f"replica/{r}/loss") == replay.next_tick for r in range(args.replicas))
-    shown = panel.loss.curves["replica/0/loss"]
+    # past 32 replicas a plot draws the mean, the band and a few lines: measure the first line it draws
+    shown = panel.loss.curves.get("replica/0/loss") or next(iter(panel.loss.curves.values()))
     drawn_points = _display_points(shown)
     PlotsPanel.redraw = original_redraw  # type: ignore[method-assign]
     pg.GraphicsView.paintEvent = original_paint  # type: ignore[method-assign]
