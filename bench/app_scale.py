@@ -45,6 +45,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _common import percentile  # noqa: E402
+
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
 SECTION = "app_scale"
@@ -56,15 +59,6 @@ SEED = 20_240_601
 
 
 # ---------------------------------------------------------------------------- statistics
-
-
-def percentile(values: list[float], q: float) -> float:
-    data = sorted(values)
-    if not data:
-        return math.nan
-    k = (len(data) - 1) * q / 100.0
-    lo, hi = math.floor(k), math.ceil(k)
-    return data[lo] + (data[hi] - data[lo]) * (k - lo)
 
 
 def bootstrap(values: list[float], stat: Any, resamples: int = 2000) -> tuple[float, float, float]:
