@@ -21,29 +21,9 @@ from gui.runs_commands import OPEN_WINDOWS
 from gui.runs_follow import folder_pids
 from gui.runs_model import COLUMNS
 from tests.conftest import alive, wait_gone
+from tests.engine.test_detach import TINY as DETACH_TINY
 
-TINY = """\
-schema: 1
-name: tiny-app-detach
-cluster:
-  hosts:
-  - name: local
-    address: localhost
-    gpus: 0
-    tasks:
-    - {role: worker, index: 0, port: auto}
-parallelism:
-  mode: data
-data: {source: synthetic, shape: [32], classes: 4, size: 1024}
-model: {name: mlp, hidden: [16]}
-training:
-  global_batch_size: 32
-  steps: 1000000
-  optimizer: sgd
-  learning_rate: 0.05
-  seed: 1
-  checkpoint_every: 0
-"""
+TINY = DETACH_TINY.replace("name: tiny-detach", "name: tiny-app-detach")  # the CLI tests' tiny run
 
 
 @pytest.fixture
