@@ -10,13 +10,14 @@ With ``training.steps_per_execution`` K > 1 one ``tf.function`` runs a group of 
 ``tf.range`` loop (each step still all-reduces its gradients): the Python dispatch of a step, a
 large share of a small model's step, is paid once per group. The updates are those of K single
 steps. A group's figures are its means: each replica's mean loss and metrics over the group's steps,
-and the step time over the group; its breakdown (all-reduce and input waits) is its last step's. Costs:
+and the step time over the group; its breakdown (all-reduce and input waits) too, every step of a
+measured group timed (a peer late to start a group makes the others wait in its first step). Costs:
 figures and a stop come per group, and a worker lost in the middle of a group leaves the others'
 variables part-way through it (the restart resumes from the last checkpoint, as without groups).
 
 The step breakdown is measured on a sample of the steps, chosen by step number so that every worker
-runs the same functions (:data:`BREAKDOWN_EVERY`, or a group's last step); a report carries the last
-measured step's. Timestamps in every step cost a small model about 1 % of its steps/s
+runs the same functions (one step in :data:`BREAKDOWN_EVERY`, or each group holding such a step); a
+report carries the last measured step's or group's. Timestamps in every step cost a small model about 1 % of its steps/s
 (``bench/breakdown_cost.py``).
 """
 
@@ -65,7 +66,7 @@ def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strateg
 
 
 #: With one step per function, the breakdown is measured on one step in this many (and on the first); with groups,
-#: on each group's last step. A report carries the last measured step's: at most a few steps old.
+#: on each group holding a multiple of it. A report carries the last measured figures: at most a few steps old.
 BREAKDOWN_EVERY = 8
 
 
@@ -148,7 +149,7 @@ class MirroredAdapter:
 
         def step_functions(timed: bool) -> tuple[Any, Any]:
             """The single-step function, measuring its step's breakdown where ``timed``, and the group function
-            (n >= 2 steps), measuring its last step's where ``timed``."""
+            (n >= 2 steps), measuring each of its steps' where ``timed``."""
 
             @tf.function
             def train_step(it: Any) -> Any:
@@ -159,21 +160,19 @@ class MirroredAdapter:
 
             @tf.function
             def train_steps(it: Any, n: tf.Tensor) -> dict[str, tf.Tensor]:
-                """A group of ``n`` >= 2 steps: each replica's mean of each figure over them; its breakdown
-                (``_wait``, ``_input``) is its last step's. Measured or not, the group's shape is the same: a first
-                step, a loop of ``n - 2``, a last step."""
-                batch, _ = next_batch(it, False)
-                sums = on_this_task(run(batch, False))
-                for _ in tf.range(n - 2):
-                    batch, _ = next_batch(it, False)
-                    figures = on_this_task(run(batch, False))
+                """A group of ``n`` >= 2 steps: each replica's mean of each figure over them, its breakdown's too
+                where ``timed`` (every step of the group timed: a wait falls on whichever step meets it, the first
+                one of a group where a peer's host was late to start it)."""
+                batch, waited = next_batch(it, timed)
+                sums = on_this_task(run(batch, timed))
+                for _ in tf.range(n - 1):
+                    batch, wait = next_batch(it, timed, after=sums)
+                    figures = on_this_task(run(batch, timed))
                     sums = {name: sums[name] + figures[name] for name in sums}
-                batch, waited = next_batch(it, timed, after=sums)
-                last = on_this_task(run(batch, timed))
+                    waited += wait
                 count = tf.cast(n, tf.float64)
-                means = {name: (sums[name] + last[name]) / count for name in sums}
-                means["_wait"] = last["_wait"]
-                means["_input"] = tf.fill(tf.shape(means["_wait"]), waited)
+                means = {name: value / count for name, value in sums.items()}
+                means["_input"] = tf.fill(tf.shape(means["_wait"]), waited / count)
                 return means
 
             return train_step, train_steps
@@ -225,12 +224,12 @@ class MirroredAdapter:
         if not n:
             return
         # which steps measure the breakdown: the same on every worker (a function's collectives must match theirs)
-        if self.per_execution == 1 or n == 1:
-            every = BREAKDOWN_EVERY if self.per_execution == 1 else 1
-            measured = self.timed and (self.breakdown_result is None or self.last_step % every == 0)
+        # (workers cut their groups alike): the first, and those holding a multiple of BREAKDOWN_EVERY
+        measured = self.timed and (self.breakdown_result is None
+                                   or self.last_step // BREAKDOWN_EVERY != (self.last_step - n) // BREAKDOWN_EVERY)
+        if n == 1:
             result = (self._step_functions(measured)[0](self.iterator), False)
-        else:  # a group's last step
-            measured = self.timed
+        else:
             result = (self._step_functions(measured)[1](self.iterator, tf.constant(n, tf.int64)), True)
         self.result = result
         if measured:
