@@ -20,7 +20,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from engine.contract import events
+from engine.contract import checkpoint_state, events
 from engine.contract.config import RunConfig
 from engine.control import doctor, process_end, transports
 from engine.control import lifecycle as lc
@@ -282,6 +282,8 @@ class RunDriver:
             self.deliver(events.make("run", "launcher", **outcome.event_fields()))
             self.recorder().flush()
             self.kill_leftovers()
+            # every process gone: the run's checkpoint state names no checkpoint a lost save left without files
+            checkpoint_state.repair(self.run.folder.checkpoints)
             for transport in self.run._prepared:
                 try:
                     transport.release()

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 
 import tensorflow as tf
 
+from engine.contract import checkpoint_state
 from engine.contract.run_folder import RunFolder
 from engine.runtime import fault_hooks
 from engine.runtime.context import TaskContext
@@ -328,52 +329,20 @@ class Checkpoints:
 
     def restore(self) -> str | None:
         """Restore the run's latest checkpoint into this task's objects; its path, or None."""
-        latest = tf.train.latest_checkpoint(str(self.shared)) or existing_checkpoint(self.shared)
+        latest = tf.train.latest_checkpoint(str(self.shared)) or checkpoint_state.latest(self.shared)
         if latest:
             self.checkpoint.restore(latest)
         return latest
 
     def save(self, step: int) -> str | None:
-        path = self.manager.save(checkpoint_number=step)
-        if self.primary:
-            repair_state(self.folder)
+        try:
+            path = self.manager.save(checkpoint_number=step)
+        finally:  # a save that failed half-way (a peer lost) may have named its checkpoint already
+            if self.primary:
+                checkpoint_state.repair(self.folder)
         return path if self.primary else None
 
     def close(self) -> None:
         if not self.primary:
             shutil.rmtree(self.folder.parent, ignore_errors=True)
-
-
-def _checkpoints_on_disk(folder: Path) -> list[tuple[int, str]]:
-    """(step, prefix) of every complete checkpoint in ``folder`` (its ``.index`` file is there), oldest first."""
-    found = []
-    for index in folder.glob("ckpt-*.index"):
-        try:
-            found.append((int(index.name[len("ckpt-"):-len(".index")]), str(index)[:-len(".index")]))
-        except ValueError:
-            continue
-    return sorted(found)
-
-
-def existing_checkpoint(folder: Path) -> str | None:
-    """The newest complete checkpoint in ``folder``, where its ``checkpoint`` state names a missing one."""
-    found = _checkpoints_on_disk(folder)
-    return found[-1][1] if found else None
-
-
-def repair_state(folder: Path) -> None:
-    """``checkpoints/checkpoint`` never names a checkpoint whose files are missing: rewritten to name the
-    ones that exist (removed where none does)."""
-    state = folder / "checkpoint"
-    if not state.exists() or tf.train.latest_checkpoint(str(folder)):
-        return
-    found = _checkpoints_on_disk(folder)
-    if not found:
-        state.unlink(missing_ok=True)
-        return
-    names = [os.path.basename(prefix) for _, prefix in found]
-    text = f'model_checkpoint_path: "{names[-1]}"\n' + "".join(f'all_model_checkpoint_paths: "{n}"\n' for n in names)
-    tmp = state.with_name(".checkpoint.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, state)
 
