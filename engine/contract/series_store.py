@@ -395,6 +395,11 @@ class _Tier:
         return block.take(closed).summarise(self.width)
 
 
+def _finite(value: Any) -> bool:
+    """A plain int, or a finite float (a number JSON can hold)."""
+    return type(value) is int or (type(value) is float and math.isfinite(value))
+
+
 class SeriesWriter:
     """Takes ``step`` and ``device`` events (:meth:`add`) and writes them in tiers under ``root``.
 
@@ -459,9 +464,10 @@ class SeriesWriter:
     def _new_owner(self, group: str, key: tuple[Any, ...], fields: dict[str, Any]) -> int:
         owner = self._owner_ids[key] = self._next_owner
         self._next_owner += 1
-        first = {k: v for k, v in fields.items() if type(v) in (int, float) and k not in _NOT_SAMPLES}
+        # its first finite values (a NaN or infinite first loss is a sample, but no JSON number)
+        first = {k: v for k, v in fields.items() if _finite(v) and k not in _NOT_SAMPLES}
         if isinstance(fields.get("metrics"), dict):
-            first.update({"metrics." + k: v for k, v in fields["metrics"].items() if type(v) in (int, float)})
+            first.update({"metrics." + k: v for k, v in fields["metrics"].items() if _finite(v)})
         record: dict[str, Any] = {"id": owner, "group": group, "first": first}
         if group == "step":
             record.update(replica=key[0], task=key[1])

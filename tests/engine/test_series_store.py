@@ -124,6 +124,18 @@ def test_nulls_nan_and_bools_are_no_samples(tmp_path: Path) -> None:
     assert "note" not in raw.cols and "flag" not in raw.cols
 
 
+def test_a_replica_whose_first_loss_is_nan_is_kept_with_its_finite_first_values(tmp_path: Path) -> None:
+    writer = SeriesWriter(tmp_path)
+    writer.add(step(3, 0, T0, loss=float("nan"), metrics={"auc": float("inf"), "acc": 0.5}))
+    writer.add(step(3, 1, T0 + 0.1, loss=2.0))
+    writer.close()
+    store = SeriesStore(tmp_path)
+    (owner,) = store.owners()
+    assert owner.replica == 3 and "loss" not in owner.first and "metrics.auc" not in owner.first
+    assert owner.first["metrics.acc"] == 0.5
+    assert store.read_level("step", "raw").count["loss"].tolist() == [0, 1]
+
+
 def test_a_follower_reads_only_new_rows(tmp_path: Path) -> None:
     writer = SeriesWriter(tmp_path)
     follower = SeriesFollower(tmp_path)
