@@ -105,6 +105,8 @@ def test_a_template_stopped_once_ready_is_not_asked_to_fork(tmp_path: Path) -> N
         _until(lambda: _poll_ready(template) or template.error, 120)
         assert template.ready, template.error or (tmp_path / "template.log").read_text()[-2000:]
         os.kill(template.proc.pid, signal.SIGSTOP)
+        # a signal is delivered when the process next runs: on a busy machine, some milliseconds later
+        _until(lambda: psutil.Process(template.proc.pid).status() == psutil.STATUS_STOPPED, 5)
         r, w = os.pipe()
         t0 = time.monotonic()
         with pytest.raises(TemplateError, match=r"is stopped \(SIGSTOP or a debugger\)"):
