@@ -11,13 +11,13 @@ from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QPointF, Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtGui import QAction, QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
 from gui.curves import Curve, CurveSet
 from gui.legend_crowd import CrowdControls
-from gui.plot_curves import PlotCurves, non_finite_note
+from gui.plot_curves import PlotCurves
 from gui.plot_export import ask_and_write, raw_series, write_csv, write_png
 from gui.plot_hover import PlotHover
 from gui.plot_legend import PlotLegend
@@ -112,7 +112,6 @@ class MetricPlot(QWidget):
         self.png_button.clicked.connect(self._ask_png)
         self.log_button.toggled.connect(lambda on: self.item.setLogMode(x=self.lines.log[0], y=on))
         self.hover = PlotHover(self)
-        self.item.scene().sigMouseMoved.connect(self._hover_note)  # (after the hover's own reading)
         # the plot's right-click "Export…" offers these two instead of pyqtgraph's export dialog, whose
         # exporters know only pyqtgraph's own data items
         png_action = QAction("Export as PNG…", self)
@@ -295,44 +294,6 @@ class MetricPlot(QWidget):
     def points(self, key: str) -> int:
         """Points of one curve (tests and the status line use it)."""
         return self.model.points(key)
-
-    def _hover_note(self, scene_pos: QPointF) -> None:
-        """The readout also says what the gaps under the pointer stand for (a visible curve's point that is
-        not finite, within a few pixels of the pointer's x), and how many such points the curve it reads has."""
-        vb = self.item.getViewBox()
-        if not vb.sceneBoundingRect().contains(scene_pos):
-            return
-        at = vb.mapSceneToView(scene_pos).x()
-        pixel = abs(vb.viewPixelSize()[0]) * 4  # (a gap is found within 4 pixels of the pointer)
-        if self.lines.log[0]:
-            at, pixel = 10.0 ** min(at, 300.0), 10.0 ** min(at, 300.0) * (10.0 ** min(pixel, 300.0) - 1)
-        notes = []
-        label = self.x_label or "step"
-        bad, given = self.registry.bad, self.registry.given
-        for key, curve in self.curves.items():
-            if not curve.isVisible() or key not in self.model.raw or not any(bad.get(key, (0, 0, 0))):
-                continue
-            x, y, offset, _scale = self.model.raw.stored(key)
-            n = min(len(x), len(y))
-            i = int(np.searchsorted(x[:n], at + offset))
-            near = [j for j in (i - 1, i) if 0 <= j < n]
-            if not near:
-                continue
-            j = min(near, key=lambda k: abs(float(x[k]) - offset - at))
-            v, xj = float(y[j]), float(x[j]) - offset
-            if v - v != 0.0 and abs(xj - at) <= pixel:
-                where = f"{xj:.0f}" if label == "step" else f"{xj:.1f}"
-                value = "NaN" if v != v else "+inf" if v > 0 else "−inf"
-                notes.append(f"{label} {where} · {given.get(key, key)}: {value} (not drawn)")
-        reading = self.hover.reading
-        if reading is not None and any(bad.get(reading.key, (0, 0, 0))):
-            notes.append(non_finite_note(bad[reading.key]).strip())
-        if notes:
-            self.hover.text = "\n".join([self.hover.text, *notes]) if self.hover.text else "\n".join(notes)
-            self.hover.label.setText(self.hover.text, color=self.palette().color(QPalette.ColorRole.ToolTipText))
-            if reading is None:  # only gaps here: the label at the pointer
-                self.hover.label.setPos(vb.mapSceneToView(scene_pos))
-                self.hover.label.show()
 
     # ------------------------------------------------------------------ export
 
