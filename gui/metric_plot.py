@@ -1,51 +1,28 @@
 """One live plot: a pyqtgraph plot with a title bar, a legend (click an entry to hide its curve) and
-exports. It only draws: the points of each curve for the view, and each frame's new segments, come
-from its :class:`~gui.series_model.SeriesModel` (decimation, smoothing, envelopes; no Qt there)."""
+exports. It only draws and wires its widgets: which curves it shows, their names and the points behind
+them are its :class:`~gui.plot_curves.PlotCurves` to keep, and the points of each curve for the view,
+and each frame's new segments, come from its :class:`~gui.series_model.SeriesModel` (decimation,
+smoothing, envelopes; no Qt there)."""
 
 from __future__ import annotations
 
-import functools
-import math
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QEvent, QPointF, Qt, Signal
-from PySide6.QtGui import QAction, QColor, QPalette
+from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtGui import QAction, QPalette
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
-from engine.observe.telemetry import History
 from gui.curves import Curve, CurveSet
 from gui.legend_crowd import CrowdControls
+from gui.plot_curves import PlotCurves
 from gui.plot_export import ask_and_write, raw_series, write_csv, write_png
 from gui.plot_hover import PlotHover
-from gui.plot_legend import PlotLegend, short_label
+from gui.plot_legend import PlotLegend
 from gui.plot_view import PlotView
-from gui.series_model import (
-    COMPARE_PREFIX,
-    Grown,
-    PlotSpec,
-    Points,
-    SeriesModel,
-    Source,
-    Summary,
-    View,
-    to_screen,
-)
-
-#: Above this many curves a plot draws 1-pixel lines: Qt strokes wider ones many times slower,
-#: and with that many curves wide lines only hide one another.
-THIN_ABOVE = 8
-#: How opaque a band (the min–max of many replicas) is drawn over the plot's background.
-BAND_ALPHA = 60
-
-
-def non_finite_note(bad: tuple[int, int, int]) -> str:
-    """What a legend entry adds for a curve with points that are not finite (drawn as gaps):
-    ``⚠ 3× +inf, 1× NaN not drawn``; '' for none."""
-    parts = [f"{n}× {name}" for n, name in zip(bad, ("NaN", "+inf", "−inf"), strict=True) if n]
-    return f" ⚠ {', '.join(parts)} not drawn" if parts else ""
+from gui.series_model import PlotSpec, Points, SeriesModel, Source, Summary, to_screen
 
 
 def plot_widget(unit: str) -> pg.PlotWidget:
@@ -100,7 +77,6 @@ class MetricPlot(QWidget):
         self.crowd_controls.hide()
         self.crowd_controls.changed.connect(self.crowdChanged)
         header.addWidget(self.crowd_controls)
-        self.crowded = False
         header.addWidget(self.log_button)
         header.addWidget(self.png_button)
         header.addWidget(self.csv_button)
@@ -111,11 +87,12 @@ class MetricPlot(QWidget):
         self.item.addItem(self.lines)
         self.curves: dict[str, Curve] = self.lines.curves
         self.labels: dict[str, str] = {}
-        self._given: dict[str, str] = {}  # curve -> its label as given (before a non-finite note)
-        self._bad: dict[str, tuple[int, int, int]] = {}  # curve -> its points that are NaN, +inf, -inf
-        self.band_model = SeriesModel(spec)  # bands' edges (kept apart: no line, no robust range of their own)
         self.legends = PlotLegend(self, self.widget, self.item, self.curves, self.labels)
         self.legend, self.compact_legend = self.legends.legend, self.legends.compact_legend
+        # which curves the plot draws, their names and points (see gui.plot_curves)
+        self.registry = PlotCurves(self.model, self.lines, self.legends, lambda: self.view.current(),
+                                   self._empty_axes)
+        self.band_model = self.registry.band_model  # (what tests and bench/app_scale.py read)
         self.lines.on_log_mode = self._log_mode_changed
         self.empty_note = pg.TextItem("no data yet", anchor=(0, 0))
         self.empty_note.setColor(self.palette().color(QPalette.ColorRole.PlaceholderText))
@@ -135,7 +112,6 @@ class MetricPlot(QWidget):
         self.png_button.clicked.connect(self._ask_png)
         self.log_button.toggled.connect(lambda on: self.item.setLogMode(x=self.lines.log[0], y=on))
         self.hover = PlotHover(self)
-        self.item.scene().sigMouseMoved.connect(self._hover_note)  # (after the hover's own reading)
         # the plot's right-click "Export…" offers these two instead of pyqtgraph's export dialog, whose
         # exporters know only pyqtgraph's own data items
         png_action = QAction("Export as PNG…", self)
@@ -175,6 +151,11 @@ class MetricPlot(QWidget):
         return self.legends.compact
 
     @property
+    def crowded(self) -> bool:
+        """A plot of many replicas or tasks: its search and top-k shown (see :meth:`set_crowded`)."""
+        return self.registry.crowded
+
+    @property
     def following(self) -> bool:
         """The view follows the data (until the user zooms or pans)."""
         return self.view.following
@@ -194,15 +175,7 @@ class MetricPlot(QWidget):
         for name in ("left", "bottom"):  # on a log axis the 2..9 ticks too, where a decade is wide
             self.item.getAxis(name).setStyle(maxTickLevel=1 if self.lines.log[name == "left"] else 0)
         self.hover.hide()
-        for key, bounds in self.model.set_log(self.lines.log).items():
-            curve = self.curves.get(key)
-            if curve is not None:
-                curve.set_source(functools.partial(self._display, key), bounds)
-        self.band_model.set_log(self.lines.log)
-        for key in {k.rsplit("#", 1)[0] for k in self.band_model.sources}:
-            curve = self.curves.get(key)
-            if curve is not None:
-                curve.set_source(functools.partial(self._band_outline, key), self._band_bounds(key))
+        self.registry.log_changed()
         self.viewChanged.emit()
 
     def screen_points(self, x: np.ndarray, y: np.ndarray) -> Points:
@@ -264,161 +237,36 @@ class MetricPlot(QWidget):
     # ------------------------------------------------------------------ curves
 
     def clear(self) -> None:
-        self.lines.clear()
-        self.legends.clear()
-        self._empty_axes()
-        self.model.clear()
-        self.band_model.clear()
-        self.labels.clear()
-        self._given.clear()
-        self._bad.clear()
+        self.registry.clear()
 
     def set_crowded(self, crowded: bool) -> None:
         """Show the search and top-k of a plot of many replicas or tasks (or hide them); the curves start again."""
         if crowded != self.crowded:
-            self.crowded = crowded
+            self.registry.crowded = crowded
             self.clear()
             self.crowd_controls.setVisible(crowded)
-
-    def relabel(self, key: str, label: str) -> None:
-        """Curve ``key`` is named ``label`` (and its legend entry, with a note of its points that are not finite)."""
-        self._given[key] = label
-        shown = label + non_finite_note(self._bad.get(key, (0, 0, 0)))
-        if self.labels.get(key) == shown:
-            return
-        curve = self.curves.get(key)
-        if curve is None:
-            return
-        self.labels[key] = shown
-        curve.opts["name"] = shown
-        legends = self.legends
-        if legends.compact:
-            legends.compact_legend.relabel(curve, short_label(shown), shown)
-        else:
-            legends.legend.relabel(curve, short_label(shown) if legends._short else shown)
-            legends._fit()  # (the entry's new width)
-
-    def _curve(self, key: str, label: str, color: str, style: Qt.PenStyle = Qt.PenStyle.SolidLine,
-               width: float = 1.6, rank: tuple[object, ...] = ()) -> Curve:
-        curve = self.curves.get(key)
-        if curve is None:
-            # (a crowded plot draws its mean, band and a few lines: never many, and its mean stays bold)
-            thin = len(self.curves) >= THIN_ABOVE and not self.crowded
-            on_top = key.startswith(COMPARE_PREFIX)  # an overlaid run is drawn over the shown one's lines
-            curve = self.lines.add(key, pg.mkPen(color, width=1.0 if thin else width, style=style), label,
-                                   on_top=on_top)
-            rank = (on_top, *rank) if rank else (on_top, len(self.labels))
-            self.labels[key] = label
-            self.legends.added(curve, label, rank)
-            self._empty_axes()
-            if len(self.curves) == THIN_ABOVE + 1 and not self.crowded:
-                for other in self.curves.values():
-                    pen = pg.mkPen(other.pen())
-                    pen.setWidthF(1.0)
-                    other.setPen(pen)
-        return curve
-
-    def owners(self, history: History, run: str = "") -> list[str]:
-        """The replicas or tasks with a series this plot shows, in natural order."""
-        return self.model.owners(history, run)
-
-    def forget_runs(self, prefix: str) -> None:
-        """Remove the curves whose key starts with ``prefix`` (an overlaid run's) and what was
-        kept of those runs for drawing (their owners, their totals)."""
-        for key in [k for k in self.curves if k.startswith(prefix)]:
-            self.remove_curve(key)
-        self.model.forget_runs(prefix)
-
-    def total(self, run: str, series: list[tuple[str, np.ndarray, np.ndarray]]
-              ) -> tuple[np.ndarray, np.ndarray, int, int]:
-        """The sum of one run's ``series`` (see :func:`gui.series_model.total`), extended from what
-        this plot kept of that run's last sum: ``(base x, total, stable, final)``."""
-        return self.model.total(run, series)
-
-    def remove_curve(self, key: str) -> None:
-        curve = self.lines.remove(key)
-        self.labels.pop(key, None)
-        self._given.pop(key, None)
-        self._bad.pop(key, None)
-        self.band_model.remove(key + "#lo")
-        self.band_model.remove(key + "#hi")
-        self.legends.removed(key, curve)
-        if curve is not None:
-            self._empty_axes()
-        self.model.remove(key)
 
     def set_curve(self, key: str, label: str, color: str, x: np.ndarray, y: np.ndarray, smoothing: float,
                   style: Qt.PenStyle = Qt.PenStyle.SolidLine, width: float = 1.6, *, x_offset: float = 0.0,
                   stable: int | None = None, rank: tuple[object, ...] = (), revision: int = 0,
                   envelope: tuple[np.ndarray, np.ndarray] | None = None) -> None:
-        """Show ``(x - x_offset, y * scale)``: ~2 points per horizontal pixel of the view (each block's
-        min and max), or every point in view when fewer (see :meth:`SeriesModel.put`).
-
-        ``stable``: how many leading points are unchanged since the last call (default: all that were
-        there; the history only grows); ``revision``: moves when earlier points changed; ``envelope``:
-        per point the min and max of what it summarises (a run's tiers). Points that are not finite
-        are gaps, and the legend entry says how many."""
-        curve = self._curve(key, label, color, style, width, rank)
-        change = self.model.put(key, x, y, smoothing, self._view(), x_offset=x_offset, stable=stable,
-                                revision=revision, envelope=envelope)
-        if change is None:
-            if self._given.get(key, label) != label:
-                self.relabel(key, label)
-            return
-        if isinstance(change, Grown):
-            curve.append(change.x, change.y)
-        else:
-            curve.set_source(functools.partial(self._display, key), change.bounds)
-        bad = self.model.non_finite(key)
-        if bad != self._bad.get(key, (0, 0, 0)) or self._given.get(key, label) != label:
-            self._bad[key] = bad
-            self.relabel(key, label)
+        """Show curve ``key``: see :meth:`PlotCurves.set_curve`."""
+        self.registry.set_curve(key, label, color, x, y, smoothing, style, width, x_offset=x_offset, stable=stable,
+                                rank=rank, revision=revision, envelope=envelope)
 
     def set_band(self, key: str, label: str, color: str, x: np.ndarray, lo: np.ndarray, hi: np.ndarray, *,
                  x_offset: float = 0.0, stable: int | None = None, revision: int = 0,
                  rank: tuple[object, ...] = ()) -> None:
-        """A filled band from ``lo`` to ``hi`` at ``x`` (the min and max of many curves), under every line,
-        downsampled as lines are (each block's lowest ``lo`` and highest ``hi``)."""
-        fill = QColor(color)
-        fill.setAlpha(BAND_ALPHA)
-        curve = self._curve(key, label, color, width=1.0, rank=rank)  # (the pen: its legend sample and name)
-        if curve.brush is None:
-            curve.set_brush(pg.mkBrush(fill))
-        view = self._view()
-        kw = {"x_offset": x_offset, "stable": stable, "revision": revision}
-        low = self.band_model.put(key + "#lo", x, lo, 0.0, view, **kw)  # type: ignore[arg-type]
-        high = self.band_model.put(key + "#hi", x, hi, 0.0, view, **kw)  # type: ignore[arg-type]
-        if self._given.get(key, label) != label:
-            self.relabel(key, label)
-        if low is None and high is None:
-            return
-        if isinstance(low, Grown) and isinstance(high, Grown) and np.array_equal(low.x, high.x):
-            curve.append(np.concatenate([high.x, low.x[::-1]]), np.concatenate([high.y, low.y[::-1]]))
-        else:
-            curve.set_source(functools.partial(self._band_outline, key), self._band_bounds(key))
+        """Show band ``key``, from ``lo`` to ``hi``: see :meth:`PlotCurves.set_band`."""
+        self.registry.set_band(key, label, color, x, lo, hi, x_offset=x_offset, stable=stable, revision=revision,
+                               rank=rank)
 
-    def _band_outline(self, key: str) -> tuple[np.ndarray, np.ndarray]:
-        """A band's outline for the current view: its upper edge forward, its lower edge back."""
-        view = self._view()
-        xl, yl = self.band_model.display(key + "#lo", view)
-        xh, yh = self.band_model.display(key + "#hi", view)
-        return np.concatenate([xh, xl[::-1]]), np.concatenate([yh, yl[::-1]])
+    def remove_curve(self, key: str) -> None:
+        self.registry.remove_curve(key)
 
-    def _band_bounds(self, key: str) -> list[float]:
-        b = [math.inf, -math.inf, math.inf, -math.inf]
-        for edge in ("#lo", "#hi"):
-            src = self.band_model.sources.get(key + edge)
-            if src is not None:
-                e = self.band_model.bounds(src)
-                b = [min(b[0], e[0]), max(b[1], e[1]), min(b[2], e[2]), max(b[3], e[3])]
-        return b
-
-    def _display(self, key: str) -> Points:
-        """What the curve draws for the current view (the curve asks when it draws every point)."""
-        return self.model.display(key, self._view())
-
-    def _view(self) -> View:
-        return self.view.current()
+    def forget_runs(self, prefix: str) -> None:
+        """Remove an overlaid run's curves: see :meth:`PlotCurves.forget_runs`."""
+        self.registry.forget_runs(prefix)
 
     def _view_moved(self, *_args: object) -> None:
         """The user's x range or the plot's width changed: curves are cut again at the next redraw."""
@@ -446,43 +294,6 @@ class MetricPlot(QWidget):
     def points(self, key: str) -> int:
         """Points of one curve (tests and the status line use it)."""
         return self.model.points(key)
-
-    def _hover_note(self, scene_pos: QPointF) -> None:
-        """The readout also says what the gaps under the pointer stand for (a visible curve's point that is
-        not finite, within a few pixels of the pointer's x), and how many such points the curve it reads has."""
-        vb = self.item.getViewBox()
-        if not vb.sceneBoundingRect().contains(scene_pos):
-            return
-        at = vb.mapSceneToView(scene_pos).x()
-        pixel = abs(vb.viewPixelSize()[0]) * 4  # (a gap is found within 4 pixels of the pointer)
-        if self.lines.log[0]:
-            at, pixel = 10.0 ** min(at, 300.0), 10.0 ** min(at, 300.0) * (10.0 ** min(pixel, 300.0) - 1)
-        notes = []
-        label = self.x_label or "step"
-        for key, curve in self.curves.items():
-            if not curve.isVisible() or key not in self.model.raw or not any(self._bad.get(key, (0, 0, 0))):
-                continue
-            x, y, offset, _scale = self.model.raw.stored(key)
-            n = min(len(x), len(y))
-            i = int(np.searchsorted(x[:n], at + offset))
-            near = [j for j in (i - 1, i) if 0 <= j < n]
-            if not near:
-                continue
-            j = min(near, key=lambda k: abs(float(x[k]) - offset - at))
-            v, xj = float(y[j]), float(x[j]) - offset
-            if v - v != 0.0 and abs(xj - at) <= pixel:
-                where = f"{xj:.0f}" if label == "step" else f"{xj:.1f}"
-                value = "NaN" if v != v else "+inf" if v > 0 else "−inf"
-                notes.append(f"{label} {where} · {self._given.get(key, key)}: {value} (not drawn)")
-        reading = self.hover.reading
-        if reading is not None and any(self._bad.get(reading.key, (0, 0, 0))):
-            notes.append(non_finite_note(self._bad[reading.key]).strip())
-        if notes:
-            self.hover.text = "\n".join([self.hover.text, *notes]) if self.hover.text else "\n".join(notes)
-            self.hover.label.setText(self.hover.text, color=self.palette().color(QPalette.ColorRole.ToolTipText))
-            if reading is None:  # only gaps here: the label at the pointer
-                self.hover.label.setPos(vb.mapSceneToView(scene_pos))
-                self.hover.label.show()
 
     # ------------------------------------------------------------------ export
 

@@ -1,5 +1,6 @@
 """The hover readout of a plot: a vertical crosshair at the pointer, a dot on the nearest point of
-the visible curves and a label naming its step (or time), value and replica or task."""
+the visible curves and a label naming its step (or time), value and replica or task, and what the
+gaps near the pointer stand for (points that are not finite are not drawn: only the readout can say)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import QEvent, QObject, QPointF, Qt
 from PySide6.QtGui import QColor, QPalette
 
-from gui.readout import Reading, describe, nearest
+from gui.plot_curves import non_finite_note
+from gui.readout import Reading, describe, gap_notes, nearest
 
 
 class MetricPlot(Protocol):
@@ -22,6 +24,7 @@ class MetricPlot(Protocol):
     raw: Any
     labels: dict[str, str]
     spec: Any
+    registry: Any  # (a gui.plot_curves.PlotCurves: the curves' given names, their points not finite)
 
     @property
     def x_label(self) -> str | None: ...
@@ -48,6 +51,7 @@ class PlotHover(QObject):
         self.text = ""
         self.hide()
         item.scene().sigMouseMoved.connect(self.moved)
+        item.scene().sigMouseMoved.connect(self.gaps)  # (after the reading)
         plot.widget.viewport().installEventFilter(self)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:  # noqa: N802 - Qt's name
@@ -101,3 +105,25 @@ class PlotHover(QObject):
         self.label.setPos(reading.x, reading.y)
         for part in (self.line, self.dot, self.label):
             part.show()
+
+    def gaps(self, scene_pos: QPointF) -> None:
+        """The readout also says what the gaps under the pointer stand for (a visible curve's point that is
+        not finite, within a few pixels of the pointer's x), and how many such points the curve it reads has."""
+        plot = self.plot
+        vb = plot.item.getViewBox()
+        if not vb.sceneBoundingRect().contains(scene_pos):
+            return
+        bad, given = plot.registry.bad, plot.registry.given
+        series = [(given.get(key, key), *plot.raw.stored(key)[:3]) for key, curve in plot.curves.items()
+                  if curve.isVisible() and key in plot.raw and any(bad.get(key, (0, 0, 0)))]
+        notes = gap_notes(series, vb.mapSceneToView(scene_pos).x(), abs(vb.viewPixelSize()[0]) * 4,  # (4 pixels)
+                          plot.lines.log[0], plot.x_label or "step")
+        reading = self.reading
+        if reading is not None and any(bad.get(reading.key, (0, 0, 0))):
+            notes.append(non_finite_note(bad[reading.key]).strip())
+        if notes:
+            self.text = "\n".join([self.text, *notes]) if self.text else "\n".join(notes)
+            self.label.setText(self.text, color=plot.palette().color(QPalette.ColorRole.ToolTipText))
+            if reading is None:  # only gaps here: the label at the pointer
+                self.label.setPos(vb.mapSceneToView(scene_pos))
+                self.label.show()

@@ -93,6 +93,14 @@ class PlotLegend:
             self._choose()
             self._fit()
 
+    def relabel(self, curve: Curve, label: str) -> None:
+        """A curve was renamed ``label`` (already in ``labels``): its entry says so."""
+        if self.compact:
+            self.compact_legend.relabel(curve, short_label(label), label)
+        else:
+            self.legend.relabel(curve, short_label(label) if self._short else label)
+            self._fit()  # (the entry's new width)
+
     def resized(self) -> None:
         """The plot may have changed size: the legend fits the new room."""
         size = (self.host.width(), self.widget.height())

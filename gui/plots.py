@@ -20,8 +20,9 @@ import numpy as np
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import QGridLayout, QVBoxLayout, QWidget
 
-from gui.metric_plot import THIN_ABOVE, MetricPlot
+from gui.metric_plot import MetricPlot
 from gui.metric_series import NO_METRICS_NOTE, csv_series, plot_title, reports_no_metrics, training_text
+from gui.plot_curves import THIN_ABOVE
 from gui.plot_legend import COMPACT_LEGEND_ABOVE, LEGEND_ROW_HEIGHT, LEGEND_ROWS, short_label
 from gui.plots_bar import NO_CURVES_HINT, MetricChooser, PlotsBar
 from gui.plots_crowd import CROWD_ABOVE, CrowdDraw, crowded

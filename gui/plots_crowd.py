@@ -53,7 +53,7 @@ class _Names:
 
 def crowded(plot: MetricPlot, history: History) -> bool:
     """The plot shows more replicas or tasks than :data:`CROWD_ABOVE` (its mean, band and a few lines)."""
-    return len(plot.owners(history)) > CROWD_ABOVE
+    return len(plot.model.owners(history)) > CROWD_ABOVE
 
 
 class CrowdDraw:
@@ -88,7 +88,7 @@ class CrowdDraw:
         plot, spec, history = self.plot, self.plot.spec, state.history
         prefix = f"{COMPARE_PREFIX}{label}:" if label else ""
         suffix = f" · {short_run_label(label)}" if label else ""
-        owners = plot.owners(history, prefix)
+        owners = plot.model.owners(history, prefix)
         if not owners:
             return
         x_by_time = by_time or spec.scope != "replica"

@@ -38,7 +38,7 @@ def draw_run(plot: MetricPlot, state: RunState, label: str, weight: float, by_ti
     prefix = f"{COMPARE_PREFIX}{label}:" if label else ""
     suffix = f" · {short_run_label(label)}" if label else ""
     order = {name: i for i, name in enumerate(state.tasks)}
-    owners = plot.owners(history, prefix)
+    owners = plot.model.owners(history, prefix)
     if spec.scope == "task":  # tasks in the run's order (as the task table lists them), every plot alike
         owners = sorted(owners, key=lambda o: order.get(o, len(order)))
     totals: list[tuple[str, np.ndarray, np.ndarray]] = []
@@ -65,7 +65,7 @@ def draw_run(plot: MetricPlot, state: RunState, label: str, weight: float, by_ti
         draw_validation(plot, state, prefix, suffix, shift, by_time)
     if spec.total and len(totals) > 1:
         # drawn where every replica has reported: past that the sum would still change
-        base_x, total, stable, final = plot.total(prefix, totals)
+        base_x, total, stable, final = plot.model.total(prefix, totals)
         plot.set_curve(prefix + "total", "total" + suffix, "#888888" if not label else "#aaaaaa",
                        base_x[:final], total[:final], weight, style, width=2.2, x_offset=offset,
                        stable=stable, rank=(label, 2, 0, 0))

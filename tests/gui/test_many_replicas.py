@@ -149,7 +149,7 @@ def test_values_that_are_not_finite_raise_nothing_and_are_said(qtbot: Any, windo
     y_near = float(np.interp(x_in_gap, x[np.isfinite(y)], y[np.isfinite(y)]))
     scene = vb.mapViewToScene(QPointF(x_in_gap, y_near))
     plot.hover.moved(scene)
-    plot._hover_note(scene)
+    plot.hover.gaps(scene)
     assert "step 11 · replica 0 · worker:0: +inf (not drawn)" in plot.hover.text, plot.hover.text
 
     # the same values live, through the session's fold (as an attached run's raw rows come back from the

@@ -3,6 +3,7 @@ keeps every extreme, the legend hides lines, exports draw them, totals stay put.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,7 @@ from PySide6.QtGui import QImage
 
 from gui.curves import MAX_PENDING
 from gui.plots import PLOTS, SUMMARY_BLOCK, MetricPlot, _ema_from, _total, ema
+from gui.readout import gap_notes
 
 LOSS = PLOTS[0]
 BLUE, ORANGE = "#3b82f6", "#f97316"
@@ -213,6 +215,22 @@ def test_a_gap_in_the_data_is_not_bridged(qtbot: Any) -> None:
     band = img[row - 2 : row + 3]
     assert count_color(band[:, left:right], BLUE) == 0
     assert count_color(band[:, : left - 20], BLUE) > 50 and count_color(band[:, right + 20 :], BLUE) > 50
+
+
+def test_the_readout_says_what_a_gap_near_the_pointer_stands_for() -> None:
+    x, y = np.arange(10.0), np.ones(10)
+    y[4], y[7], y[9] = np.inf, np.nan, -np.inf
+    series = [("replica 0", x, y, 0.0), ("none yet", np.array([]), np.array([]), 0.0)]
+    assert gap_notes(series, 4.2, 0.5) == ["step 4 · replica 0: +inf (not drawn)"]
+    assert gap_notes(series, 8.8, 0.5) == ["step 9 · replica 0: −inf (not drawn)"]
+    assert gap_notes(series, 5.5, 0.5) == [], "the point nearest the pointer is drawn"
+    assert gap_notes(series, 4.2, 0.1) == [], "the gap is farther than a few pixels"
+    assert gap_notes(series, -5.0, 100.0) == []
+    # a shifted run's x is shown less its offset; a time axis says tenths
+    assert gap_notes([("b", x + 100.0, y, 100.0)], 7.0, 0.5, x_label="time (s)") == ["time (s) 7.0 · b: NaN (not drawn)"]
+    # on a log x axis the pointer and the few pixels are in log10 of x
+    assert gap_notes(series, math.log10(4.0), 0.01, log_x=True) == ["step 4 · replica 0: +inf (not drawn)"]
+    assert gap_notes(series, math.log10(5.0), 0.01, log_x=True) == []
 
 
 def test_downsampling_keeps_every_extreme_and_the_history_keeps_every_point(qtbot: Any) -> None:
