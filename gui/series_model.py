@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -900,7 +900,7 @@ class Crowd:
     _quiet = 0  # owners visited in a row (over calls) that had nothing to fold
 
     # -- folding
-    def feed(self, series: dict[str, object], by_time: bool, envelopes: dict[str, object] | None = None) -> int:
+    def feed(self, series: Mapping[str, object], by_time: bool, envelopes: Mapping[str, object] | None = None) -> int:
         """Fold what the owners' series (``series[key]``: the history's :class:`~engine.observe.telemetry.Series`)
         gained since the last call, within the budget; the points folded. ``by_time``: x is the wall time
         (seconds from the series' base), else the step."""
@@ -1083,9 +1083,9 @@ class Crowd:
         else:
             final = 0
         if self._changed < self.settled:  # points fell into bins already drawn: from there again
-            c = int(self._changed)
-            k = int(np.searchsorted(self._c[0][: self._cn], c))
-            self._cn, self.settled = k, c
+            first = int(self._changed)
+            k = int(np.searchsorted(self._c[0][: self._cn], first))
+            self._cn, self.settled = k, first
             stable = min(stable, k)
             self.revision += 1
         self._changed = math.inf
@@ -1099,11 +1099,11 @@ class Crowd:
                 if need > len(self._c[0]):
                     self._c = [grown_to(a, need, self._cn) for a in self._c]
                 at = keep + s0
-                c = self.count[at]
+                counted = self.count[at]
                 k0 = self._cn
                 self._c[0][k0:need] = at
-                self._c[1][k0:need] = self.sumx[at] / c
-                self._c[2][k0:need] = self.sum[at] / c
+                self._c[1][k0:need] = self.sumx[at] / counted
+                self._c[2][k0:need] = self.sum[at] / counted
                 self._c[3][k0:need] = self.lo[at]
                 self._c[4][k0:need] = self.hi[at]
                 self._cn = need
