@@ -354,9 +354,11 @@ def _doc(results: Sequence[ModeResult]) -> str:
         "",
         "The ratio carries what is left of the machine's noise; the difference says what a step pays in time, and the "
         "loop timing bounds model mode's measurement, which no ratio resolves that finely. Data mode measures its "
-        "breakdown on a sample of the steps, each group's last (one single step in 8 without groups): timestamps in "
-        "every step cost about 1 % of this step (0.988 in a 40-round probe), and 4 % with the all-reduce held back "
-        "for its first timestamp, as it was before (0.960 [0.953, 0.967], 30 rounds). `async` mode "
+        "breakdown on a sample of the steps, every step of one group in 4 (one single step in 8 without groups): "
+        "timestamps in every step cost about 1 % of this step (0.988 in a 40-round probe), and 4 % with the "
+        "all-reduce held back for its first timestamp (0.960 [0.953, 0.967], 30 rounds). A group's last step alone "
+        "would cost less, but a peer late to start a group makes the others wait in its first step, which it never "
+        "sees. `async` mode "
         "measures its breakdown on the workers inside the step's function, behind the same switch (read when its "
         "chief starts).",
     ]

@@ -16,8 +16,8 @@ figures and a stop come per group, and a worker lost in the middle of a group le
 variables part-way through it (the restart resumes from the last checkpoint, as without groups).
 
 The step breakdown is measured on a sample of the steps, chosen by step number so that every worker
-runs the same functions (one step in :data:`BREAKDOWN_EVERY`, or each group holding such a step); a
-report carries the last measured step's or group's. Timestamps in every step cost a small model about 1 % of its steps/s
+runs the same functions (one step in :data:`BREAKDOWN_EVERY`, or one group in :data:`BREAKDOWN_GROUPS`);
+a report carries the last measured step's or group's. Timestamps in every step cost a small model about 1 % of its steps/s
 (``bench/breakdown_cost.py``).
 """
 
@@ -65,9 +65,11 @@ def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strateg
     return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
 
-#: With one step per function, the breakdown is measured on one step in this many (and on the first); with groups,
-#: on each group holding a multiple of it. A report carries the last measured figures: at most a few steps old.
+#: With one step per function, the breakdown is measured on one step in BREAKDOWN_EVERY (and on the first); with
+#: groups, on one group in BREAKDOWN_GROUPS, every step of it timed. A report carries the last measured figures: a
+#: few steps old (at 20 reports a second, a straggler's excess still shows for as long as it lasts).
 BREAKDOWN_EVERY = 8
+BREAKDOWN_GROUPS = 4
 
 
 class MirroredAdapter:
@@ -224,9 +226,10 @@ class MirroredAdapter:
         if not n:
             return
         # which steps measure the breakdown: the same on every worker (a function's collectives must match theirs)
-        # (workers cut their groups alike): the first, and those holding a multiple of BREAKDOWN_EVERY
+        # (workers cut their groups alike): the first, and those holding a multiple of the period
+        period = BREAKDOWN_EVERY if self.per_execution == 1 else BREAKDOWN_GROUPS * self.per_execution
         measured = self.timed and (self.breakdown_result is None
-                                   or self.last_step // BREAKDOWN_EVERY != (self.last_step - n) // BREAKDOWN_EVERY)
+                                   or self.last_step // period != (self.last_step - n) // period)
         if n == 1:
             result = (self._step_functions(measured)[0](self.iterator), False)
         else:
