@@ -151,7 +151,8 @@ def test_the_supervisor_relays_one_read_of_a_tasks_pipe_in_one_write(tmp_path: P
     assert tp.event_fd is None and out.pending == b""
 
 
-def test_the_supervisor_passes_its_tasks_own_samples_on_as_written(tmp_path: Path) -> None:
+def test_the_supervisor_passes_its_tasks_own_samples_on_as_written(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """A step or device line that begins as the task's own emitter writes it goes out byte for byte, undecoded;
     every other line is decoded and relabelled as before, a bad one counted, a terminal failure held back."""
     out = FlushCounter()
@@ -170,7 +171,16 @@ def test_the_supervisor_passes_its_tasks_own_samples_on_as_written(tmp_path: Pat
     disguised = own.splitlines(keepends=True)[0][:-2] + b',"task":"worker:0"}\n'
     failed = events.encode(events.make("status", "worker:1", state="failed", reason="boom")).encode()
     os.write(w, other + b"garbage\n" + spaced + disguised + failed + own[:40])
+    decoded: list[bytes] = []
+    decode = events.decode
+
+    def counted(line: bytes) -> dict[str, Any] | None:
+        decoded.append(line)
+        return decode(line)
+
+    monkeypatch.setattr(events, "decode", counted)
     sup.read_events(tp)
+    assert decoded == [other, b"garbage\n", spaced, disguised, failed]  # the emitter's samples are not decoded
     assert len(out.flushes) == 1
     sent = out.flushes[0].splitlines(keepends=True)
     assert b"".join(sent[:3]) == own  # byte for byte
@@ -178,7 +188,7 @@ def test_the_supervisor_passes_its_tasks_own_samples_on_as_written(tmp_path: Pat
     assert [(e["kind"], e.get("step")) for e in got] == [("step", 1), ("device", None), ("step", 1), ("step", 2),
                                                          ("step", 3), ("step", 1)]
     assert {e["task"] for e in got} == {"worker:1"}  # a task speaks only for itself
-    assert sent[4] == events.encode(events.decode(spaced) | {"task": "worker:1"}).encode()  # decoded, encoded again
+    assert sent[4] == events.encode({**json.loads(spaced), "task": "worker:1"}).encode()  # decoded, encoded again
     assert sup.stats.bad == 1 and sup.stats.good == 7
     assert tp.terminal_state == "failed" and tp.reason == "boom"  # held back until the task is reaped
     em.close()  # its end of the pipe closed
