@@ -78,6 +78,34 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
+#: The kinds a supervisor relays as its task wrote them, undecoded, where a line is that task's own (:func:`own_sample`):
+#: the samples, nearly every line of a run. The launcher decodes them, once.
+RELAYED_KINDS = ("step", "device")
+
+
+def sample_prefixes(task: str) -> tuple[bytes, ...]:
+    """How task ``task``'s emitter begins its sample lines (:func:`make`, then :func:`encode`), one per kind of
+    :data:`RELAYED_KINDS`: ``{"v":<EVENT_VERSION>,"kind":"step","task":<task, JSON-encoded>,``."""
+    name = json.dumps(task).encode("ascii")
+    return tuple(b'{"v":%d,"kind":"%s","task":%s,' % (EVENT_VERSION, kind.encode("ascii"), name)
+                 for kind in RELAYED_KINDS)
+
+
+def own_sample(line: bytes, prefixes: tuple[bytes, ...]) -> bool:
+    """Whether ``line`` may be relayed as received by the reader of one task's stream: it begins with exactly one of
+    ``prefixes`` (:func:`sample_prefixes` of that task), ends with ``}`` and its newline, and names no ``v``,
+    ``kind`` or ``task`` again after its prefix, nor holds an escape that could spell one (JSON's last key wins):
+    whatever decodes it reads a sample of that task, never another's, never a status. Its fields are not checked
+    here: its reader (the launcher) decodes it, and counts it there if it is bad. Any other line is for
+    :func:`decode`."""
+    for prefix in prefixes:
+        if line.startswith(prefix):
+            n = len(prefix)  # searched from there: no copy of the rest
+            return (line.endswith(b"}\n") and line.find(b"\\", n) < 0 and line.find(b'"task"', n) < 0
+                    and line.find(b'"kind"', n) < 0 and line.find(b'"v"', n) < 0)
+    return False
+
+
 def decode(line: str | bytes) -> dict[str, Any] | None:
     """The event on ``line``, or None when it is not a valid event.
 
@@ -224,13 +252,18 @@ class StreamDecoder:
     (over-long, not an event) is counted in ``stats`` and skipped, a blank one ignored.
 
     :meth:`feed` and :meth:`finish` give ``(event, raw line)`` pairs, the line as received (its newline kept).
+
+    A relay of one task's stream (the supervisor) gives ``own``, the task's :func:`sample_prefixes`, and reads with
+    :meth:`relayed`: a line that is the task's own sample (:func:`own_sample`) comes undecoded, to pass on as it is.
     """
 
-    __slots__ = ("stats", "lines")
+    __slots__ = ("stats", "lines", "own")
 
-    def __init__(self, stats: ReadStats | None = None, lines: LineSplitter | None = None) -> None:
+    def __init__(self, stats: ReadStats | None = None, lines: LineSplitter | None = None,
+                 own: tuple[bytes, ...] = ()) -> None:
         self.stats = stats if stats is not None else ReadStats()
         self.lines = lines if lines is not None else LineSplitter()
+        self.own = own
 
     def feed(self, chunk: bytes) -> list[tuple[dict[str, Any], bytes]]:
         """The events of every line ``chunk`` completes (a line left open waits for the next chunk)."""
@@ -252,6 +285,30 @@ class StreamDecoder:
             return None
         self.stats.good += 1
         return event
+
+    def relayed(self, lines: list[bytes]) -> list[tuple[dict[str, Any] | None, bytes]]:
+        """Whole lines (of :attr:`lines`) as a relay passes them on, in order: ``(None, lines)`` for the task's own
+        samples in a row, not decoded, joined (:func:`own_sample`; counted good: their reader decodes them),
+        ``(event, line)`` for any other valid event (:meth:`decode_line`: a bad line counted and left out)."""
+        own = self.own
+        out: list[tuple[dict[str, Any] | None, bytes]] = []
+        passed: list[bytes] = []
+        good = 0
+        for line in lines:
+            if own and own_sample(line, own):
+                passed.append(line)
+                good += 1
+                continue
+            event = self.decode_line(line)
+            if event is not None:
+                if passed:
+                    out.append((None, b"".join(passed)))
+                    passed = []
+                out.append((event, line))
+        if passed:
+            out.append((None, b"".join(passed)))
+        self.stats.good += good
+        return out
 
     def _decoded(self, lines: list[bytes]) -> list[tuple[dict[str, Any], bytes]]:
         out = []

@@ -24,7 +24,6 @@ ends the run.
 from __future__ import annotations
 
 import os
-import queue
 import sys
 import threading
 import time
@@ -41,12 +40,12 @@ from engine.contract.supervisor_spec import SupervisorSpec
 from engine.control import background, netns, preflight, transports, unchosen_code
 from engine.control import lifecycle as lc
 from engine.control.host_watch import HostWatch
+from engine.control.run_core import RunCore
 from engine.control.run_driver import (
     LOCAL_GROUP,
     LOST_WITH_HOST,
     MAX_WORKER_RESTARTS,
     TICK_S,
-    Item,
     RunDriver,
     keeping,
     lifecycle_for,
@@ -110,7 +109,6 @@ class Run:
                  isolate: bool | None = None, checked: bool = False, keep_history: bool = False) -> None:
         self.config = config
         self.runs_root = Path(runs_root) if runs_root is not None else default_runs_root()
-        self._run_dir = Path(run_dir) if run_dir is not None else None
         self.python = python or sys.executable
         self.task_env = dict(task_env or {})
         self.isolate = isolate  # None: on unless CLUSTERDECK_NETNS=0
@@ -124,36 +122,20 @@ class Run:
         self.plans: list[TaskPlan] = []
         self.started = False
         self._folder: RunFolder | None = None
-        self._listeners: list[Listener] = []
-        self._supervisors: list[SupervisorLink] = []
-        self._transports: dict[str, transports.Transport] = {}
-        self._prepared: list[transports.Transport] = []
-        self._queue: queue.Queue[Item] = queue.Queue()
         self._dispatcher: threading.Thread | None = None
-        self._lock = threading.RLock()  # the lifecycle, the state fold, listeners
-        self._restart_lock = threading.Lock()  # the set of supervisors while it is replaced
-        self._done = threading.Event()
-        self._stop_asked = threading.Event()  # the user (or an end) asked to stop: prepare() gives up
-        self._stop_done = threading.Event()
-        self._stopping = False
-        self._restarting = threading.Event()
-        self._record: RunRecord | None = None  # events.jsonl and run.json, once started
-        self._bad = events.ReadStats()
-        self._base_config = config  # ports still 'auto': re-resolved on a whole-run restart
-        self._lifecycle = lc.Lifecycle([], mode=config.parallelism.mode)
-        self._launcher = launcher_identity()
-        self._relaunching: set[str] = set()  # hosts waiting to be started again (their workers were lost)
-        self._cut: set[str] = set()  # hosts a probe found not answering (a stop does not wait for them)
-        self._driver = RunDriver(self)  # the dispatcher and the lifecycle's actions
-        self._hosts = HostWatch(self)  # hosts of other machines: probes, relaunches
+        # what the run shares with its dispatcher and its host watch
+        self.core = RunCore(base_config=config, lifecycle=lc.Lifecycle([], mode=config.parallelism.mode),
+                            launcher=launcher_identity(), run_dir=Path(run_dir) if run_dir is not None else None)
+        self.driver = RunDriver(self, self.core)  # the dispatcher and the lifecycle's actions
+        self.hosts = HostWatch(self, self.core)  # hosts of other machines: probes, relaunches
 
     # -- public API
 
     @property
     def run_dir(self) -> Path:
-        if self._run_dir is None:
+        if self.core.run_dir is None:
             raise RuntimeError("the run has not started")
-        return self._run_dir
+        return self.core.run_dir
 
     @property
     def folder(self) -> RunFolder:
@@ -164,12 +146,12 @@ class Run:
 
     @property
     def restarts_used(self) -> int:
-        return self._lifecycle.restarts_used
+        return self.core.lifecycle.restarts_used
 
     def add_listener(self, listener: Listener) -> None:
         """``listener(event)`` is called on the dispatcher thread for every event, in order."""
-        with self._lock:
-            self._listeners.append(listener)
+        with self.core.lock:
+            self.core.listeners.append(listener)
 
     def start(self) -> Path:
         """Validate, pick ports, write the run folder and start every host's supervisor.
@@ -182,54 +164,54 @@ class Run:
         if program is not None and program.script.strip():  # the user's program too (engine.runtime.program)
             self.config = config_mod.replace(self.config, program=config_mod.replace(
                 program, script=os.path.abspath(os.path.expanduser(program.script))))
-        self._base_config = self.config
+        self.core.base_config = self.config
         problems = launch_problems(self.config, deep=not self.checked)
         if problems:
             raise ConfigError(problems)
-        where = self._run_dir if self._run_dir is not None else self.runs_root
+        where = self.core.run_dir if self.core.run_dir is not None else self.runs_root
         try:
-            if self._run_dir is None:
+            if self.core.run_dir is None:
                 self._folder = RunFolder.create(self.runs_root, self.config.name)
-                self._run_dir = self._folder.path
+                self.core.run_dir = self._folder.path
             else:
-                self._run_dir.mkdir(parents=True, exist_ok=True)
-                self._folder = RunFolder(self._run_dir)
+                self.core.run_dir.mkdir(parents=True, exist_ok=True)
+                self._folder = RunFolder(self.core.run_dir)
             where = self.folder.path
-            self._resolve()
+            self.resolve()
             self.folder.checkpoints.mkdir(exist_ok=True)
-            self._record = RunRecord(self.folder, describe=self._driver.describe,
-                                     on_failure=self._driver.record_failed)
-            self._record.write_meta("starting", strict=True)
+            self.core.record = RunRecord(self.folder, describe=self.driver.describe,
+                                         on_failure=self.driver.record_failed)
+            self.core.record.write_meta("starting", strict=True)
         except OSError as exc:
-            if self._record is not None:
-                self._record.close()
-                self._record = None
+            if self.core.record is not None:
+                self.core.record.close()
+                self.core.record = None
             raise ConfigError([Problem("run folder", f"cannot write the run folder {str(where)!r}: "
                                                      f"{exc.strerror or exc}; expected a writable folder")]) from None
-        self._lifecycle = lifecycle_for(self.config, time.monotonic())
-        self._dispatcher = background.thread(keeping, self, self._driver.dispatch, name="run-dispatch")
+        self.core.lifecycle = lifecycle_for(self.config, time.monotonic())
+        self._dispatcher = background.thread(keeping, self, self.driver.dispatch, name="run-dispatch")
         self._dispatcher.start()
         self.started = True
-        self._emit_run("starting")
+        self.emit_run("starting")
         for warning in preflight.warnings(self.config):  # said, not refused: the app and the CLI show it
-            self._emit_info(f"{warning.field}: {warning.message}", warning="machine", field=warning.field)
+            self.emit_info(f"{warning.field}: {warning.message}", warning="machine", field=warning.field)
         wanted = self.isolate if self.isolate is not None else os.environ.get("CLUSTERDECK_NETNS", "1") != "0"
         self.isolated, message, fields = isolation(wanted, self.config)
-        self._emit_info(message, **fields)
-        self._transports = {}
-        for host in self._groups(self.config):
-            kind = transports.kind_of(self._remote(host), isolated=self.isolated)
-            if kind not in self._transports:
-                self._transports[kind] = transports.make(kind)
-        threading.Thread(target=keeping, args=(self, self._driver.watch), name="run-watch", daemon=True).start()
-        if any(t.background for t in self._transports.values()):
+        self.emit_info(message, **fields)
+        self.core.transports = {}
+        for host in self.groups(self.config):
+            kind = transports.kind_of(self.remote(host), isolated=self.isolated)
+            if kind not in self.core.transports:
+                self.core.transports[kind] = transports.make(kind)
+        threading.Thread(target=keeping, args=(self, self.driver.watch), name="run-watch", daemon=True).start()
+        if any(t.background for t in self.core.transports.values()):
             threading.Thread(target=self._launch_in_background, name="run-launch", daemon=True).start()
         else:
             try:
                 self._launch()
             except Exception as exc:
-                self._driver.decide(lc.LauncherFailed(f"the run could not start: {exc}"))
-                self._stop_done.wait(STOP_TIMEOUT + 3)
+                self.driver.decide(lc.LauncherFailed(f"the run could not start: {exc}"))
+                self.core.stop_done.wait(STOP_TIMEOUT + 3)
                 raise
         return self.run_dir
 
@@ -238,38 +220,38 @@ class Run:
         after :data:`~engine.control.supervisor.TASK_STOP_GRACE`), stragglers are killed. With ``wait``
         it returns once the processes are gone and, within a few seconds more, the run is recorded as
         ended (``run.json``, the ``run`` event): what reads the run folder next sees it stopped."""
-        self._stop_asked.set()
+        self.core.stop_asked.set()
         if not self.started:
             return
-        self._driver.decide(lc.StopRequested(reason))
-        if wait and not self._done.is_set():
-            self._stop_done.wait(STOP_TIMEOUT + 3)
-            self._done.wait(RECORD_WAIT_S)
+        self.driver.decide(lc.StopRequested(reason))
+        if wait and not self.core.done.is_set():
+            self.core.stop_done.wait(STOP_TIMEOUT + 3)
+            self.core.done.wait(RECORD_WAIT_S)
 
     def restart(self, reason: str = "restart requested by the user") -> bool:
         """Restart the whole run from its last checkpoint (every task stopped and started again, a new generation),
         not counted against ``training.restarts`` (that budget is for faults). False where the run does not run
         now (starting, restarting or ending)."""
-        if not self.started or self._done.is_set():
+        if not self.started or self.core.done.is_set():
             return False
-        actions = self._driver.feed(lc.RestartRequested(reason))
-        self._driver.act(actions)
+        actions = self.driver.feed(lc.RestartRequested(reason))
+        self.driver.act(actions)
         return bool(actions)
 
     def wait(self, timeout: float | None = None) -> str:
         """Block until the run ends (or ``timeout``); returns the run state."""
-        self._done.wait(timeout)
+        self.core.done.wait(timeout)
         return self.state.state
 
     @property
     def done(self) -> bool:
-        return self._done.is_set()
+        return self.core.done.is_set()
 
     def pids(self) -> list[int]:
         """Every process of the run we know of: supervisors and tasks."""
-        with self._restart_lock:
-            out = [s.proc.pid for s in self._supervisors]
-        with self._lock:
+        with self.core.restart_lock:
+            out = [s.proc.pid for s in self.core.supervisors]
+        with self.core.lock:
             out += [t.pid for t in self.state.tasks.values() if t.pid]
         return out
 
@@ -277,8 +259,8 @@ class Run:
         """A command to the supervisor of ``task``: ``send("worker:1", "signal", signal="SIGKILL")``,
         ``send("worker:1", "restart", reason=...)`` (see :func:`engine.contract.events.make_command`)."""
         line = events.make_command(command, task=task, **fields)
-        with self._restart_lock:
-            sups = list(self._supervisors)
+        with self.core.restart_lock:
+            sups = list(self.core.supervisors)
         for s in sups:
             if task in s.tasks:
                 return s.send(line)
@@ -286,14 +268,14 @@ class Run:
 
     # -- starting
 
-    def _resolve(self) -> None:
+    def resolve(self) -> None:
         """Pick ports for this generation of the run and write the resolved config the tasks read."""
-        resolved = config_mod.replace(self._base_config, cluster=resolve_ports(self._base_config.cluster))
+        resolved = config_mod.replace(self.core.base_config, cluster=resolve_ports(self.core.base_config.cluster))
         self.config = resolved
         self.plans = plan_tasks(resolved)
         self.folder.write_config(resolved)
 
-    def _groups(self, config: RunConfig) -> dict[str, list[TaskPlan]]:
+    def groups(self, config: RunConfig) -> dict[str, list[TaskPlan]]:
         """Plans by supervisor: every local host is this machine, one supervisor (and one network
         namespace) for them all; one per other host."""
         local = {h.name for h in config.cluster.hosts if h.is_local}
@@ -302,28 +284,28 @@ class Run:
             by_host.setdefault(LOCAL_GROUP if plan.host in local else plan.host, []).append(plan)
         return by_host
 
-    def _remote(self, group: str) -> Host | None:
+    def remote(self, group: str) -> Host | None:
         return None if group == LOCAL_GROUP else next(h for h in self.config.cluster.hosts if h.name == group)
 
     def _launch(self) -> None:
         """Prepare every transport, then start the supervisors."""
         # transports see the drawn config ('auto' ports still open: a scheduler's picks them on its nodes)
-        self._drawn_config = self._base_config
-        ctx = transports.PrepareContext(config=self._base_config, folder=self.folder, stop=self._stop_asked,
-                                        emit=self._queue.put)
-        for transport in self._transports.values():
-            self._prepared.append(transport)
+        self.core.drawn_config = self.core.base_config
+        ctx = transports.PrepareContext(config=self.core.base_config, folder=self.folder, stop=self.core.stop_asked,
+                                        emit=self.core.queue.put)
+        for transport in self.core.transports.values():
+            self.core.prepared.append(transport)
             ctx.config = transport.prepare(ctx)
-        if ctx.config is not self._base_config:
-            self._base_config = ctx.config
-            self._resolve()
-        with self._restart_lock:
-            if self._stopping:
+        if ctx.config is not self.core.base_config:
+            self.core.base_config = ctx.config
+            self.resolve()
+        with self.core.restart_lock:
+            if self.core.stopping:
                 return
-            self._start_supervisors()
-        with self._lock:
-            self._lifecycle.started()
-        self._emit_run("running")
+            self.start_supervisors()
+        with self.core.lock:
+            self.core.lifecycle.started()
+        self.emit_run("running")
 
     def _launch_in_background(self) -> None:
         try:
@@ -331,37 +313,37 @@ class Run:
         except transports.TransportStopped:
             pass
         except Exception as exc:  # noqa: BLE001 - a failed launch fails the run, visibly
-            self._driver.decide(lc.LauncherFailed(f"the run could not start: {exc}"))
+            self.driver.decide(lc.LauncherFailed(f"the run could not start: {exc}"))
 
-    def _start_supervisors(self) -> None:
-        for host, plans in self._groups(self.config).items():
-            self._start_supervisor(host, plans)
+    def start_supervisors(self) -> None:
+        for host, plans in self.groups(self.config).items():
+            self.start_supervisor(host, plans)
 
-    def _emit_info(self, message: str, **fields: Any) -> None:
-        self._queue.put(events.make("info", "launcher", message=message, **fields))
+    def emit_info(self, message: str, **fields: Any) -> None:
+        self.core.queue.put(events.make("info", "launcher", message=message, **fields))
 
-    def _emit_run(self, state: str, **fields: Any) -> None:
-        self._queue.put(events.make("run", "launcher", state=state, **fields))
+    def emit_run(self, state: str, **fields: Any) -> None:
+        self.core.queue.put(events.make("run", "launcher", state=state, **fields))
 
-    def _start_supervisor(self, host: str, plans: list[TaskPlan], *, takeover: bool = False,
+    def start_supervisor(self, host: str, plans: list[TaskPlan], *, takeover: bool = False,
                           restarts: dict[str, int] | None = None) -> None:
-        remote = self._remote(host)
+        remote = self.remote(host)
         restartable = [p.name for p in plans if self.config.parallelism.mode == "async" and p.role == "worker"]
         python = remote.python if remote is not None else self.python
         spec = SupervisorSpec(
             run_dir=str(self.run_dir.resolve()), host=host, python=python, tasks=tuple(plans), env=dict(self.task_env),
             restart_on_failure=tuple(restartable), max_task_restarts=MAX_WORKER_RESTARTS,
             # a host started again (lost, or a whole-run restart) first ends what its earlier supervisor left
-            takeover=takeover or self._lifecycle.generation > 0, restarts=dict(restarts or {}),
+            takeover=takeover or self.core.lifecycle.generation > 0, restarts=dict(restarts or {}),
             # a remote host has no copy of the run folder: it writes the config its tasks read
             config_yaml=config_mod.dumps(self.config))
-        transport = self._transports[transports.kind_of(remote, isolated=self.isolated)]
+        transport = self.core.transports[transports.kind_of(remote, isolated=self.isolated)]
         launch = transports.SupervisorLaunch(group=host, host=remote, command=transports.supervisor_command(python),
                                              env=transports.local_env(), log=self.folder.supervisor_log(host))
         proc = transport.start(launch)
         sup = SupervisorLink(launch=launch, transport=transport, proc=proc, tasks=[p.name for p in plans],
-                             generation=self._lifecycle.generation)
-        self._supervisors.append(sup)
+                             generation=self.core.lifecycle.generation)
+        self.core.supervisors.append(sup)
         sup.send(spec.to_json())
         assert proc.stdout is not None
         sup.reader = background.thread(self._read, sup, proc.stdout, name=f"read-{host}")
@@ -377,9 +359,9 @@ class Run:
 
     def _read(self, sup: SupervisorLink, stream: IO[bytes]) -> None:
         """The reader thread of ``sup``'s stream (:func:`~engine.control.supervisor_links.read_supervisor`)."""
-        read_supervisor(sup, stream, self._queue.put, self._bad)
+        read_supervisor(sup, stream, self.core.queue.put, self.core.bad)
 
-    def _stop_grace(self, sup: SupervisorLink, task_state: lc.TaskPhase) -> float:
+    def stop_grace(self, sup: SupervisorLink, task_state: lc.TaskPhase) -> float:
         """Seconds between SIGTERM and SIGKILL for the tasks ``sup`` still runs.
 
         A finished run's training tasks are done: async servers left serving have nothing to save
@@ -388,7 +370,7 @@ class Run:
         """
         if task_state is not lc.TaskPhase.FINISHED:
             return TASK_STOP_GRACE
-        with self._lock:
+        with self.core.lock:
             live = [t for name in sup.tasks if (t := self.state.tasks.get(name)) is not None
                     and t.state not in ("finished", "failed", "stopped")]
         return TASK_STOP_GRACE if any(t.name.startswith("evaluator:") for t in live) else 0.0

@@ -24,6 +24,8 @@ from engine.contract import checkpoint_state, events
 from engine.contract.config import RunConfig
 from engine.control import doctor, process_end, transports
 from engine.control import lifecycle as lc
+from engine.control.run_core import Item as Item  # also read from here
+from engine.control.run_core import RunCore
 from engine.control.run_record import RunRecord
 from engine.control.supervisor_links import HostAnswer, SupervisorGone, SupervisorLink, stop_supervisors
 
@@ -39,10 +41,7 @@ class _Tick:
 
 
 _TICK = _Tick()
-#: What the dispatcher's queue holds: a reader's batch of ``(event, line to write)``, one event (the
-#: launcher's own), a supervisor's end, a host's answer, or None (every stream ended).
-Item = list[tuple[dict[str, Any], bytes | None]] | dict[str, Any] | SupervisorGone | HostAnswer | None
-_Item = Item
+_Item = Item  # what the dispatcher's queue holds (engine.control.run_core.Item)
 
 
 def lifecycle_for(config: RunConfig, now: float) -> lc.Lifecycle:
@@ -69,11 +68,13 @@ def keeping(run: Any, target: Callable[..., Any], *args: Any) -> None:
 
 
 class RunDriver:
-    """Drives one run: its dispatcher, the lifecycle's actions, restarts and the end. The :class:`Run` holds the
-    shared state (its locks, queue, supervisors, state fold); this class holds the behaviour."""
+    """Drives one run: its dispatcher, the lifecycle's actions, restarts and the end. The state it shares with the
+    :class:`Run` (locks, queue, lifecycle, supervisors, record) is the :class:`~engine.control.run_core.RunCore`
+    given at construction; the run's own is read through its public names; this class holds the behaviour."""
 
-    def __init__(self, run: Any) -> None:
+    def __init__(self, run: Any, core: RunCore) -> None:
         self._run = weakref.ref(run)  # the engine.control.launcher.Run it serves (not imported: no cycle)
+        self.core = core  # what it shares with the run (its locks, queue, lifecycle, supervisors, record)
 
     @property
     def run(self) -> Any:
@@ -84,24 +85,24 @@ class RunDriver:
         self.act(self.feed(item))
 
     def stop_supervisors(self, sups: list[SupervisorLink], task_state: lc.TaskPhase, reason: str) -> None:
-        stop_supervisors(sups, str(task_state), reason, lambda sup: self.run._stop_grace(sup, task_state),
-                         self.run._cut)
+        stop_supervisors(sups, str(task_state), reason, lambda sup: self.run.stop_grace(sup, task_state),
+                         self.core.cut)
 
     def watch(self) -> None:
         """Ends the run once every supervisor has exited and its stream is drained (restarts aside)."""
         while True:
-            with self.run._restart_lock:
-                current = list(self.run._supervisors)
+            with self.core.restart_lock:
+                current = list(self.core.supervisors)
             for sup in current:
                 if sup.reader is not None:
                     sup.reader.join()
-            with self.run._restart_lock:
-                launched = bool(self.run._supervisors) or self.run._stopping
-                if launched and not self.run._restarting.is_set() and not self.run._relaunching \
-                        and current == self.run._supervisors:
+            with self.core.restart_lock:
+                launched = bool(self.core.supervisors) or self.core.stopping
+                if launched and not self.core.restarting.is_set() and not self.core.relaunching \
+                        and current == self.core.supervisors:
                     break
             time.sleep(0.05)
-        self.run._queue.put(None)
+        self.core.queue.put(None)
 
     def dispatch(self) -> None:
         """The dispatcher thread: never dies without ending the run."""
@@ -110,7 +111,7 @@ class RunDriver:
             while True:
                 item: _Item | _Tick
                 try:
-                    item = self.run._queue.get(timeout=max(0.0, next_tick - time.monotonic()))
+                    item = self.core.queue.get(timeout=max(0.0, next_tick - time.monotonic()))
                 except queue.Empty:
                     item = _TICK
                 if item is None:
@@ -124,7 +125,7 @@ class RunDriver:
                         self._handle_safely(event, line)
                 else:
                     self._handle_safely(item)
-                self.recorder().catch_up(self.run._queue.empty)  # events.jsonl, run.json: per burst
+                self.recorder().catch_up(self.core.queue.empty)  # events.jsonl, run.json: per burst
         finally:
             self.finish()
 
@@ -144,7 +145,7 @@ class RunDriver:
         elif isinstance(item, SupervisorGone):
             sup = item.sup
             message = ""
-            if not self.run._stopping and item.exit_code != 0:
+            if not self.core.stopping and item.exit_code != 0:
                 tail = transports.log_tail(sup.launch.log)
                 message = sup.transport.failure(sup.launch, item.exit_code, tail)
             self.act(self.feed(lc.SupervisorExited(sup.group, item.exit_code, message, tuple(sup.tasks),
@@ -162,10 +163,10 @@ class RunDriver:
     def deliver(self, event: dict[str, Any], line: bytes | None = None) -> None:
         """``event`` into the run's file (``line`` as received where it can be kept), the state and the
         listeners."""
-        with self.run._lock:
+        with self.core.lock:
             self.recorder().write_event(event, line)
             self.run.state.apply(event)
-            listeners = list(self.run._listeners)
+            listeners = list(self.core.listeners)
         for listener in listeners:
             try:
                 listener(event)
@@ -173,41 +174,41 @@ class RunDriver:
                 print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
 
     def feed(self, item: lc.Input) -> list[lc.Action]:
-        with self.run._lock:
-            return self.run._lifecycle.feed(item, time.monotonic())
+        with self.core.lock:
+            return self.core.lifecycle.feed(item, time.monotonic())
 
     def act(self, actions: list[lc.Action]) -> None:
         for action in actions:
             if isinstance(action, lc.RestartTask) or getattr(action, "dump_stacks", False):  # a hang: who waits where
                 self._ask_for_stacks(action)
             if isinstance(action, lc.StopRun):
-                with self.run._restart_lock:
-                    if self.run._stopping:
+                with self.core.restart_lock:
+                    if self.core.stopping:
                         continue
-                    self.run._stopping = True
-                self.run._stop_asked.set()
+                    self.core.stopping = True
+                self.core.stop_asked.set()
                 threading.Thread(target=keeping, args=(self.run, self._stop_all, action.outcome), name="run-stop",
                                  daemon=True).start()
             elif isinstance(action, lc.RestartRun):
-                self.run._restarting.set()
+                self.core.restarting.set()
                 threading.Thread(target=keeping, args=(self.run, self._restart_all, action), name="run-restart",
                                  daemon=True).start()
             elif isinstance(action, lc.RestartTask):
-                self.run._emit_info(f"{action.task}: {action.reason}; its supervisor restarts it", task_hung=action.task)
+                self.run.emit_info(f"{action.task}: {action.reason}; its supervisor restarts it", task_hung=action.task)
                 self.run.send(action.task, "restart", reason=action.reason)
             elif isinstance(action, lc.ProbeHost):
-                threading.Thread(target=keeping, args=(self.run, self.run._hosts.probe, action.host), name=f"probe-{action.host}",
+                threading.Thread(target=keeping, args=(self.run, self.run.hosts.probe, action.host), name=f"probe-{action.host}",
                                  daemon=True).start()
             elif isinstance(action, lc.HostNotice):
-                (self.run._cut.add if action.unreachable else self.run._cut.discard)(action.host)
-                self.run._emit_info(action.message, host=action.host, host_unreachable=action.unreachable,
+                (self.core.cut.add if action.unreachable else self.core.cut.discard)(action.host)
+                self.run.emit_info(action.message, host=action.host, host_unreachable=action.unreachable,
                                 **({"warning": "host-unreachable", "lost_tasks": list(action.tasks)}
                                    if action.unreachable else {}))
             elif isinstance(action, lc.RelaunchHost):
-                self.run._hosts.relaunch_host(action)
+                self.run.hosts.relaunch_host(action)
 
     def _ask_for_stacks(self, action: lc.Action) -> None:
-        with self.run._lock:
+        with self.core.lock:
             live = [n for n, t in self.run.state.tasks.items() if t.state not in ("finished", "failed", "stopped")]
         if isinstance(action, lc.RestartTask):
             live = [action.task]
@@ -220,118 +221,119 @@ class RunDriver:
         else:
             return  # asked only for a hang
         for message, fields in doctor.dump_for_hang(self.run.folder, self.run.send, live, culprit):
-            self.run._emit_info(message, **fields)
+            self.run.emit_info(message, **fields)
 
     def _resubmit(self) -> bool:
         """A whole-run restart: transports holding a scheduler's allocation (``resubmit_on_restart``, Slurm)
         give it back and queue a new one; the run is then planned on the new nodes. False: stopped meanwhile."""
-        again = [t for t in self.run._prepared if getattr(t, "resubmit_on_restart", False)]
+        again = [t for t in self.core.prepared if getattr(t, "resubmit_on_restart", False)]
         if not again:
             return True
-        ctx = transports.PrepareContext(config=getattr(self.run, "_drawn_config", self.run._base_config), folder=self.run.folder,
-                                        stop=self.run._stop_asked, emit=self.run._queue.put)
+        drawn = self.core.drawn_config
+        ctx = transports.PrepareContext(config=drawn if drawn is not None else self.core.base_config,
+                                        folder=self.run.folder, stop=self.core.stop_asked, emit=self.core.queue.put)
         try:
-            for transport in self.run._transports.values():
+            for transport in self.core.transports.values():
                 if transport in again:
                     transport.release()
                 ctx.config = transport.prepare(ctx)
         except transports.TransportStopped:
             return False
-        self.run._base_config = ctx.config
+        self.core.base_config = ctx.config
         return True
 
     def _restart_all(self, action: lc.RestartRun) -> None:
         """Stop every task and start them all again; they resume from the last checkpoint."""
-        self.run._emit_run("restarting", reason=action.reason, restart=action.restart,
+        self.run.emit_run("restarting", reason=action.reason, restart=action.restart,
                            restarts_allowed=action.restarts_allowed, **({"requested": True} if action.requested else {}))
         try:
-            with self.run._restart_lock:
-                old = list(self.run._supervisors)
+            with self.core.restart_lock:
+                old = list(self.core.supervisors)
             self.stop_supervisors(old, lc.TaskPhase.STOPPED, f"restarting the run: {action.reason}")
             for sup in old:
                 if sup.reader is not None:
                     sup.reader.join(timeout=5)
             if not self._resubmit():
                 return  # stopped while the new allocation waited
-            with self.run._restart_lock:
-                if self.run._stopping:
+            with self.core.restart_lock:
+                if self.core.stopping:
                     return
-                with self.run._lock:
-                    self.run._lifecycle.restart_started(time.monotonic())
-                self.run._supervisors = []
-                self.run._resolve()
-                self.run._start_supervisors()
-            self.run._emit_run("running", restart=action.restart)
-            with self.run._lock:
-                actions = self.run._lifecycle.restart_done()
+                with self.core.lock:
+                    self.core.lifecycle.restart_started(time.monotonic())
+                self.core.supervisors = []
+                self.run.resolve()
+                self.run.start_supervisors()
+            self.run.emit_run("running", restart=action.restart)
+            with self.core.lock:
+                actions = self.core.lifecycle.restart_done()
             self.act(actions)
         except Exception as exc:  # noqa: BLE001 - a failed restart fails the run, visibly
-            with self.run._lock:
-                self.run._lifecycle.phase = lc.RunPhase.RUNNING
+            with self.core.lock:
+                self.core.lifecycle.phase = lc.RunPhase.RUNNING
             self.act(self.feed(lc.LauncherFailed(f"the restart failed: {exc}")))
         finally:
-            self.run._restarting.clear()
+            self.core.restarting.clear()
 
     def finish(self) -> None:
         try:
-            with self.run._lock:
-                outcome = self.run._lifecycle.final()
-            if self.run._bad.bad:
-                self.deliver(events.make("info", "launcher", message=f"{self.run._bad.bad} malformed event line(s) "
-                                          "skipped", bad_lines=self.run._bad.bad))
+            with self.core.lock:
+                outcome = self.core.lifecycle.final()
+            if self.core.bad.bad:
+                self.deliver(events.make("info", "launcher", message=f"{self.core.bad.bad} malformed event line(s) "
+                                          "skipped", bad_lines=self.core.bad.bad))
             self.deliver(events.make("run", "launcher", **outcome.event_fields()))
             self.recorder().flush()
             self.kill_leftovers()
             # every process gone: the run's checkpoint state names no checkpoint a lost save left without files
             checkpoint_state.repair(self.run.folder.checkpoints)
-            for transport in self.run._prepared:
+            for transport in self.core.prepared:
                 try:
                     transport.release()
                 except Exception as exc:  # noqa: BLE001 - a release must not keep the run from ending
                     print(f"clusterdeck: releasing the {transport.kind} transport failed: {exc!r}", file=sys.stderr)
-            self.run._prepared = []
-            with self.run._lock:
+            self.core.prepared = []
+            with self.core.lock:
                 self.recorder().write_meta(str(outcome.state), ended=time.strftime("%Y-%m-%dT%H:%M:%S"))
         except Exception:  # noqa: BLE001 - done must be set whatever happens
             traceback.print_exc(file=sys.stderr)
         finally:
             # closed, and let go: the record holds the run's callbacks, and an ended run must be freed
             # at once (its supervisors' pipes close with it), not at the next garbage collection
-            record, self.run._record = self.run._record, None  # the dispatcher's alone from start() on
+            record, self.core.record = self.core.record, None  # the dispatcher's alone from start() on
             if record is not None:
                 record.close()
-            self.run._stop_done.set()
-            self.run._done.set()
+            self.core.stop_done.set()
+            self.core.done.set()
 
     def _stop_all(self, outcome: lc.Outcome) -> None:
         try:
-            with self.run._restart_lock:
-                sups = list(self.run._supervisors)
+            with self.core.restart_lock:
+                sups = list(self.core.supervisors)
             self.stop_supervisors(sups, outcome.task_state, outcome.task_reason)
             self.kill_leftovers()
         finally:
-            self.run._stop_done.set()
+            self.core.stop_done.set()
 
     def kill_leftovers(self) -> None:
         """Whatever of the run still runs on this machine: task processes whose supervisor was killed
         and the children of users' scripts (every task process carries the run folder in its environment)."""
-        if self.run._run_dir is None:
+        if self.core.run_dir is None:
             return
-        with self.run._lock:
+        with self.core.lock:
             pids = [t.pid for t in self.run.state.tasks.values() if t.pid]
         process_end.kill_tasks(pids)
         process_end.kill_run_processes(str(self.run.run_dir.resolve()))
 
     def describe(self) -> dict[str, Any]:
         """``run.json``'s fields of the moment: what runs where, and how far it got."""
-        with self.run._lock:
-            sups = list(self.run._supervisors)  # a snapshot (a restart may be replacing them)
+        with self.core.lock:
+            sups = list(self.core.supervisors)  # a snapshot (a restart may be replacing them)
             supervisors = {s.group: {"pid": s.proc.pid, "transport": s.transport.kind,
                                      "host": s.launch.host.name if s.launch.host is not None else LOCAL_GROUP}
                            for s in sups}
             tasks = {n: {"pid": t.pid, "state": t.state, "host": t.host} for n, t in self.run.state.tasks.items()}
-            return {"name": self.run.config.name, "state": str(self.run._lifecycle.phase),
-                    "mode": self.run.config.parallelism.mode, "launcher": self.run._launcher, "supervisors": supervisors,
+            return {"name": self.run.config.name, "state": str(self.core.lifecycle.phase),
+                    "mode": self.run.config.parallelism.mode, "launcher": self.core.launcher, "supervisors": supervisors,
                     "tasks": tasks, "step": self.run.state.step, "summary": self.run.state.summary()}
 
     def record_failed(self, reason: str) -> None:
@@ -340,6 +342,6 @@ class RunDriver:
 
     def recorder(self) -> RunRecord:
         """The run's record (there from :meth:`start` on; the dispatcher starts after it)."""
-        if self.run._record is None:
+        if self.core.record is None:
             raise RuntimeError("the run has not started")
-        return self.run._record
+        return self.core.record

@@ -3,7 +3,8 @@
 It reads one JSON line on stdin (its :class:`~engine.contract.supervisor_spec.SupervisorSpec`: the host's task
 plans; a spec of another version is refused, exit code 5, saying why on stderr), starts every task as
 its own process (own process group, event pipe, lifeline pipe), relays their
-events as JSON lines on stdout, samples their CPU, memory and GPU use, and
+events as JSON lines on stdout (a task's own step and device samples as it wrote them, undecoded:
+``events.own_sample``; the launcher decodes them), samples their CPU, memory and GPU use, and
 stops them all when told or when its launcher is gone (stdin closed, stdout
 broken). The same program runs wherever a transport starts it (locally, in a
 network namespace, over SSH, under ``srun``).
@@ -185,7 +186,7 @@ class Supervisor:
     def decoder(self, tp: TaskProcess) -> events.StreamDecoder:
         """The reader of ``tp``'s event pipe (its lines, the supervisor's count of bad ones)."""
         if tp.decoder is None or tp.decoder.lines is not tp.lines:
-            tp.decoder = events.StreamDecoder(self.stats, tp.lines)
+            tp.decoder = events.StreamDecoder(self.stats, tp.lines, events.sample_prefixes(tp.plan.name))
         return tp.decoder
 
     def read_events(self, tp: TaskProcess) -> None:
@@ -201,15 +202,24 @@ class Supervisor:
             if not chunk:
                 self.close_events(tp)
                 return
-            for event, _ in decoder.feed(chunk):
-                self.forward(tp, event, flush=False)
+            self.relay_lines(tp, decoder.lines.feed(chunk))
             self.flush_out()
 
     def relay(self, tp: TaskProcess, line: bytes, *, flush: bool = True) -> None:
-        """One whole line of ``tp``'s pipe: its event forwarded, a bad line counted."""
-        event = self.decoder(tp).decode_line(line)
-        if event is not None:
-            self.forward(tp, event, flush=flush)
+        """One whole line of ``tp``'s pipe: relayed (:meth:`relay_lines`), a bad line counted."""
+        self.relay_lines(tp, [line])
+        if flush:
+            self.flush_out()
+
+    def relay_lines(self, tp: TaskProcess, lines: list[bytes]) -> None:
+        """Whole lines of ``tp``'s pipe, left buffered for :meth:`flush_out`: the task's own samples passed on as it
+        wrote them, undecoded (:func:`~engine.contract.events.own_sample`: they name the task itself, and the
+        launcher decodes them); every other line decoded, its event forwarded (:meth:`forward`), a bad one counted."""
+        for event, line in self.decoder(tp).relayed(lines):
+            if event is None:
+                self.send_line(line, flush=False)  # the samples in a row, at once
+            else:
+                self.forward(tp, event, flush=False)
 
     def forward(self, tp: TaskProcess, event: dict[str, Any], *, flush: bool = True) -> None:
         """A task's event to the launcher (a terminal failure held back until the task is reaped)."""
@@ -228,8 +238,8 @@ class Supervisor:
 
     def close_events(self, tp: TaskProcess) -> None:
         if tp.event_fd is not None:
-            for event, _ in self.decoder(tp).finish():
-                self.forward(tp, event)
+            self.relay_lines(tp, tp.lines.finish())
+            self.flush_out()
             try:
                 self.sel.unregister(tp.event_fd)
             except (KeyError, ValueError):

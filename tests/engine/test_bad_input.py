@@ -153,8 +153,8 @@ def test_launcher_reader_counts_and_skips_garbage(chunks: list[bytes]) -> None:
     run = Run(config_mod.default_config())
     run._read(_FakeSupervisor(), stream)  # type: ignore[arg-type]
     got = []
-    while not run._queue.empty():
-        item = run._queue.get()
+    while not run.core.queue.empty():
+        item = run.core.queue.get()
         if isinstance(item, list):  # one list of (event, line) per read of the pipe
             got += [e for e, _ in item]
         elif isinstance(item, dict):

@@ -151,6 +151,51 @@ def test_the_supervisor_relays_one_read_of_a_tasks_pipe_in_one_write(tmp_path: P
     assert tp.event_fd is None and out.pending == b""
 
 
+def test_the_supervisor_passes_its_tasks_own_samples_on_as_written(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A step or device line that begins as the task's own emitter writes it goes out byte for byte, undecoded;
+    every other line is decoded and relabelled as before, a bad one counted, a terminal failure held back."""
+    out = FlushCounter()
+    plan = TaskPlan(name="worker:1", role="worker", index=1, host="local", port=1, gpu_ids=(), devices=1, env={})
+    sup = Supervisor({"run_dir": str(tmp_path / "run"), "tasks": [plan.to_dict()]}, out=out)
+    tp = TaskProcess(plan)
+    r, w = nonblocking_pipe()
+    tp.event_fd = r
+    em = Emitter("worker:1", None, fd=w)
+    em.emit("step", replica=0, step=1, loss=1.0, examples_per_sec=10.0, metrics={"accuracy": 0.5})
+    em.emit("device", cpu_percent=99.5, rss_bytes=1, pid=7)
+    own = read_now(r) + b'{"v":1,"kind":"step","task":"worker:1","t":1.0,"replica":1,"step":1,"loss":1.50}\n'
+    os.write(w, own)  # the last one as no encoder writes it (1.50): not encoded again
+    other = events.encode(events.make("step", "worker:0", replica=0, step=2, loss=0.9)).encode()
+    spaced = b'{"v": 1, "kind": "step", "task": "worker:1", "t": 1.0, "replica": 0, "step": 3}\n'
+    disguised = own.splitlines(keepends=True)[0][:-2] + b',"task":"worker:0"}\n'
+    failed = events.encode(events.make("status", "worker:1", state="failed", reason="boom")).encode()
+    os.write(w, other + b"garbage\n" + spaced + disguised + failed + own[:40])
+    decoded: list[bytes] = []
+    decode = events.decode
+
+    def counted(line: bytes) -> dict[str, Any] | None:
+        decoded.append(line)
+        return decode(line)
+
+    monkeypatch.setattr(events, "decode", counted)
+    sup.read_events(tp)
+    assert decoded == [other, b"garbage\n", spaced, disguised, failed]  # the emitter's samples are not decoded
+    assert len(out.flushes) == 1
+    sent = out.flushes[0].splitlines(keepends=True)
+    assert b"".join(sent[:3]) == own  # byte for byte
+    got = [json.loads(x) for x in sent]
+    assert [(e["kind"], e.get("step")) for e in got] == [("step", 1), ("device", None), ("step", 1), ("step", 2),
+                                                         ("step", 3), ("step", 1)]
+    assert {e["task"] for e in got} == {"worker:1"}  # a task speaks only for itself
+    assert sent[4] == events.encode({**json.loads(spaced), "task": "worker:1"}).encode()  # decoded, encoded again
+    assert sup.stats.bad == 1 and sup.stats.good == 7
+    assert tp.terminal_state == "failed" and tp.reason == "boom"  # held back until the task is reaped
+    em.close()  # its end of the pipe closed
+    sup.read_events(tp)  # the pipe ends: the half line left is counted, nothing more goes out
+    assert tp.event_fd is None and sup.stats.bad == 2 and len(out.flushes) == 1
+
+
 def test_the_async_chiefs_report_of_every_worker_is_one_write(tmp_path: Path, pipe_writes: list[bytes]) -> None:
     r, w = nonblocking_pipe()
     em = Emitter("chief:0", tmp_path / "events.jsonl", fd=w)

@@ -397,7 +397,7 @@ def test_stop_gives_tasks_sigterm_and_a_grace_to_flush(runs_root: Path) -> None:
 def test_a_malformed_command_is_counted_and_ignored(runs_root: Path) -> None:
     run = fake_run(runs_root, worker_0="forever", worker_1="forever")
     start_and_wait_for_steps(run, 30, BOTH)
-    sup = run._supervisors[0]
+    sup = run.core.supervisors[0]
     assert sup.send("stop")  # the old text protocol: not a command any more
     assert sup.send('{"v": 2, "command": "stop"}')
     assert sup.send('{"v": 1, "command": "signal", "task": "worker:0", "signal": "NOPE"}')

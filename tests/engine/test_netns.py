@@ -68,7 +68,7 @@ def test_the_supervisor_runs_in_the_namespace_without_a_helper_and_its_tasks_hav
     seen: list[dict[str, Any]] = []
     run.add_listener(seen.append)
     run.start()
-    sup_cmdline = " ".join(run._supervisors[0].proc.args)  # type: ignore[arg-type]
+    sup_cmdline = " ".join(run.core.supervisors[0].proc.args)  # type: ignore[arg-type]
     assert run.wait(60) == "finished", run.state.summary()
     assert run.isolated
     assert "engine.control.netns" not in sup_cmdline and netns.LOOPBACK_FLAG in sup_cmdline

@@ -97,7 +97,7 @@ def test_a_stopped_supervisor_fails_the_run_blaming_it(runs_root: Path) -> None:
     run.add_listener(lambda e: sampled.set() if e["kind"] == "device" else None)
     start_and_wait_for_steps(run, 30, BOTH)
     assert sampled.wait(10)  # its supervisor samples its tasks (what its silence is judged by)
-    supervisor = run._supervisors[0].proc.pid  # the local supervisor (its process, not a task)
+    supervisor = run.core.supervisors[0].proc.pid  # the local supervisor (its process, not a task)
     pids = run.pids()
     os.kill(supervisor, signal.SIGSTOP)
     try:
@@ -152,7 +152,7 @@ def test_a_killed_ssh_client_and_a_killed_remote_supervisor_are_named_apart(
     run, stepped = _ssh_run(sshd, runs_root, monkeypatch)
     try:
         assert stepped.wait(120), run.state.summary()
-        victim = run._supervisors[0].proc.pid if where == "client" else _remote_supervisor()
+        victim = run.core.supervisors[0].proc.pid if where == "client" else _remote_supervisor()
         os.kill(victim, signal.SIGKILL)
         assert run.wait(30) == "failed", run.state.summary()
         reason: Any = run.state.reason
