@@ -56,13 +56,20 @@ class StragglerChange:
     cause: str = field(default="", compare=False)  # flagged: why, from its step breakdown ("waiting for input 41 % of its step: ...")
 
 
-#: A straggler waiting for its batch this share of its step or more is named input-bound.
+#: A straggler waiting for its batch this share of its step or more is named input-bound, unless the rest of its
+#: step alone makes it a straggler.
 INPUT_BOUND_SHARE = 0.25
 
 
-def cause_of(input_share: float, ratio: float) -> str:
-    """Why a replica is slow, from its step breakdown: its input pipeline, or its own compute."""
-    if input_share == input_share and input_share >= INPUT_BOUND_SHARE:
+def cause_of(input_share: float, ratio: float, rest_ratio: float = math.nan, margin: float = 0.25) -> str:
+    """Why a replica is slow, from its step breakdown: its input pipeline, or its own compute.
+
+    ``rest_ratio``: its step less its wait for the batch, against the others' (nan: not known). Input-bound where it
+    waits for its batch ``INPUT_BOUND_SHARE`` of its step or more, and the rest of its step is within ``margin`` of
+    the others'. A host short of CPU is slow at both (its input pipeline runs on the same cores): the rest of its
+    step alone makes it a straggler, and it is named a slower or busier host."""
+    input_bound = input_share == input_share and input_share >= INPUT_BOUND_SHARE
+    if input_bound and not rest_ratio >= 1 + margin:
         return (f"waiting for input {100 * input_share:.0f} % of its step: its data pipeline is the "
                 "bottleneck")
     return f"compute {ratio:.1f}× the others: a slower or busier host"
@@ -74,6 +81,7 @@ class _Replica:
     task: str = ""
     samples: deque[tuple[float, float]] = field(default_factory=deque)  # (t, step_time)
     input_share: float = math.nan  # its latest step's share spent waiting for its batch
+    input_wait: float = math.nan  # and those seconds
     last_t: float = -math.inf
     level: float = math.nan  # smoothed step time, as of its latest sample
     above_since: float | None = None
@@ -186,6 +194,7 @@ class StragglerDetector:
         input_wait, whole = _number(event.get("input_wait")), _number(event.get("step_time"))
         if input_wait is not None and whole:
             r.input_share = min(1.0, max(0.0, input_wait / whole))
+            r.input_wait = max(0.0, input_wait)
         was_listed = r.listed is not None
         if was_listed:
             self._unlist(r)
@@ -295,6 +304,13 @@ class StragglerDetector:
         median = _median_without(self._levels, level)
         return median, level / median
 
+    @staticmethod
+    def _rest_ratio(r: _Replica, median: float) -> float:
+        """A replica's step less its latest wait for the batch, against ``median`` (nan where either is not known)."""
+        if not (r.input_wait == r.input_wait and median > 0):
+            return math.nan
+        return max(0.0, r.level - r.input_wait) / median
+
     def _evaluate(self) -> list[StragglerChange]:
         """Flag, un-flag, start and end streaks as a comparison of every fresh replica would."""
         now = self.now
@@ -339,7 +355,7 @@ class StragglerDetector:
                 continue  # that streak ended
             median, ratio = self._compare(r.level)
             r.flagged = StragglerChange(rid, r.task, True, r.level, median, ratio, since=since,
-                                        cause=cause_of(r.input_share, ratio))
+                                        cause=cause_of(r.input_share, ratio, self._rest_ratio(r, median), self.margin))
             changes.append(r.flagged)
             self._move(r, self._slow)
         if len(changes) > 1:
