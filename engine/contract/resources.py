@@ -3,8 +3,8 @@
 The wheel ships them as the package ``clusterdeck_data`` (``resources/`` of the source tree), with the
 sub-packages ``clusterdeck_data.presets`` (``presets/``) and ``clusterdeck_data.examples``
 (``examples/``); they are found through :mod:`importlib.resources`, so an editable install, a wheel in
-a venv, ``pip install --user`` and ``pip install --target DIR`` + ``PYTHONPATH`` all work. A source
-tree used without installing (``PYTHONPATH=checkout``) falls back to the folders next to ``engine/``.
+a venv, ``pip install --user`` and ``pip install --target DIR`` + ``PYTHONPATH`` all work. Code run from a
+checkout (installed editable or not) reads the folders next to its own ``engine/``.
 
 The bundled data sets stay inside the ``engine`` package (``engine/resources_data``).
 """
@@ -24,7 +24,10 @@ _SOURCE_TREE = Path(__file__).resolve().parents[2]
 
 
 def _folder(package: str, source_folder: str) -> Path:
-    """A bundled folder: the installed package's, else the source tree's."""
+    """A bundled folder: the source tree's where this code runs from a checkout (its code and its files go
+    together, even where an editable install of another checkout is on the path), else the installed package's."""
+    if (_SOURCE_TREE / "pyproject.toml").is_file() and (_SOURCE_TREE / source_folder).is_dir():
+        return _SOURCE_TREE / source_folder
     try:
         root = importlib.resources.files(package)
     except ModuleNotFoundError:
