@@ -3,9 +3,7 @@ state enums.
 
 :mod:`engine.contract.events` decodes and checks lines against these declarations; ``docs/events.md`` is
 generated from them (``python -m engine.contract.records > docs/events.md``; a test keeps it current).
-To add an event field: declare it in :data:`EVENTS` (its types, whether it is required, one line of
-help), emit it where it is measured, fold it where a view needs it (``engine.observe.telemetry``), and
-regenerate the docs.
+To add an event field, follow the checklist in docs/architecture.md ("Where to add…", "An event field").
 """
 
 from __future__ import annotations
