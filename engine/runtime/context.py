@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from engine.contract.config import RunConfig
 from engine.contract.run_folder import RunFolder
@@ -83,6 +83,16 @@ class TaskContext:
                            stop=stop or StopSignal())
 
 
+class ReplicaFigures(NamedTuple):
+    """What a report reads of one replica (an adapter's fetch gives one per replica, or a bare loss); a new figure
+    of a ``step`` event is a new field here, and its field of the event in :meth:`StepReporter.step_done`."""
+
+    loss: Any  # its mean loss over the steps reported (a number, a scalar tensor, or None)
+    sync_wait: float | None = None  # seconds it waited for the others in the all-reduce
+    metrics: dict[str, Any] | None = None  # its training metrics by name
+    input_wait: float | None = None  # seconds its step waited for its batch
+
+
 class StepReporter:
     """Turns training steps into ``step`` events at a bounded rate (``training.metrics_hz``).
 
@@ -123,18 +133,10 @@ class StepReporter:
         losses: list[tuple[int, Any]] = []
         with self.emitter.batch():  # a report's events (every replica, the devices) in one write
             for rid, result in zip(self.replica_ids, results, strict=False):
-                # a result is the replica's loss, or (loss, seconds it waited for the others to sync), or
-                # (loss, wait or None, {metric name: value}): the replica's training metrics, and then the
-                # seconds the step waited for its batch
-                wait = None
-                metrics: dict[str, float] | None = None
-                input_wait: float | None = None
-                if isinstance(result, (tuple, list)):
-                    loss, wait, *rest = result
-                    metrics = rest[0] if rest else None
-                    input_wait = rest[1] if len(rest) > 1 else None
-                else:
-                    loss = result
+                # a result is the replica's loss, or its ReplicaFigures (a tuple in that order)
+                figures = (ReplicaFigures(*result) if isinstance(result, (tuple, list))
+                           else ReplicaFigures(result))
+                loss, wait, metrics, input_wait = figures
                 losses.append((rid, loss))
                 fields: dict[str, Any] = {"replica": rid, "step": step, "loss": None if loss is None else float(loss),
                           "examples_per_sec": rate,

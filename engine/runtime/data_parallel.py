@@ -32,7 +32,7 @@ from engine.contract.config import TRAINER_ROLES, RunConfig
 from engine.contract.run_folder import RunFolder
 from engine.runtime import compiled, models, servers, tf_compat
 from engine.runtime import data as data_mod
-from engine.runtime.context import StepReporter, TaskContext, breakdown_measured
+from engine.runtime.context import ReplicaFigures, StepReporter, TaskContext, breakdown_measured
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 from engine.runtime.summaries import Summaries, hparams_of
@@ -265,7 +265,7 @@ class MirroredAdapter:
             inputs = [waited] * len(columns["_wait"])
         return columns, inputs
 
-    def _local_results(self) -> list[tuple[float | None, float | None, dict[str, float], float | None]]:
+    def _local_results(self) -> list[ReplicaFigures]:
         """(loss, sync wait, metrics, input wait) of each replica on this task: the last step or group run's loss and
         metrics, the last measured step's waits (the input wait is the task's: its replicas share one input
         pipeline; both None where the breakdown is off)."""
@@ -278,8 +278,8 @@ class MirroredAdapter:
         if self.timed and self.breakdown_result is not None:
             measured, measured_inputs = self._columns(self.breakdown_result)
             waits, inputs = [float(w) for w in measured["_wait"]], list(measured_inputs)
-        return [(float(losses[i]) if losses is not None else None, waits[i],
-                 {name: float(values[i]) for name, values in columns.items()}, inputs[i])
+        return [ReplicaFigures(float(losses[i]) if losses is not None else None, waits[i],
+                               {name: float(values[i]) for name, values in columns.items()}, inputs[i])
                 for i in range(count)]
 
     def report(self, step: int, *, force: bool) -> None:
@@ -316,7 +316,7 @@ class MirroredAdapter:
         return path
 
     def final_losses(self) -> list[float]:
-        return [r[0] for r in self._local_results() if r[0] is not None] if self.result is not None else []
+        return [r.loss for r in self._local_results() if r.loss is not None] if self.result is not None else []
 
     def close(self) -> None:
         if self.summaries is not None:

@@ -47,7 +47,7 @@ from engine.contract.run_folder import RunFolder
 from engine.runtime import data as data_mod
 from engine.runtime import dtensor_layers as layers
 from engine.runtime import sharded, user_script
-from engine.runtime.context import StepReporter, TaskContext, breakdown_measured
+from engine.runtime.context import ReplicaFigures, StepReporter, TaskContext, breakdown_measured
 from engine.runtime.devices import DeviceSetup, memory_info
 from engine.runtime.loop import Checkpoints, Restored, TrainingLoop
 from engine.runtime.summaries import Summaries, hparams_of
@@ -203,12 +203,13 @@ def replica_means(info: MeshInfo, values: tf.Tensor) -> list[float]:
 
 
 def per_replica(info: MeshInfo, per_example: tf.Tensor, hits: tf.Tensor | None) -> list[Any]:
-    """Per replica this client reports: its mean loss, or ``(loss, None, {"accuracy": ...})`` where the loss
-    counts hits (what :meth:`StepReporter.step_done` reads)."""
+    """Per replica this client reports: its mean loss, or its :class:`ReplicaFigures` with its accuracy where the
+    loss counts hits (what :meth:`StepReporter.step_done` reads)."""
     losses = replica_means(info, per_example)
     if hits is None:
         return losses
-    return [(loss, None, {"accuracy": acc}) for loss, acc in zip(losses, replica_means(info, hits), strict=True)]
+    return [ReplicaFigures(loss, metrics={"accuracy": acc})
+            for loss, acc in zip(losses, replica_means(info, hits), strict=True)]
 
 
 class MeshValidator:
@@ -230,10 +231,10 @@ class MeshValidator:
             if config.model.name == "mlp" and x.ndim > 2:
                 x = x.reshape(x.shape[0], -1)
             for result in self.adapter.evaluate(x, y):
-                loss, _, metrics = result if isinstance(result, tuple) else (result, None, {})
-                losses.append(float(loss))
-                if "accuracy" in metrics:
-                    hits.append(float(metrics["accuracy"]))
+                figures = result if isinstance(result, ReplicaFigures) else ReplicaFigures(result)
+                losses.append(float(figures.loss))
+                if figures.metrics and "accuracy" in figures.metrics:
+                    hits.append(float(figures.metrics["accuracy"]))
             rows += x.shape[0]
         metrics = {"accuracy": float(np.mean(hits))} if hits else {}
         return {"loss": float(np.mean(losses)) if losses else None, "metrics": metrics, "examples": rows,
@@ -326,7 +327,8 @@ class MeshAdapter:
             return results
         waited = self.input_s / self.input_steps
         self.input_s, self.input_steps = 0.0, 0
-        return [(r[0], None, r[2], waited) if isinstance(r, tuple) else (r, None, None, waited) for r in results]
+        return [r._replace(input_wait=waited) if isinstance(r, ReplicaFigures) else ReplicaFigures(r, input_wait=waited)
+                for r in results]
 
     def _replica_losses(self) -> list[float]:
         assert self.result is not None

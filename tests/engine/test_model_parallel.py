@@ -197,3 +197,17 @@ def test_client_0_leaves_after_every_other_clients_goodbye() -> None:
     other = _Store(gone=True)
     leave_together(2, 4, other)  # client 0 already gone when the goodbye is answered: not a failure
     assert other.calls == [("set", "clusterdeck-left/2")]
+
+
+@pytest.mark.cluster
+def test_model_mode_validates_every_n_steps_with_the_loss_and_accuracy(runs_root: Path) -> None:
+    from engine.contract.config import Validation
+    from tests import kit
+
+    cfg = config_mod.load(PRESETS / "model-2x2.yaml")
+    cfg = replace(cfg, training=replace(cfg.training, steps=30, checkpoint_every=0),
+                  validation=Validation(split=0.2, every=10))
+    evals = [e for e in kit.run_to_end(cfg, runs_root) if e["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [10, 20, 30]
+    assert all(math.isfinite(e["loss"]) and 0.0 <= e["metrics"]["accuracy"] <= 1.0 and e["examples"] > 0
+               for e in evals), evals
