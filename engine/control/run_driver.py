@@ -156,9 +156,10 @@ class RunDriver:
             self.deliver(item, line)
             if item.get(LOST_WITH_HOST):
                 return  # the launcher's word of a lost task: no news from its host
-            policy_input = lc.from_event(item)
-            if policy_input is not None:
-                self.act(self.feed(policy_input))
+            with self.core.lock:  # as feed(lc.from_event(item)), without the input for a step or device event
+                actions = self.core.lifecycle.feed_sample(item, time.monotonic())
+            if actions:
+                self.act(actions)
 
     def deliver(self, event: dict[str, Any], line: bytes | None = None) -> None:
         """``event`` into the run's file (``line`` as received where it can be kept), the state and the
