@@ -157,7 +157,7 @@ class RunDriver:
             if item.get(LOST_WITH_HOST):
                 return  # the launcher's word of a lost task: no news from its host
             with self.core.lock:  # as feed(lc.from_event(item)), without the input for a step or device event
-                actions = self.core.lifecycle.feed_sample(item, time.monotonic())
+                actions = lc.feed_sample(self.core.lifecycle, item, time.monotonic())
             if actions:
                 self.act(actions)
 

@@ -434,7 +434,7 @@ def test_feed_sample_does_what_feeding_the_events_input_does() -> None:
             decoded = events.decode(events.encode(event))
             assert decoded is not None
             item = lc.from_event(decoded)
-            got = one.feed_sample(decoded, float(now))
+            got = lc.feed_sample(one, decoded, float(now))
             assert got == ([] if item is None else other.feed(item, float(now)))
             assert state(one) == state(other)
             said += got
