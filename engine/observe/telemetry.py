@@ -762,7 +762,9 @@ class RunState:
         if rep is None:
             rep = self.replicas[rid] = ReplicaState(replica=rid, task=event["task"])
         rep.task = event["task"]
-        rep.step = max(rep.step, int(event["step"]))
+        step = int(event["step"])
+        if step > rep.step:
+            rep.step = step
         rep.loss = event.get("loss")
         if rep.first_loss is None:
             rep.first_loss = rep.loss
@@ -775,8 +777,8 @@ class RunState:
         if self.first_step_at is None:
             self.first_step_at = float(event["t"])
             self.first_step = int(event["step"])
-        task = self._task(event["task"])
-        if task.state in ("pending", "starting"):
+        task = self.tasks.get(event["task"]) or self._task(event["task"])
+        if task.state == "pending" or task.state == "starting":
             task.state = "running"
         self.breakdowns.add(rid, event)
         self.history.add(event)
