@@ -112,8 +112,8 @@ def decode(line: str | bytes) -> dict[str, Any] | None:
     A line longer than :data:`MAX_LINE_BYTES` (UTF-8 bytes, line ending not counted) is rejected.
     """
     if isinstance(line, bytes):
-        line = line.rstrip(b"\r\n")
-        if len(line) > MAX_LINE_BYTES:
+        # its line ending stays (JSON's whitespace, for orjson as for json): stripped only to count a long line
+        if len(line) > MAX_LINE_BYTES and len(line.rstrip(b"\r\n")) > MAX_LINE_BYTES:
             return None
     else:
         line = line.rstrip("\r\n")
