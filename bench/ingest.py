@@ -587,8 +587,8 @@ def design_section(f: dict[str, Any]) -> str:
         "table made once per shape (its field names); a sample reaches the lifecycle without an input object "
         f"(`feed_sample`, {s['policy_us']:.1f} µs).",
         "3. **Next: gather samples into columns as they come.** The store reads a held event's fields a column "
-        f"at a time at each flush ({s['store_us']:.1f} µs per event alone, more in the launcher, where the held "
-        "events are no longer in the cache).",
+        f"at a time at each flush ({s['store_us']:.1f} µs per event alone); taking them as they come, while "
+        "the event is fresh, may cost less.",
         "4. **Per-supervisor pre-aggregation.** The supervisor already sees every event of its host: at more "
         "than ~64 replicas per host it can fold a host's step events into one `steps` event per tick (arrays "
         "of replica ids, steps, losses, rates), keeping every value but one JSON object, one decode and one "
