@@ -214,7 +214,7 @@ def well_typed(kind: str, event: dict[str, object]) -> bool:
 
 
 #: The classes a JSON decoder gives (orjson, ``json``): a field no record declares may hold any of them.
-_JSON_CLASSES = frozenset((dict, list, str, int, float, bool, type(None)))
+_JSON_CLASSES: frozenset[type] = frozenset((dict, list, str, int, float, bool, type(None)))
 #: The shapes of decoded events seen so far: (kind, the event's field names in order) -> for each field, the
 #: classes its value may be (exact: a decoder gives no subclasses), or None (a required field missing).
 _SHAPES: dict[tuple[str, tuple[str, ...]], tuple[frozenset[type], ...] | None] = {}

@@ -676,10 +676,10 @@ def feed_sample(policy: Lifecycle, event: dict[str, Any], now: float) -> list[Ac
         step = int(event.get("step", 0))
         worker = worker if isinstance(worker, int) else None
     else:
-        cpu = event.get("cpu_percent")
-        if not isinstance(cpu, (int, float)) or isinstance(cpu, bool):
+        figure = event.get("cpu_percent")
+        if not isinstance(figure, (int, float)) or isinstance(figure, bool):
             return []  # no CPU figure: no input (as from_event)
-        cpu = float(cpu)
+        cpu = float(figure)
     said: list[Action] = []
     current = generation == policy.generation
     known = policy.tasks.get(task)
