@@ -5,15 +5,18 @@ A real :class:`engine.control.launcher.Run` is started with a stand-in for the s
 writes synthetic events on its stdout as fast as the pipe takes them — per replica and tick one
 ``step`` event (loss, examples/s, step time, sync wait, own time) and one ``device`` event (CPU %,
 RSS, pid), the lines a supervisor relays. The launcher's own code does the rest: its reader thread
-(``engine.contract.run_folder.bounded_lines`` -> ``engine.contract.events.decode`` -> queue), its
-dispatcher (the run's ``events.jsonl`` writer, ``engine.observe.telemetry.RunState.apply``). The
+(``engine.control.supervisor_links.read_supervisor``: reads of up to 64 KiB split into lines and decoded by
+``engine.contract.events.StreamDecoder``, one list per read on the queue), its dispatcher (the fold,
+``engine.observe.telemetry.RunState.apply``; the lifecycle policy, ``engine.control.lifecycle.feed_sample``; the
+run record: samples into the tiered store ``series/``, lifecycle events into ``events.jsonl``; the listeners). The
 launcher process is pinned to one core, the feeder to another (where there are two).
 
 Figures: events/s from the feeder's first bulk event to the end of the run (every event
 folded and written), the events folded and written against those sent (none may be lost), and
-the cost of each stage alone (bytes/event, µs/event for reading lines, decoding, folding,
-writing), the memory per history point, and (``--profile``) a cProfile of the same stages in one
-thread. Goal: >= 50,000 events/s (256 replicas x 4 metrics x 50 Hz), nothing lost.
+the cost of each stage alone (bytes/event, µs/event for splitting reads into lines, decoding, the hand-off,
+folding, the lifecycle policy, the tiered store), the memory per history point, and (``--profile``) a cProfile
+of the same stages in one thread. Goal: >= 100,000 events/s on one core (256 replicas x 2 events x 50 Hz is
+25,600 events/s: the goal leaves room for four times that), nothing lost.
 
 A second section of docs/benchmarks.md (``scale_design``) takes the per-event figures to what
 limits the next factor of ten (1,000+ replicas) and the design that would lift it.
@@ -55,11 +58,13 @@ if os.environ.get(TREE_ENV):
 
 from engine.contract import config as config_mod  # noqa: E402
 from engine.contract import events as events_mod  # noqa: E402
-from engine.contract.run_folder import bounded_lines  # noqa: E402
+from engine.contract.series_store import SeriesWriter  # noqa: E402
 from engine.control.launcher import Run  # noqa: E402
+from engine.control.run_record import SERIES_FLUSH_EVENTS  # noqa: E402
+from engine.control.supervisor_links import READ_CHUNK  # noqa: E402
 from engine.observe.telemetry import RunState  # noqa: E402
 
-GOAL_EVENTS_PER_S = 50_000.0
+GOAL_EVENTS_PER_S = 100_000.0
 T0 = 1_700_000_000.0
 
 #: The stand-in supervisor: reads the spec line, then writes the events (see the module docstring).
@@ -220,29 +225,52 @@ def sample_lines(replicas: int, ticks: int, hz: float = 50.0) -> list[bytes]:
     return lines
 
 
+def policy_cost(evs: list[dict[str, Any]], replicas: int) -> float:
+    """µs per event the run's lifecycle policy takes of the samples (``feed_sample``, as the dispatcher calls it)."""
+    from engine.control import lifecycle as lc
+
+    policy = lc.Lifecycle([lc.TaskInfo(f"worker:{r}", "worker", "local") for r in range(replicas)], mode="data")
+    start = time.perf_counter()
+    now = time.monotonic()
+    for e in evs:
+        lc.feed_sample(policy, e, now)
+    return (time.perf_counter() - start) / len(evs) * 1e6
+
+
 def stage_costs(replicas: int, ticks: int) -> dict[str, float]:
-    """µs per event of each stage alone (one thread), bytes per event and memory per history point."""
+    """µs per event of each stage of the launcher's path alone (one thread), as the launcher runs it, bytes per
+    event and memory per history point: the reader's (its pipe's reads split into lines, each decoded), the
+    hand-off (one list per read), the dispatcher's (the fold, the lifecycle policy, the tiered store; a sample
+    goes to no ``events.jsonl``)."""
+    from engine.contract.run_folder import LineSplitter
+
     lines = sample_lines(replicas, ticks)
     n = len(lines)
     data = b"".join(lines)
+    chunks = [data[i:i + READ_CHUNK] for i in range(0, len(data), READ_CHUNK)]
     out: dict[str, float] = {"events": n, "bytes_per_event": len(data) / n}
 
+    splitter = LineSplitter()
     start = time.perf_counter()
-    got = list(bounded_lines(io.BytesIO(data)))
+    got = [line for chunk in chunks for line in splitter.feed(chunk)]
     out["read_us"] = (time.perf_counter() - start) / n * 1e6
     start = time.perf_counter()
     evs = [events_mod.decode(line) for line in got]
     out["decode_us"] = (time.perf_counter() - start) / n * 1e6
     assert all(e is not None for e in evs)
+    import orjson
+
     start = time.perf_counter()
-    evs_json = [json.loads(line) for line in got]
+    parsed = [orjson.loads(line) for line in got]
     out["json_loads_us"] = (time.perf_counter() - start) / n * 1e6
-    del evs_json
+    del parsed
+    per_read = max(1, n * READ_CHUNK // len(data))  # the events of one read: one hand-off
+    batches = [list(zip(evs[i:i + per_read], got[i:i + per_read], strict=True)) for i in range(0, n, per_read)]
     q: queue.Queue[Any] = queue.Queue()
     start = time.perf_counter()
-    for e in evs:
-        q.put(e)
-    for _ in range(n):
+    for b in batches:
+        q.put(b)
+    for _ in batches:
         q.get()
     out["queue_us"] = (time.perf_counter() - start) / n * 1e6
     state = RunState(total_steps=ticks, tasks=[(f"worker:{r}", "worker", "local") for r in range(replicas)])
@@ -250,30 +278,19 @@ def stage_costs(replicas: int, ticks: int) -> dict[str, float]:
     for e in evs:
         state.apply(e)  # type: ignore[arg-type]
     out["fold_us"] = (time.perf_counter() - start) / n * 1e6
+    out["policy_us"] = policy_cost(evs, replicas)  # type: ignore[arg-type]
     with tempfile.TemporaryDirectory() as tmp:
-        writer = events_mod.EventWriter(Path(tmp) / "events.jsonl")
+        series = SeriesWriter(Path(tmp) / "series")
         start = time.perf_counter()
         for e in evs:
-            writer.write(e)  # type: ignore[arg-type]
-        out["write_us"] = (time.perf_counter() - start) / n * 1e6
-        writer.close()
-        writer = events_mod.EventWriter(Path(tmp) / "raw.jsonl")
-        start = time.perf_counter()
-        for line in got:
-            writer.write_line(line.decode())
-        out["write_raw_us"] = (time.perf_counter() - start) / n * 1e6
-        writer.close()
-        # the raw line into a buffered file flushed once per 256 events (a dispatcher flushing when its queue
-        # runs dry): what a batched writer would cost
-        with open(Path(tmp) / "batched.jsonl", "ab") as fh:
-            start = time.perf_counter()
-            for i, line in enumerate(got):
-                fh.write(line)
-                if i % 256 == 255:
-                    fh.flush()
-            fh.flush()
-            out["write_batched_us"] = (time.perf_counter() - start) / n * 1e6
-    out["path_us"] = out["read_us"] + out["decode_us"] + out["queue_us"] + out["fold_us"] + out["write_us"]
+            series.add(e)  # type: ignore[arg-type]
+            if series.held >= SERIES_FLUSH_EVENTS:
+                series.flush()
+        series.flush()
+        out["store_us"] = (time.perf_counter() - start) / n * 1e6
+        series.close()
+    out["path_us"] = (out["read_us"] + out["decode_us"] + out["queue_us"] + out["fold_us"] + out["policy_us"]
+                      + out["store_us"])
     # memory of the history: every distinct array's bytes over the points it holds
     history = state.history
     arrays: dict[int, int] = {}
@@ -300,19 +317,27 @@ def profile_path(replicas: int, ticks: int, top: int = 18) -> list[str]:
     import cProfile
     import pstats
 
+    from engine.contract.run_folder import LineSplitter
+    from engine.control import lifecycle as lc
+
     data = b"".join(sample_lines(replicas, ticks))
     state = RunState(total_steps=ticks, tasks=[(f"worker:{r}", "worker", "local") for r in range(replicas)])
+    policy = lc.Lifecycle([lc.TaskInfo(f"worker:{r}", "worker", "local") for r in range(replicas)], mode="data")
     with tempfile.TemporaryDirectory() as tmp:
-        writer = events_mod.EventWriter(Path(tmp) / "events.jsonl")
+        series = SeriesWriter(Path(tmp) / "series")
+        splitter = LineSplitter()
         prof = cProfile.Profile()
         prof.enable()
-        for line in bounded_lines(io.BytesIO(data)):
-            event = events_mod.decode(line)
-            if event is not None:
-                writer.write(event)
-                state.apply(event)
+        for i in range(0, len(data), READ_CHUNK):
+            for line in splitter.feed(data[i:i + READ_CHUNK]):
+                event = events_mod.decode(line)
+                if event is not None:
+                    state.apply(event)
+                    lc.feed_sample(policy, event, time.monotonic())
+                    series.add(event)
+        series.flush()
         prof.disable()
-        writer.close()
+        series.close()
     stream = io.StringIO()
     pstats.Stats(prof, stream=stream).sort_stats("tottime").print_stats(top)
     return [ln for ln in stream.getvalue().splitlines() if ln.strip()]
@@ -402,13 +427,15 @@ def doc_section_against(ab: dict[str, Any]) -> str:
         "rate also carries whatever else the shared machine ran on that core meanwhile; the launcher's own CPU "
         "time per event is the steadier figure.",
         "",
-        "What changed: a reader takes what its supervisor's pipe holds (up to 64 KiB), splits and decodes it and "
-        "hands the dispatcher one list per read (one queue hand-off, not one per event); the run's `events.jsonl` "
-        "gets each line as received (re-encoded only where it holds `NaN`/`Infinity` or odd spacing; the "
-        "restart generation appended as the last field), held and written with one system call when the "
-        "dispatcher's queue runs dry, at least every 0.1 s and at every 1 MiB while events keep coming, and "
-        "before the run ends; `run.json` is rewritten once per burst of `status` events instead of once per "
-        "event (256 tasks finishing cost 256 rewrites of a 256-task `run.json` before). Per-stage costs: "
+        f"What changed since {sha}: the reader splits a read into lines in C (`bytes.split`, where no line is "
+        "over-long), checks a decoded event against a table made once per shape (its field names in order: each "
+        "value's exact class in its field's declared types, one `map` in C instead of a loop in Python; the step "
+        "checks folded into it) and searches a read for `NaN`/`Infinity` once instead of each line; the "
+        "dispatcher takes a reader's list in one call, hands a step or device event to the lifecycle without "
+        "making an input object for it (`lifecycle.feed_sample`, what `feed(from_event(e))` does), and the fold "
+        "reads a float without a call and looks at a column's dtype only where a value leaves its range. The "
+        "checks are the same: a malformed or ill-typed line is still refused and counted, every sample still "
+        "folded into the history and written to the store (the table's losses column). Per-stage costs: "
         "`python bench/ingest.py`.",
     ])
 
@@ -461,11 +488,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"  lost: {f['lost_folded']} not folded, {f['lost_written']} not written of {f['sent']:,}; every replica "
           f"at its last step: {f['last_steps_ok']}")
     s = stages
-    print(f"  per event alone: {s['bytes_per_event']:.0f} bytes; read line {s['read_us']:.2f} µs, decode "
-          f"{s['decode_us']:.2f} µs (json.loads alone {s['json_loads_us']:.2f}), queue hand-off {s['queue_us']:.2f} "
-          f"µs, fold {s['fold_us']:.2f} µs, write (re-encode) {s['write_us']:.2f} µs (raw line "
-          f"{s['write_raw_us']:.2f}, raw line batched {s['write_batched_us']:.2f}); sum {s['path_us']:.2f} µs = "
-          f"{1e6 / s['path_us']:,.0f} events/s on one core")
+    print(f"  per event alone: {s['bytes_per_event']:.0f} bytes; split reads into lines {s['read_us']:.2f} µs, "
+          f"decode {s['decode_us']:.2f} µs (orjson.loads alone {s['json_loads_us']:.2f}), hand-off (a list per "
+          f"read) {s['queue_us']:.2f} µs, fold {s['fold_us']:.2f} µs, lifecycle policy {s['policy_us']:.2f} µs, "
+          f"tiered store {s['store_us']:.2f} µs; sum {s['path_us']:.2f} µs = {1e6 / s['path_us']:,.0f} events/s "
+          "on one core (the launcher's own threads add their calls, locks and listeners)")
     print(f"  history memory: {s['bytes_per_point']:.1f} bytes per point allocated ({s['filled_bytes_per_point']:.1f} "
           "filled)")
     if args.profile or not ok:
@@ -488,8 +515,10 @@ def doc_section(f: dict[str, Any], seconds: float) -> str:
         f"`python bench/ingest.py` — a real `engine.control.launcher.Run` whose supervisor is a feeder program: "
         f"{f['replicas']} replicas ({f['tasks']} tasks), per replica and tick one `step` and one `device` event, "
         f"{f['hz']:g} ticks per simulated second for {seconds:g} s: {f['sent']:,} events written to the "
-        "launcher's pipe as fast as it takes them. The launcher's reader thread (`bounded_lines` -> "
-        "`events.decode`) and dispatcher (the run's `events.jsonl`, `RunState.apply`) do the rest, the process "
+        "launcher's pipe as fast as it takes them. The launcher's reader thread (`read_supervisor`: reads of up "
+        "to 64 KiB split into lines, `events.decode`, one list per read on the queue) and dispatcher "
+        "(`RunState.apply`, the lifecycle policy, the samples into the tiered store `series/`) do the rest, the "
+        "process "
         f"{'pinned to one core (the feeder on the other)' if f['pinned'] else 'not pinned'}; {machine_line()}.",
         "",
         "| figure | value | goal |",
@@ -502,11 +531,14 @@ def doc_section(f: dict[str, Any], seconds: float) -> str:
         f"| launcher CPU for the bulk | {f['launcher_cpu_s']:.2f} s | |",
         "",
         "Each stage alone, one thread (µs per event): "
-        f"read the line {s['read_us']:.2f}, decode {s['decode_us']:.2f} (of which `json.loads` "
-        f"{s['json_loads_us']:.2f}), queue hand-off {s['queue_us']:.2f}, fold {s['fold_us']:.2f}, write to "
-        f"`events.jsonl` {s['write_us']:.2f} (the event encoded again and written with one system call; the raw "
-        f"line would take {s['write_raw_us']:.2f}, the raw line flushed every 256 events {s['write_batched_us']:.2f}); sum {s['path_us']:.2f} µs, a ceiling of {1e6 / s['path_us']:,.0f} events/s "
-        f"on one core. {s['bytes_per_event']:.0f} bytes per event.",
+        f"split the reads into lines {s['read_us']:.2f}, decode {s['decode_us']:.2f} (of which `orjson.loads` "
+        f"{s['json_loads_us']:.2f}), hand-off (one list per read) {s['queue_us']:.2f}, fold {s['fold_us']:.2f}, "
+        f"lifecycle policy (`feed_sample`) {s['policy_us']:.2f}, tiered store (`SeriesWriter.add`, a flush per "
+        f"{SERIES_FLUSH_EVENTS:,} events) {s['store_us']:.2f}; sum {s['path_us']:.2f} µs, a ceiling of "
+        f"{1e6 / s['path_us']:,.0f} events/s on one core. The launcher itself spends more per event than the "
+        "sum (its thread hand-offs, locks, calls and listeners): the sustained rate above is the figure. A "
+        f"sample is written to no `events.jsonl` (the store holds it). {s['bytes_per_event']:.0f} bytes per "
+        "event.",
     ])
 
 
@@ -520,16 +552,17 @@ def design_section(f: dict[str, Any]) -> str:
         "## 3c. What limits the next factor of ten (1,000+ replicas), and the design that would lift it",
         "",
         f"Figures from `python bench/ingest.py` (one thread, {machine_line()}): {s['bytes_per_event']:.0f} bytes "
-        f"per event on the wire; {per_event:.1f} µs of launcher CPU per event end to end (decode "
-        f"{s['decode_us']:.1f}, fold {s['fold_us']:.1f}, re-encode and write {s['write_us']:.1f}, line and queue "
-        f"{s['read_us'] + s['queue_us']:.1f}); {bpp:.1f} bytes of history per point allocated "
+        f"per event on the wire; {per_event:.1f} µs of launcher CPU per event in its stages alone (decode "
+        f"{s['decode_us']:.1f}, fold {s['fold_us']:.1f}, lifecycle policy {s['policy_us']:.1f}, tiered store "
+        f"{s['store_us']:.1f}, lines and hand-off {s['read_us'] + s['queue_us']:.1f}); {bpp:.1f} bytes of "
+        "history per point allocated "
         f"({s['filled_bytes_per_point']:.1f} filled; float32 values, steps and time offsets, a replica's metrics "
         "sharing one axis and replicas one column of steps, arrays grown by half).",
         "",
         f"- **CPU of the launcher.** 1,000 replicas reporting a step and a device event at 10 Hz are "
         f"{rate_1k:,} events/s: {rate_1k * per_event / 1e6:.0%} of one core at {per_event:.1f} µs each, all of it "
-        "under one GIL shared with the app's drawing; at 50 Hz, 100,000 events/s, more than a core. Every event is "
-        "parsed from JSON into a dict, checked, folded field by field and encoded back to JSON for the run's file.",
+        "under one GIL shared with the app's drawing; at 50 Hz, 100,000 events/s, about a core. Every event is "
+        "parsed from JSON into a dict, checked, folded field by field and gathered into columns for the store.",
         f"- **Memory of the history.** 1,000 replicas x 5 points per tick x 10 Hz is {points_1k_hour / 1e6:,.0f} M "
         f"points an hour: {points_1k_hour * bpp / 2**30:.1f} GiB at {bpp:.1f} bytes per point, where the app's "
         "budget is 0.4 GB. Full resolution of every series cannot stay in memory.",
@@ -547,19 +580,15 @@ def design_section(f: dict[str, Any]) -> str:
         "",
         "The design that lifts these, in order of payoff:",
         "",
-        "1. **Write the raw line, not the decoded event.** The launcher re-encodes every event it has just "
-        f"decoded ({s['write_us']:.1f} µs against {s['write_raw_us']:.1f} µs for the line as read): keep the "
-        "line the reader got (and the generation tag as a prefix field) and write it as is — a cut of about "
-        f"{s['write_us'] - s['write_raw_us']:.1f} µs per event in `engine/control/launcher.py` (`_read` hands "
-        "`(line, event)` to the queue; `_deliver` calls `EventWriter.write_line`).",
-        "2. **Flush when the queue runs dry, not per event.** `EventWriter` opens the file line-buffered: one "
-        "`write` system call per event. Writing into a buffer and flushing when the dispatcher finds its queue "
-        f"empty (and at the end) costs {s['write_batched_us']:.1f} µs per event instead of {s['write_raw_us']:.1f}; "
-        "nothing is held back longer than the dispatcher is busy, and a crash of the launcher loses at most "
-        "that backlog (the tasks' own files still hold every event).",
-        "3. **Batch the hand-off.** The reader puts one event at a time on a `queue.Queue` (a lock and a "
-        f"condition per event, {s['queue_us']:.1f} µs); reading what the pipe holds (`os.read` of 64 KiB, split "
-        "into lines) and handing over lists cuts the per-event locking and wake-ups.",
+        "1. **Done: the raw line, flushed when the queue runs dry, handed over a read at a time.** A lifecycle "
+        "event's line goes to `events.jsonl` as received, held and written with one system call; a sample to "
+        "the tiered store, no line at all; the reader hands the dispatcher one list per read of the pipe.",
+        "2. **Done: the checks and the policy without per-event objects.** A decoded event is checked against a "
+        "table made once per shape (its field names); a sample reaches the lifecycle without an input object "
+        f"(`feed_sample`, {s['policy_us']:.1f} µs).",
+        "3. **Next: gather samples into columns as they come.** The store reads a held event's fields a column "
+        f"at a time at each flush ({s['store_us']:.1f} µs per event alone); taking them as they come, while "
+        "the event is fresh, may cost less.",
         "4. **Per-supervisor pre-aggregation.** The supervisor already sees every event of its host: at more "
         "than ~64 replicas per host it can fold a host's step events into one `steps` event per tick (arrays "
         "of replica ids, steps, losses, rates), keeping every value but one JSON object, one decode and one "

@@ -114,6 +114,21 @@ class LineSplitter:
         self._skipping = False  # inside an over-long line: drop bytes up to its end
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if not self._skipping and b"\n" in chunk:
+            # the common case, split in C: no line over the limit and none being skipped
+            parts = chunk.split(b"\n")
+            rest = parts.pop()  # after the last newline: the start of a line still open
+            first = bytes(self._buffer) + parts[0] if self._buffer else parts[0]
+            limit = self.limit
+            if len(first) <= limit and len(rest) <= limit and max(map(len, parts)) <= limit:
+                parts[0] = first
+                self._buffer.clear()
+                self._buffer += rest
+                return [part + b"\n" for part in parts]
+        return self._feed(chunk)
+
+    def _feed(self, chunk: bytes) -> list[bytes]:
+        """:meth:`feed` a piece at a time (where a line is over-long, or skipped)."""
         out: list[bytes] = []
         start = 0
         while start < len(chunk):

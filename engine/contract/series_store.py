@@ -452,7 +452,7 @@ class SeriesWriter:
             keys = [(e.get("replica"), e.get("task", "")) for e in rows]
         else:
             keys = [(e.get("task", ""), e.get("device")) for e in rows]
-        found = [ids.get(k) for k in keys]
+        found = list(map(ids.get, keys))
         if None in found:
             for i, k in enumerate(keys):
                 if found[i] is None:
@@ -491,9 +491,7 @@ class SeriesWriter:
         owner = self._owners_of(group, rows)
         t = np.array([e.get("t", 0.0) for e in rows], np.float64)
         x = np.array([e.get("step", 0) for e in rows], np.float64) if group == "step" else t
-        names: set[str] = set()
-        for e in rows:
-            names.update(e)
+        names: set[str] = set().union(*rows)
         metrics = [e.get("metrics") for e in rows] if "metrics" in names else []
         found = [k for k in names if k not in _NOT_SAMPLES and k != "metrics"]
         if metrics:

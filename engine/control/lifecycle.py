@@ -661,6 +661,39 @@ def from_event(event: dict[str, Any]) -> Input | None:
     return None
 
 
+
+def feed_sample(policy: Lifecycle, event: dict[str, Any], now: float) -> list[Action]:
+    """``policy.feed(from_event(event), now)`` for a ``step`` or ``device`` event (any other goes there), without
+    making the input (the dispatcher's hot path: nearly every event of a run is one of these)."""
+    kind = event.get("kind")
+    if kind != "step" and kind != "device":
+        item = from_event(event)
+        return [] if item is None else policy.feed(item, now)
+    generation = int(event.get("generation", 0) or 0)
+    task = str(event.get("task", ""))
+    if kind == "step":
+        worker = event.get("worker")
+        step = int(event.get("step", 0))
+        worker = worker if isinstance(worker, int) else None
+    else:
+        figure = event.get("cpu_percent")
+        if not isinstance(figure, (int, float)) or isinstance(figure, bool):
+            return []  # no CPU figure: no input (as from_event)
+        cpu = float(figure)
+    said: list[Action] = []
+    current = generation == policy.generation
+    known = policy.tasks.get(task)
+    if known is not None and known.info.host and current:
+        said = policy._heard(known.info.host, now)
+        if kind == "device":
+            policy.hosts.sampled.add(known.info.host)  # it samples: its silence means something
+    if kind == "step":
+        if current:  # as _progress
+            policy.clock.record(policy.tasks, task, step, worker, False, now)
+    elif known is not None and current:  # as _feed's CpuSample
+        known.cpu.append(cpu)
+    return said
+
 Listener = Callable[[dict[str, Any]], None]
 
 

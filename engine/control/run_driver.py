@@ -121,8 +121,7 @@ class RunDriver:
                     if not isinstance(item, _Tick):
                         self._handle_safely(_TICK)
                 if isinstance(item, list):
-                    for event, line in item:
-                        self._handle_safely(event, line)
+                    self._handle_events(item)
                 else:
                     self._handle_safely(item)
                 self.recorder().catch_up(self.core.queue.empty)  # events.jsonl, run.json: per burst
@@ -134,8 +133,19 @@ class RunDriver:
         try:
             self._handle(item, line)
         except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
-            traceback.print_exc(file=sys.stderr)
-            self.act(self.feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
+            self._failed(exc)
+
+    def _failed(self, exc: Exception) -> None:
+        traceback.print_exc(file=sys.stderr)
+        self.act(self.feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
+
+    def _handle_events(self, batch: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        """A reader's batch of ``(event, line)``: each as :meth:`_handle_safely` takes it, one call less deep."""
+        for event, line in batch:
+            try:
+                self._event(event, line)
+            except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
+                self._failed(exc)
 
     def _handle(self, item: dict[str, Any] | SupervisorGone | HostAnswer | _Tick, line: bytes | None = None) -> None:
         if isinstance(item, _Tick):
@@ -153,12 +163,16 @@ class RunDriver:
         elif isinstance(item, HostAnswer):
             self.act(self.feed(lc.HostProbed(item.host, item.problem)))
         else:
-            self.deliver(item, line)
-            if item.get(LOST_WITH_HOST):
-                return  # the launcher's word of a lost task: no news from its host
-            policy_input = lc.from_event(item)
-            if policy_input is not None:
-                self.act(self.feed(policy_input))
+            self._event(item, line)
+
+    def _event(self, event: dict[str, Any], line: bytes | None) -> None:
+        self.deliver(event, line)
+        if event.get(LOST_WITH_HOST):
+            return  # the launcher's word of a lost task: no news from its host
+        with self.core.lock:  # as feed(lc.from_event(event)), without the input for a step or device event
+            actions = lc.feed_sample(self.core.lifecycle, event, time.monotonic())
+        if actions:
+            self.act(actions)
 
     def deliver(self, event: dict[str, Any], line: bytes | None = None) -> None:
         """``event`` into the run's file (``line`` as received where it can be kept), the state and the

@@ -88,11 +88,18 @@ def read_supervisor(sup: SupervisorLink, stream: IO[bytes], put: Callable[[Any],
     try:
         while True:
             chunk = read(READ_CHUNK)
+            pairs = decoder.feed(chunk) if chunk else decoder.finish()
+            # a chunk without JSON's non-numbers has none in a line it holds whole: every line but its first (which
+            # may have begun in the chunk before) needs only line_to_write's cheap checks
+            clean = bool(chunk) and b"NaN" not in chunk and b"Infinity" not in chunk
             batch: list[tuple[dict[str, Any], bytes | None]] = []
-            for event, line in decoder.feed(chunk) if chunk else decoder.finish():
+            for i, (event, line) in enumerate(pairs):
                 if suffix:
                     event["generation"] = sup.generation  # which restart of the run it belongs to
-                batch.append((event, line_to_write(line, suffix)))
+                if clean and i and line.endswith(b"}\n") and line.startswith(b"{"):
+                    batch.append((event, line[:-2] + suffix if suffix else line))
+                else:
+                    batch.append((event, line_to_write(line, suffix)))
             if batch:
                 put(batch)
             if not chunk:

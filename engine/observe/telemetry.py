@@ -49,6 +49,10 @@ class ReplicaState:
     metrics: dict[str, float | None] = field(default_factory=dict)  # the latest of each training metric
 
 
+#: A task's figures a ``device`` event sets (where it holds a number).
+_TASK_FIGURES = ("cpu_percent", "rss_bytes", "tf_bytes", "gpu_util", "gpu_mem_bytes")
+
+
 def _is_number(value: Any) -> TypeGuard[int | float]:
     return type(value) is float or (isinstance(value, (int, float)) and not isinstance(value, bool))
 
@@ -106,7 +110,7 @@ class _Steps:
     def push(self, x: float) -> None:
         n = self.n
         a = self.a
-        if a.dtype == np.float32 and not (-EXACT_STEPS < x < EXACT_STEPS and int(x) == x):
+        if not (-EXACT_STEPS < x < EXACT_STEPS and int(x) == x) and a.dtype == np.float32:
             a = self.a = _wide(a, n)
         if n == len(a):
             a = self.a = _grown(a, n)
@@ -148,7 +152,7 @@ class _Axis:
         if col is not None:
             if col.n == n:
                 col.push(x)
-            elif float(col.a[n]) != x:  # a step other than the column's: this axis keeps its own steps from now on
+            elif col.a.item(n) != x:  # a step other than the column's: this axis keeps its own steps from now on
                 col = self.x = col.copy(0, n)
                 col.push(x)
         base = self.base
@@ -156,7 +160,7 @@ class _Axis:
             base = self.base = t
         offset = t - base
         a = self.t
-        if a.dtype == np.float32 and not -TIME_SPAN < offset < TIME_SPAN:
+        if not -TIME_SPAN < offset < TIME_SPAN and a.dtype == np.float32:
             a = self.t = _wide(a, n)
         if n == len(a):
             a = self.t = _grown(a, n)
@@ -451,7 +455,8 @@ class History:
             self.t0 = t
         kind = event.get("kind")
         if kind == "step":
-            points = [(m, float(v)) for m in REPLICA_METRICS if (v := event.get(m)) is not None and _is_number(v)]
+            points = [(m, float(v)) for m in REPLICA_METRICS
+                      if (v := event.get(m)).__class__ is float or (v is not None and _is_number(v))]
             extra = event.get("metrics")
             if isinstance(extra, dict):
                 points += [(metric_key(m), float(v)) for m, v in extra.items() if _is_number(v)]
@@ -471,7 +476,8 @@ class History:
                     self._series(f"eval/{metric}").append(float(event["step"]), float(value), t)
                     self.version += 1
         elif kind == "device":
-            points = [(m, float(v)) for m in TASK_METRICS if (v := event.get(m)) is not None and _is_number(v)]
+            points = [(m, float(v)) for m in TASK_METRICS
+                      if (v := event.get(m)).__class__ is float or (v is not None and _is_number(v))]
             if not points:
                 return
             name = event["task"]
@@ -695,9 +701,9 @@ class RunState:
             self._step(event)
         elif kind == "device":
             task = self._task(name)
-            for key in ("cpu_percent", "rss_bytes", "tf_bytes", "gpu_util", "gpu_mem_bytes"):
-                if _is_number(event.get(key)):
-                    setattr(task, key, event[key])
+            for key in _TASK_FIGURES:
+                if (value := event.get(key)) is not None and _is_number(value):
+                    setattr(task, key, value)
             self.history.add(event)
         elif kind == "status":
             self._status(event)
@@ -756,7 +762,9 @@ class RunState:
         if rep is None:
             rep = self.replicas[rid] = ReplicaState(replica=rid, task=event["task"])
         rep.task = event["task"]
-        rep.step = max(rep.step, int(event["step"]))
+        step = int(event["step"])
+        if step > rep.step:
+            rep.step = step
         rep.loss = event.get("loss")
         if rep.first_loss is None:
             rep.first_loss = rep.loss
@@ -769,8 +777,8 @@ class RunState:
         if self.first_step_at is None:
             self.first_step_at = float(event["t"])
             self.first_step = int(event["step"])
-        task = self._task(event["task"])
-        if task.state in ("pending", "starting"):
+        task = self.tasks.get(event["task"]) or self._task(event["task"])
+        if task.state == "pending" or task.state == "starting":
             task.state = "running"
         self.breakdowns.add(rid, event)
         self.history.add(event)

@@ -197,3 +197,39 @@ def test_a_full_disk_during_a_flush_leaves_only_whole_lines(tiny_tmpfs: Path) ->
     data = path.read_bytes()
     assert data.endswith(b"\n") and len(data) > 100_000
     assert all(events.decode(x) is not None for x in data.split(b"\n")[:-1])
+
+
+@pytest.mark.parametrize("generation", [0, 3])
+def test_the_reader_keeps_and_encodes_the_lines_that_line_to_write_does_wherever_its_reads_end(generation: int) -> None:
+    """The reader checks a read for JSON's non-numbers once (not each line): a line begun in the read before (an
+    ``Infinity`` cut in two among them) is still checked whole."""
+    import io
+    from types import SimpleNamespace
+
+    from engine.control.supervisor_links import read_supervisor
+
+    lines = [step_line(1), step_line(2, loss=float("inf")), step_line(3), step_line(4, loss=float("nan")),
+             " " + step_line(5).rstrip() + "\r\n", step_line(6), "not json\n", step_line(7)]
+    data = "".join(lines).encode()
+    suffix = b',"generation":%d}\n' % generation if generation else b""
+    want = [(e, _line_to_write(raw, suffix)) for raw in (x.encode() for x in lines)
+            if (e := events.decode(raw)) is not None]
+    for e, _ in want:
+        if generation:
+            e["generation"] = generation
+
+    class Reads(io.RawIOBase):  # a stream whose reads end at ``cut`` bytes apart
+        def __init__(self, cut: int) -> None:
+            self.data, self.cut, self.at = data, cut, 0
+
+        def read1(self, n: int = -1) -> bytes:
+            piece = self.data[self.at:self.at + min(n, self.cut)]
+            self.at += len(piece)
+            return piece
+
+    for cut in (1, 7, 50, 97, 150, len(data)):
+        got: list[Any] = []
+        sup = SimpleNamespace(generation=generation, proc=SimpleNamespace(wait=lambda: 0))
+        read_supervisor(sup, Reads(cut), got.append, events.ReadStats())  # type: ignore[arg-type]
+        pairs = [pair for item in got if isinstance(item, list) for pair in item]
+        assert pairs == want, cut

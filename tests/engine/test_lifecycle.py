@@ -406,3 +406,36 @@ def test_a_requested_restart_is_refused_while_starting_or_ending() -> None:
     (stop,) = policy.feed(lc.StopRequested(), 1.0)
     assert isinstance(stop, lc.StopRun)
     assert policy.feed(lc.RestartRequested(), 1.5) == [] and policy.generation == 0
+
+
+def test_feed_sample_does_what_feeding_the_events_input_does() -> None:
+    """The dispatcher's hot path (a step or device event fed without its input object) changes the policy as
+    ``feed(from_event(event))`` does, and says the same: a host heard again, its samples, steps, CPU figures."""
+    samples = [events.make("device", "worker:0", cpu_percent=50.0), events.make("device", "worker:1", rss_bytes=5),
+               events.make("device", "worker:1", cpu_percent=7), step("worker:0", 3), step("worker:1", 4, worker=1),
+               step("worker:0", 5, generation=1), events.make("device", "worker:0", cpu_percent=9.0, generation=1),
+               events.make("device", "nobody", cpu_percent=1.0), step("nobody", 2),
+               status("worker:1", "running"), events.make("info", "worker:0", message="hi")]
+
+    def state(policy: Lifecycle) -> Any:
+        return ({n: (t.last_step, t.progress_at, list(t.cpu)) for n, t in policy.tasks.items()},
+                policy.clock.run_progress_at, sorted(policy.hosts.sampled), dict(policy.hosts.heard_at))
+
+    said: list[lc.Action] = []
+    for mode, tasks, silent in (("data", LAB, "lab2"), ("async", LAB_ASYNC, "lab3")):
+        hosts = ["lab1", "lab2", "lab3"]
+        one, other = started(tasks, mode, remote_hosts=hosts), started(tasks, mode, remote_hosts=hosts)
+        for policy in (one, other):  # hosts went silent and one does not answer: hearing from it again is news
+            sampled(policy, tasks, 1.0)
+            sampled(policy, tasks[:1], 3.5)
+            policy.feed(lc.Tick(), 3.5)
+            policy.feed(lc.HostProbed(silent, "no answer"), 4.0)
+        for now, event in enumerate(samples, 5):
+            decoded = events.decode(events.encode(event))
+            assert decoded is not None
+            item = lc.from_event(decoded)
+            got = lc.feed_sample(one, decoded, float(now))
+            assert got == ([] if item is None else other.feed(item, float(now)))
+            assert state(one) == state(other)
+            said += got
+    assert any(isinstance(a, lc.HostNotice) and not a.unreachable for a in said)
