@@ -371,26 +371,42 @@ class Lifecycle:
     # -- feeding
 
     def feed(self, item: Input, now: float) -> list[Action]:
-        said: list[Action] = []
-        if isinstance(item, (TaskStatus, StepProgress, CpuSample)):
-            known = self.tasks.get(item.task)
-            if known is not None and known.info.host and item.generation == self.generation:
-                said = self._heard(known.info.host, now)
-                if isinstance(item, CpuSample):
-                    self.hosts.sampled.add(known.info.host)  # it samples: its silence means something
-        return said + self._feed(item, now)
+        if isinstance(item, StepProgress):
+            return self.step_seen(item.task, item.step, item.worker, item.generation, now, item.moved_on)
+        if isinstance(item, CpuSample):
+            return self.cpu_seen(item.task, item.cpu_percent, item.generation, now)
+        if isinstance(item, TaskStatus):
+            return self._heard_from(item.task, item.generation, now) + self._status(item, now)
+        return self._feed(item, now)
+
+    def step_seen(self, task: str, step: int, worker: int | None, generation: int, now: float,
+                  moved_on: bool = False) -> list[Action]:
+        """A task's step (a :class:`StepProgress`, or a ``step`` event read on the dispatcher's hot path)."""
+        said = self._heard_from(task, generation, now)
+        if generation == self.generation:
+            self.clock.record(self.tasks, task, step, worker, moved_on, now)
+        return said
+
+    def cpu_seen(self, task: str, cpu_percent: float, generation: int, now: float) -> list[Action]:
+        """A task's CPU sample (a :class:`CpuSample`, or a ``device`` event read on the hot path)."""
+        said = self._heard_from(task, generation, now, sampled=True)
+        if generation == self.generation and task in self.tasks:
+            self.tasks[task].cpu.append(cpu_percent)
+        return said
+
+    def _heard_from(self, task: str, generation: int, now: float, sampled: bool = False) -> list[Action]:
+        """A current task spoke: its host is alive, and back if it had stopped answering (``sampled``: it samples,
+        so its silence means something)."""
+        known = self.tasks.get(task)
+        if known is None or not known.info.host or generation != self.generation:
+            return []
+        host = known.info.host
+        if sampled:
+            self.hosts.sampled.add(host)
+        back = self.hosts.heard(host, now)
+        return [HostNotice(host, back, False)] if back and self.outcome is None else []
 
     def _feed(self, item: Input, now: float) -> list[Action]:
-        if isinstance(item, TaskStatus):
-            return self._status(item, now)
-        if isinstance(item, StepProgress):
-            self._progress(item, now)
-            return []
-        if isinstance(item, CpuSample):
-            task = self.tasks.get(item.task)
-            if task is not None and item.generation == self.generation:
-                task.cpu.append(item.cpu_percent)
-            return []
         if isinstance(item, SupervisorExited):
             return self._supervisor_exited(item)
         if isinstance(item, StopRequested):
@@ -484,7 +500,7 @@ class Lifecycle:
         cut = self.hosts.unreachable.get(item.host)
         if cut is not None:  # ssh gave up on a host that had stopped answering: the network's doing, said first
             message = f"{cut[0]}; then its supervisor's connection ended ({message})"
-        if unfinished and self._workers_only(unfinished) and self.phase is RunPhase.RUNNING:
+        if unfinished and _workers_only(self.mode, unfinished) and self.phase is RunPhase.RUNNING:
             count = self.hosts.next_relaunch(item.host)
             if count <= self.hosts.max_relaunches:
                 for task in unfinished:  # lost: not overdue while its host comes back
@@ -494,16 +510,7 @@ class Lifecycle:
                         "host of lost async workers")
         return self._failed(supervisor_name(item.host), message)
 
-    def _workers_only(self, tasks: Sequence[_Task]) -> bool:
-        """Tasks an async run goes on without (its workers; never its chief or a ps)."""
-        return self.mode == "async" and all(t.info.role == "worker" for t in tasks)
-
     # -- hosts of other machines
-
-    def _heard(self, host: str, now: float) -> list[Action]:
-        """Something came from ``host``: it is alive (and back, if it had stopped answering)."""
-        back = self.hosts.heard(host, now)
-        return [HostNotice(host, back, False)] if back and self.outcome is None else []
 
     def _host_tasks(self, host: str) -> list[_Task]:
         return [t for t in self.tasks.values() if t.info.host == host and not t.phase.terminal
@@ -527,7 +534,7 @@ class Lifecycle:
         names = ", ".join(t.info.name for t in tasks)
         why = (f"host {item.host} does not answer: {item.problem}; nothing came from it for {now - heard:.0f} s "
                f"(network cut or host down)")
-        if self._workers_only(tasks):
+        if _workers_only(self.mode, tasks):
             if item.host in self.hosts.unreachable:
                 return []
             self.hosts.unreachable[item.host] = (why, heard)
@@ -572,10 +579,6 @@ class Lifecycle:
         return [StopRun(outcome)]
 
     # -- progress
-
-    def _progress(self, item: StepProgress, now: float) -> None:
-        if item.generation == self.generation:
-            self.clock.record(self.tasks, item.task, item.step, item.worker, item.moved_on, now)
 
     def _check_progress(self, now: float) -> list[Action]:
         if self.clock.progress_timeout_s <= 0 or self.outcome is not None or self.phase is not RunPhase.RUNNING:
@@ -633,6 +636,11 @@ def hang_culprit(tasks: Sequence[_Task]) -> _Task:
     return next(t for t in tasks if t.last_step == lowest)
 
 
+def _workers_only(mode: str, tasks: Sequence[_Task]) -> bool:
+    """Tasks an async run goes on without (its workers; never its chief or a ps)."""
+    return mode == "async" and all(t.info.role == "worker" for t in tasks)
+
+
 def from_event(event: dict[str, Any]) -> Input | None:
     """The policy's view of a decoded event, if it has one."""
     kind = event.get("kind")
@@ -663,36 +671,21 @@ def from_event(event: dict[str, Any]) -> Input | None:
 
 
 def feed_sample(policy: Lifecycle, event: dict[str, Any], now: float) -> list[Action]:
-    """``policy.feed(from_event(event), now)`` for a ``step`` or ``device`` event (any other goes there), without
-    making the input (the dispatcher's hot path: nearly every event of a run is one of these)."""
+    """``policy.feed(from_event(event), now)``, without making the input for a ``step`` or ``device`` event (the
+    dispatcher's hot path: nearly every event of a run is one of these)."""
     kind = event.get("kind")
-    if kind != "step" and kind != "device":
-        item = from_event(event)
-        return [] if item is None else policy.feed(item, now)
-    generation = int(event.get("generation", 0) or 0)
-    task = str(event.get("task", ""))
     if kind == "step":
         worker = event.get("worker")
-        step = int(event.get("step", 0))
-        worker = worker if isinstance(worker, int) else None
-    else:
-        figure = event.get("cpu_percent")
-        if not isinstance(figure, (int, float)) or isinstance(figure, bool):
+        return policy.step_seen(str(event.get("task", "")), int(event.get("step", 0)),
+                                worker if isinstance(worker, int) else None, int(event.get("generation", 0) or 0), now)
+    if kind == "device":
+        cpu = event.get("cpu_percent")
+        if not isinstance(cpu, (int, float)) or isinstance(cpu, bool):
             return []  # no CPU figure: no input (as from_event)
-        cpu = float(figure)
-    said: list[Action] = []
-    current = generation == policy.generation
-    known = policy.tasks.get(task)
-    if known is not None and known.info.host and current:
-        said = policy._heard(known.info.host, now)
-        if kind == "device":
-            policy.hosts.sampled.add(known.info.host)  # it samples: its silence means something
-    if kind == "step":
-        if current:  # as _progress
-            policy.clock.record(policy.tasks, task, step, worker, False, now)
-    elif known is not None and current:  # as _feed's CpuSample
-        known.cpu.append(cpu)
-    return said
+        return policy.cpu_seen(str(event.get("task", "")), float(cpu), int(event.get("generation", 0) or 0), now)
+    item = from_event(event)
+    return [] if item is None else policy.feed(item, now)
+
 
 Listener = Callable[[dict[str, Any]], None]
 
