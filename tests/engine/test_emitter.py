@@ -128,13 +128,20 @@ class FlushCounter:
         self.pending = b""
 
 
-def test_the_supervisor_relays_one_read_of_a_tasks_pipe_in_one_write(tmp_path: Path) -> None:
+def _supervisor_reading(tmp_path: Path, task: str) -> tuple[FlushCounter, Supervisor, TaskProcess, int, int]:
+    """A supervisor of one task ``task`` whose event pipe (both ends returned) it reads, writing to a counter."""
     out = FlushCounter()
-    plan = TaskPlan(name="chief:0", role="chief", index=0, host="local", port=1, gpu_ids=(), devices=1, env={})
+    role, _, index = task.partition(":")
+    plan = TaskPlan(name=task, role=role, index=int(index), host="local", port=1, gpu_ids=(), devices=1, env={})
     sup = Supervisor({"run_dir": str(tmp_path / "run"), "tasks": [plan.to_dict()]}, out=out)
     tp = TaskProcess(plan)
     r, w = nonblocking_pipe()
     tp.event_fd = r
+    return out, sup, tp, r, w
+
+
+def test_the_supervisor_relays_one_read_of_a_tasks_pipe_in_one_write(tmp_path: Path) -> None:
+    out, sup, tp, _, w = _supervisor_reading(tmp_path, "chief:0")
     report = b"".join(events.encode(events.make(kind, "chief:0", **fields)).encode() for kind, fields in (
         ("step", {"replica": 0, "step": 16, "loss": 1.0}), ("step", {"replica": 1, "step": 16, "loss": 1.1}),
         ("progress", {"step": 16, "total": 100})))
@@ -155,12 +162,7 @@ def test_the_supervisor_passes_its_tasks_own_samples_on_as_written(tmp_path: Pat
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """A step or device line that begins as the task's own emitter writes it goes out byte for byte, undecoded;
     every other line is decoded and relabelled as before, a bad one counted, a terminal failure held back."""
-    out = FlushCounter()
-    plan = TaskPlan(name="worker:1", role="worker", index=1, host="local", port=1, gpu_ids=(), devices=1, env={})
-    sup = Supervisor({"run_dir": str(tmp_path / "run"), "tasks": [plan.to_dict()]}, out=out)
-    tp = TaskProcess(plan)
-    r, w = nonblocking_pipe()
-    tp.event_fd = r
+    out, sup, tp, r, w = _supervisor_reading(tmp_path, "worker:1")
     em = Emitter("worker:1", None, fd=w)
     em.emit("step", replica=0, step=1, loss=1.0, examples_per_sec=10.0, metrics={"accuracy": 0.5})
     em.emit("device", cpu_percent=99.5, rss_bytes=1, pid=7)
