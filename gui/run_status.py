@@ -7,6 +7,7 @@ import time
 from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QProgressBar, QSizePolicy, QWidget
 
+from engine.contract.run_folder import INTERRUPTED
 from engine.observe.telemetry import RunState
 from gui import theme
 from gui.document_model import DocumentModel
@@ -26,7 +27,7 @@ STATE_TEXT = {
     "finished": "Finished",
     "failed": "Failed",
     "stopped": "Stopped",
-    "interrupted": "Interrupted",
+    INTERRUPTED: "Interrupted",
 }
 
 DETAIL_TIP = "Step, time left at the current pace, and examples/s over all replicas"
@@ -169,7 +170,7 @@ class RunStatus(QWidget):
             parts.append(f"{s.failed_task or 'a task'}: {said or reason}" if s.reason else "see the task table")
         elif state == "stopped":
             parts.append(f"at step {s.step}" + (f" — {s.reason}" if s.reason else ""))
-        elif state == "interrupted":
+        elif state == INTERRUPTED:
             parts.append(f"at step {s.step} — its launcher ended without finishing it")
         elif state == "pending":  # a scheduler (Slurm) holds the run in its queue
             parts.append(f"waiting in the scheduler's queue — {s.reason}" if s.reason else

@@ -33,7 +33,7 @@ import engine
 from engine.contract import config as config_mod
 from engine.contract import datasets
 from engine.contract.config import Problem, RunConfig
-from engine.contract.run_folder import LIVE_STATES, RunFolder
+from engine.contract.run_folder import INTERRUPTED, LIVE_STATES, RunFolder
 from engine.contract.series_store import SeriesFollower
 from engine.control import control_socket
 from engine.control.detach import launcher_alive, read_launcher, run_state
@@ -204,7 +204,7 @@ class FolderRun:
         except Exception as exc:  # noqa: BLE001 - a reader's failure ends the following, never the app
             self._notify("info", f"stopped following the run: {exc!r}")
             if self.final_state is None:
-                self.final_state = "interrupted"
+                self.final_state = INTERRUPTED
         finally:
             self._done.set()
 
@@ -223,7 +223,7 @@ class FolderRun:
                     if self._deliver(reader.read_new()):
                         return
                     ended = run_state(folder)
-                    self.final_state = ended if ended in TERMINAL else "interrupted"
+                    self.final_state = ended if ended in TERMINAL else INTERRUPTED
                     return
             self._closed.wait(POLL_S)
 

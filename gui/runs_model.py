@@ -8,6 +8,7 @@ from typing import Any
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, QObject, QPersistentModelIndex, QSortFilterProxyModel, Qt
 from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPixmap
 
+from engine.contract.run_folder import INTERRUPTED
 from gui import theme
 from gui.runs_scan import RunEntry
 
@@ -29,7 +30,7 @@ _Index = QModelIndex | QPersistentModelIndex
 
 
 def state_color(state: str) -> str:
-    return INTERRUPTED_COLOR if state == "interrupted" else theme.STATE_COLORS.get(state, "#8a8f98")
+    return INTERRUPTED_COLOR if state == INTERRUPTED else theme.STATE_COLORS.get(state, "#8a8f98")
 
 
 def duration_text(seconds: float | None) -> str:
@@ -197,7 +198,7 @@ def row_tip(entry: RunEntry, shown: bool) -> str:
             if entry.launcher_pid else ""
         lines.append(f"Run by {who}{pid}.")
         lines.append("Enter or double-click attaches: its curves and tasks follow it live, Stop stops it.")
-    elif row.state == "interrupted":
+    elif row.state == INTERRUPTED:
         lines.append("Its launcher is gone without recording an end (killed, or the machine went down): its "
                      "history up to then is kept and opens as any past run.")
     else:

@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import Any
 
 from engine.cli.runs_list import RunRow
+from engine.contract.run_folder import INTERRUPTED
 from engine.control.remote import REMOTE_TASK, RemoteError, RemoteRun, RunSummary, remote_list, remote_stop
 from engine.control.remote_protocol import RemoteTarget
 from engine.observe.telemetry import TERMINAL
@@ -92,7 +93,7 @@ class RemoteFollow:
     def final_state(self) -> str | None:
         """``lost`` once the connection was given up before the run's end was heard (it may go on there)."""
         state = self.remote.state
-        if self.remote.lost and state is not None and state.state not in (*TERMINAL, "interrupted"):
+        if self.remote.lost and state is not None and state.state not in (*TERMINAL, INTERRUPTED):
             return "lost"
         return None
 

@@ -15,11 +15,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from engine.cli.runs_list import RunRow, is_run, run_row
-from engine.contract.run_folder import LIVE_STATES, RunFolder
+from engine.contract.records import TERMINAL, RunPhase
+from engine.contract.run_folder import INTERRUPTED, LIVE_STATES, RunFolder
 from engine.control.detach import launcher_alive
 
 #: The states a run may be listed in, for the panel's filter ("live" ones read "running").
-STATES = ("running", "finished", "failed", "stopped", "interrupted")
+STATES = (RunPhase.RUNNING.value, *TERMINAL, INTERRUPTED)
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,8 @@ from typing import Any
 
 from engine.cli.runs_list import RunNotFound, add_runs_option, find_run, runs_root_of
 from engine.contract.config import ConfigError
-from engine.contract.run_folder import LIVE_STATES, RunFolder
+from engine.contract.records import TERMINAL
+from engine.contract.run_folder import INTERRUPTED, LIVE_STATES, RunFolder
 from engine.control import control_socket, slurm, slurm_batch
 from engine.control.detach import launcher_alive, read_launcher, run_state
 from engine.control.remote_protocol import looks_remote
@@ -25,7 +26,6 @@ from engine.control.remote_protocol import looks_remote
 #: How often a follower checks that the run's launcher still lives (seconds).
 LIVENESS_S = 0.5
 #: What a user may do next, said when attach or stop ends.
-_TERMINAL = ("finished", "failed", "stopped")
 
 
 class FollowedRun:
@@ -44,7 +44,7 @@ class FollowedRun:
         with np.errstate(divide="ignore", invalid="ignore"):  # a tier bucket of zero width (series_store) warns
             self.config, self.state, self._reader = read_run_folder(folder.path)
         self._listeners: list[Callable[[dict[str, Any]], None]] = []
-        self._done = self.state.state in (*_TERMINAL, "interrupted")
+        self._done = self.state.state in (*TERMINAL, INTERRUPTED)
         self._checked_at = time.monotonic()
 
     @property
@@ -71,7 +71,7 @@ class FollowedRun:
         if self._done:
             return
         self._fold(self._reader.read_new())
-        if self.state.state in _TERMINAL:
+        if self.state.state in TERMINAL:
             # a Slurm batch job being requeued ends one execution, not the run: stay on through it
             if not (slurm_batch.is_batch_run(self.folder) and run_state(self.folder) in LIVE_STATES):
                 self._done = True
@@ -79,9 +79,9 @@ class FollowedRun:
             self._checked_at = time.monotonic()
             if not launcher_alive(self.folder):
                 self._fold(self._reader.read_new())  # what it wrote before it ended
-                if self.state.state not in _TERMINAL:
+                if self.state.state not in TERMINAL:
                     ended = run_state(self.folder)
-                    self.state.state = ended if ended in _TERMINAL else "interrupted"
+                    self.state.state = ended if ended in TERMINAL else INTERRUPTED
                 self._done = True
 
     def _fold(self, events: list[dict[str, Any]]) -> None:
@@ -141,7 +141,7 @@ def attach(args: argparse.Namespace) -> int:
         return 0
     console.print()
     live_view.print_summary(console, run)
-    if run.state.state == "interrupted":
+    if run.state.state == INTERRUPTED:
         info = read_launcher(folder)
         who = f" (pid {info.pid})" if info is not None else ""
         console.print(f"[yellow]interrupted[/]: its launcher{who} is gone and did not record an end; the history "
@@ -160,7 +160,7 @@ def stop(args: argparse.Namespace) -> int:
         return 2
     name = folder.path.name
     state = run_state(folder)
-    if state in _TERMINAL or state == "interrupted":
+    if state in TERMINAL or state == INTERRUPTED:
         print(_ended(name, folder))
         return 0
     by = f"clusterdeck stop (pid {os.getpid()})"
@@ -202,7 +202,7 @@ def restart(args: argparse.Namespace) -> int:
         print(f"clusterdeck: {exc}", file=sys.stderr)
         return 2
     name = folder.path.name
-    if run_state(folder) in (*_TERMINAL, "interrupted"):
+    if run_state(folder) in (*TERMINAL, INTERRUPTED):
         print(f"clusterdeck: {_ended(name, folder).replace('nothing to stop', 'nothing to restart')}", file=sys.stderr)
         return 1
     try:
@@ -225,7 +225,7 @@ def restart(args: argparse.Namespace) -> int:
 
 def _ended(name: str, folder: RunFolder) -> str:
     state = run_state(folder) or "ended"
-    if state == "interrupted":
+    if state == INTERRUPTED:
         return f"{name} has ended: interrupted (its launcher is gone); nothing to stop"
     return f"{name} has ended ({state}); nothing to stop"
 
@@ -263,7 +263,7 @@ def attach_remote(args: argparse.Namespace) -> int:
     console = Console()
     where = run.run_dir
     try:
-        if not run.done and run.state.state not in (*_TERMINAL, "interrupted"):
+        if not run.done and run.state.state not in (*TERMINAL, INTERRUPTED):
             console.print(f"attached to {escape(where)} ({run.state.state}) over ssh; Ctrl+C detaches, the run goes on")
         view = live_view.LiveView(run, console)
         try:
@@ -279,7 +279,7 @@ def attach_remote(args: argparse.Namespace) -> int:
     if run.lost is not None:
         console.print(f"[yellow]connection lost[/]: {escape(run.lost)}")
         return 1
-    if run.state.state == "interrupted":
+    if run.state.state == INTERRUPTED:
         console.print("[yellow]interrupted[/]: its launcher is gone and did not record an end; the history up to "
                       "then is shown above")
     return 0 if run.state.state == "finished" else 1
@@ -297,7 +297,7 @@ def stop_remote(args: argparse.Namespace) -> int:
     name = args.run
     if reply.get("already_ended"):
         state = reply.get("state") or "ended"
-        if state == "interrupted":
+        if state == INTERRUPTED:
             print(f"{name} has ended: interrupted (its launcher is gone); nothing to stop")
         else:
             print(f"{name} has ended ({state}); nothing to stop")

@@ -39,6 +39,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from engine.contract.records import RunPhase
+
 if TYPE_CHECKING:  # the config model (and yaml) is imported only where a config is written or read
     from engine.contract.config import RunConfig
 
@@ -205,7 +207,11 @@ def launcher_identity() -> dict[str, Any]:
 
 
 #: States of a run whose launcher is still expected to be there to end it.
-LIVE_STATES = ("pending", "starting", "running", "restarting", "stopping")
+#: A run's states while its launcher has it; TERMINAL (``engine.contract.records``) once it ended.
+LIVE_STATES = tuple(p.value for p in (RunPhase.PENDING, RunPhase.STARTING, RunPhase.RUNNING, RunPhase.RESTARTING,
+                                      RunPhase.STOPPING))
+#: A folder's state where its launcher is gone without saying how the run ended (read, never sent).
+INTERRUPTED = "interrupted"
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -428,4 +434,4 @@ class RunFolder:
         pid, host, token = launcher.get("pid"), launcher.get("host"), launcher.get("token")
         if not isinstance(pid, int) or host != socket.gethostname():
             return state
-        return state if process_alive(pid, str(token or "")) else "interrupted"
+        return state if process_alive(pid, str(token or "")) else INTERRUPTED

@@ -35,6 +35,7 @@ from engine.contract import config as config_mod
 from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
 from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
+from engine.contract.records import TERMINAL
 from engine.contract.run_folder import RunFolder, default_runs_root, launcher_identity
 from engine.contract.supervisor_spec import SupervisorSpec
 from engine.control import background, netns, preflight, transports, unchosen_code
@@ -372,7 +373,7 @@ class Run:
             return TASK_STOP_GRACE
         with self.core.lock:
             live = [t for name in sup.tasks if (t := self.state.tasks.get(name)) is not None
-                    and t.state not in ("finished", "failed", "stopped")]
+                    and t.state not in TERMINAL]
         return TASK_STOP_GRACE if any(t.name.startswith("evaluator:") for t in live) else 0.0
 
     # -- the record

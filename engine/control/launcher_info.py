@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from engine.contract.run_folder import LIVE_STATES, RunFolder, process_alive, process_token
+from engine.contract.run_folder import INTERRUPTED, LIVE_STATES, RunFolder, process_alive, process_token
 
 
 @dataclass(frozen=True)
@@ -82,5 +82,5 @@ def folder_state(folder: RunFolder, meta: dict[str, Any] | None = None) -> str:
     state = folder.effective_state(meta)
     info = read_launcher(folder)
     if info is not None:
-        state = "interrupted" if not info.alive() and state in (*LIVE_STATES, "") else (state or "starting")
+        state = INTERRUPTED if not info.alive() and state in (*LIVE_STATES, "") else (state or "starting")
     return state

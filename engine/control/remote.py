@@ -32,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields
 from typing import Any
 
+from engine.contract.records import TERMINAL
+from engine.contract.run_folder import INTERRUPTED
 from engine.control.launcher_info import RunRow
 from engine.control.remote_feed import RECONNECT_S, REMOTE_TASK, Feed, Received
 from engine.control.remote_link import (
@@ -52,7 +54,6 @@ from engine.control.remote_protocol import PROTOCOL, RemoteTarget, TargetError, 
 __all__ = ["REMOTE_COMMAND_ENV", "REMOTE_TASK", "RemoteError", "RemoteRun", "RunSummary", "remote_list",
            "remote_status", "remote_stop"]
 
-_ENDED = ("finished", "failed", "stopped")
 
 
 @dataclass(frozen=True)
@@ -156,7 +157,7 @@ class RemoteRun:
             for event in history.events:
                 if self._received.fresh(event):
                     state.apply(event)
-            if history.state in (*_ENDED, "interrupted") and state.state not in _ENDED:
+            if history.state in (*TERMINAL, INTERRUPTED) and state.state not in TERMINAL:
                 state.state = history.state
             self.state = state
         except BaseException:
@@ -243,7 +244,7 @@ class RemoteRun:
             self._done = True
             return
         if isinstance(item, tuple):  # ("end", state): the follower saw the run end
-            if self.state is not None and self.state.state not in _ENDED:
+            if self.state is not None and self.state.state not in TERMINAL:
                 self.state.state = item[1]
             return
         if self.state is not None:

@@ -18,7 +18,8 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from engine.contract import events
-from engine.contract.run_folder import LIVE_STATES, LineSplitter, RunFolder
+from engine.contract.records import TERMINAL
+from engine.contract.run_folder import INTERRUPTED, LIVE_STATES, LineSplitter, RunFolder
 from engine.control import control_socket
 from engine.control.detach import STOP_ANSWER_S, launcher_alive, run_state
 from engine.control.remote_protocol import (
@@ -43,7 +44,6 @@ POLL_S = 0.1
 LIVENESS_S = 0.5
 #: Events per write (one system call each).
 BATCH = 512
-_ENDED = ("finished", "failed", "stopped")
 
 
 class Closed(Exception):
@@ -85,7 +85,7 @@ def forward(folder: RunFolder, command: str, by: str | None = None) -> dict[str,
     (``ok`` false, ``error``; ``refused`` for another user's run). Stopping a run that has ended answers
     ``already_ended``."""
     state = run_state(folder)
-    if command == "stop" and state in (*_ENDED, "interrupted"):
+    if command == "stop" and state in (*TERMINAL, INTERRUPTED):
         return {"ok": True, "already_ended": True, "done": True, "state": state}
     fields = {"by": by} if by else {}
     try:
@@ -201,7 +201,7 @@ class Follower:
 
     def _track(self, batch: list[dict[str, Any]]) -> None:
         for event in batch:
-            if event["kind"] == "run" and event.get("state") in _ENDED:
+            if event["kind"] == "run" and event.get("state") in TERMINAL:
                 self.state = str(event["state"])
 
     # -- live
@@ -251,7 +251,7 @@ class Follower:
             self.channel.send_all(batch)
 
     def _ended(self) -> bool:
-        if self.state in _ENDED:
+        if self.state in TERMINAL:
             return True
         if time.monotonic() - self._checked_at < LIVENESS_S:
             return False
@@ -259,9 +259,9 @@ class Follower:
         if launcher_alive(self.folder):
             return False
         self._send_new()  # what it wrote before it ended
-        if self.state not in _ENDED:
+        if self.state not in TERMINAL:
             ended = run_state(self.folder)
-            self.state = ended if ended in _ENDED else "interrupted"
+            self.state = ended if ended in TERMINAL else INTERRUPTED
         return True
 
     # -- commands

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.contract import events
-from engine.contract.run_folder import bounded_lines
+from engine.contract.records import TERMINAL
+from engine.contract.run_folder import INTERRUPTED, bounded_lines
 from engine.control.remote_protocol import (
     MISSING_MARK,
     PROTOCOL,
@@ -302,7 +303,7 @@ def control(target: RemoteTarget, command: str, given_command: str | None, timeo
     link = Link(target, ["--protocol", str(PROTOCOL), "--control", "--", target.path], remote_command(given_command))
     try:
         said = hello(link)
-        if said.get("state") in ("finished", "failed", "stopped", "interrupted") and command == "stop":
+        if said.get("state") in (*TERMINAL, INTERRUPTED) and command == "stop":
             return {"ok": True, "already_ended": True, "done": True, "state": said["state"],
                     "run_dir": said.get("run_dir")}
         if not link.send(command_line(command, 1, **fields)):

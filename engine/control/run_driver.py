@@ -22,6 +22,7 @@ from typing import Any
 
 from engine.contract import checkpoint_state, events
 from engine.contract.config import RunConfig
+from engine.contract.records import TERMINAL
 from engine.control import doctor, process_end, transports
 from engine.control import lifecycle as lc
 from engine.control.run_core import Item as Item  # also read from here
@@ -223,7 +224,7 @@ class RunDriver:
 
     def _ask_for_stacks(self, action: lc.Action) -> None:
         with self.core.lock:
-            live = [n for n, t in self.run.state.tasks.items() if t.state not in ("finished", "failed", "stopped")]
+            live = [n for n, t in self.run.state.tasks.items() if t.state not in TERMINAL]
         if isinstance(action, lc.RestartTask):
             live = [action.task]
         if isinstance(action, lc.RestartTask):

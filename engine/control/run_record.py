@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.contract import events
+from engine.contract.records import TERMINAL
 from engine.contract.run_folder import RunFolder
 from engine.contract.series_store import Retention, SeriesWriter
 
@@ -44,7 +45,6 @@ SERIES_FLUSH_EVENTS = 50_000
 META_INTERVAL_S = 1.0  # run.json is rewritten at most this often while the run runs
 #: The states a run ends in (:class:`engine.control.lifecycle.EndState`): once one is decided, a
 #: ``run.json`` that cannot be written fails nothing more.
-END_STATES = ("finished", "failed", "stopped")
 #: Events that change what ``run.json`` says (the run's state, a task's state or pid).
 META_KINDS = ("run", "status")
 
@@ -189,7 +189,7 @@ class RunRecord:
         except OSError as exc:
             if strict:
                 raise
-            if fields.get("state") in END_STATES:
+            if fields.get("state") in TERMINAL:
                 return
             self._fail(self.folder_problem(exc, self.folder.run_json))
 

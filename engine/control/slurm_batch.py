@@ -49,7 +49,7 @@ from typing import Any
 from engine.contract import config as config_mod
 from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
-from engine.contract.run_folder import LIVE_STATES, RunFolder, write_atomic
+from engine.contract.run_folder import INTERRUPTED, LIVE_STATES, RunFolder, write_atomic
 from engine.control import slurm
 from engine.control.launcher_info import folder_state, read_launcher
 from engine.control.slurm import JobStatus, SlurmError
@@ -357,7 +357,7 @@ def batch_state(folder: RunFolder, state: str | None = None, *, fresh: bool = Fa
     job = str(record.get("job_id") or "")
     # a stop at the warning whose requeue is under way, or a stop by Slurm's signal: the job may come back
     last = _last_word(folder) if state == "stopped" else ""
-    if not job or not (state in LIVE_STATES or state in ("interrupted", "") or last):
+    if not job or not (state in LIVE_STATES or state in (INTERRUPTED, "") or last):
         return BatchState(state, reason, job)
     if _launcher_alive_here(folder):
         if last == "requeueing":
@@ -374,7 +374,7 @@ def batch_state(folder: RunFolder, state: str | None = None, *, fresh: bool = Fa
                 return BatchState("starting", status.explain(), job, status.state)
         return BatchState(state, reason, job, status.state if status is not None else "")
     if status is None:
-        return BatchState("interrupted", f"the run's launcher is gone and {why}", job)
+        return BatchState(INTERRUPTED, f"the run's launcher is gone and {why}", job)
     if status.pending:
         return BatchState("pending", status.explain(), job, status.state)
     if not status.ended:  # running (its launcher on another node, or starting), completing
@@ -386,7 +386,7 @@ def batch_state(folder: RunFolder, state: str | None = None, *, fresh: bool = Fa
     if status.state == "CANCELLED":
         return BatchState("stopped", f"{status.explain()} before its launcher recorded an end", job, status.state)
     if status.state == "COMPLETED":
-        return BatchState("interrupted", f"{status.explain()} without its launcher recording how the run ended",
+        return BatchState(INTERRUPTED, f"{status.explain()} without its launcher recording how the run ended",
                           job, status.state)
     return BatchState("failed", status.explain(), job, status.state)
 

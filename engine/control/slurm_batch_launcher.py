@@ -18,6 +18,7 @@ from typing import Any
 from engine.contract import config as config_mod
 from engine.contract import events
 from engine.contract.config import ConfigError
+from engine.contract.records import TERMINAL
 from engine.contract.run_folder import RunFolder
 from engine.control import slurm
 from engine.control.slurm_batch import (
@@ -164,7 +165,7 @@ class BatchLauncher:
 
     def _time_limit_near(self, run: Any) -> None:
         """USR1: stop with a final checkpoint; requeue afterwards if a restart is left."""
-        if run.done or run.state.state in ("finished", "failed", "stopped"):
+        if run.done or run.state.state in TERMINAL:
             return
         used = restarts_used(executions(self.folder))
         if used < self.allowed:

@@ -54,6 +54,7 @@ from engine.contract.plan import (
     intra_op_threads,
     share_cores,
 )
+from engine.contract.records import TERMINAL
 from engine.contract.run_folder import (
     OVERLONG,
     LineSplitter,
@@ -224,7 +225,7 @@ class Supervisor:
     def forward(self, tp: TaskProcess, event: dict[str, Any], *, flush: bool = True) -> None:
         """A task's event to the launcher (a terminal failure held back until the task is reaped)."""
         event["task"] = tp.plan.name  # a task speaks only for itself
-        if event["kind"] == "status" and event.get("state") in ("finished", "failed", "stopped"):
+        if event["kind"] == "status" and event.get("state") in TERMINAL:
             tp.terminal_state = event["state"]
             tp.reason = str(event.get("reason", ""))
             tp.cause_task = str(event.get("cause_task", "") or "")

@@ -17,7 +17,7 @@ import numpy as np
 
 from engine.contract import events
 from engine.contract.config import ConfigError, Problem, RunConfig
-from engine.contract.run_folder import RunFolder
+from engine.contract.run_folder import INTERRUPTED, RunFolder
 from engine.contract.series_store import Block, Owner, SeriesFollower, SeriesStore
 from engine.observe.telemetry import (
     REPLICA_METRICS,
@@ -31,7 +31,7 @@ from engine.observe.telemetry import (
 )
 
 #: States after which a run folder gains no events: ``interrupted`` is a run whose launcher died.
-ENDED = (*TERMINAL, "interrupted")
+ENDED = (*TERMINAL, INTERRUPTED)
 #: Points per curve a first view asks for: about one per pixel of a wide plot (the envelope draws the rest).
 MAX_POINTS = 2000
 SERIES = "series"
