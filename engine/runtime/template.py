@@ -25,7 +25,12 @@ REPARENT_TIMEOUT_S = 5.0
 
 
 def import_runtime() -> None:
-    """Everything a task imports before its own work, in the order a cold task imports it."""
+    """Everything a task imports before its own work, in the order a cold task imports it (nothing for simulated
+    tasks, which import no TensorFlow: :data:`engine.runtime.fault_hooks.SIMULATE`)."""
+    from engine.runtime import fault_hooks
+
+    if fault_hooks.simulated_step() > 0:
+        return
     from engine.runtime.keras_import import import_keras
 
     import_keras()  # first, without the notebook extras (as engine.runtime.task does)
