@@ -265,3 +265,22 @@ def test_a_forked_task_starts_at_once_even_where_its_middle_process_exits_first(
     assert done.returncode == 0, done.stderr[-2000:]
     delays = [float(d) for d in done.stdout.split("DELAYS", 1)[1].split()]
     assert max(delays) < 2.0, delays  # 0.3 s of its own slowness, not 5.3
+
+
+def test_a_forked_task_takes_the_config_its_template_read_only_while_the_file_is_unchanged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.runtime import task
+
+    monkeypatch.setattr(task, "_preloaded", None)
+    path = tmp_path / "config.yaml"
+    path.write_text(config_mod.dumps(_small(7)))
+    task.preload_config(path)  # in the template, before it forks
+    assert task.load_config(path) is task._preloaded[1]  # type: ignore[index]
+    assert task.load_config(path).training.steps == 7
+    path.write_text(config_mod.dumps(_small(9)))  # rewritten since: read again
+    assert task.load_config(path).training.steps == 9
+    path.write_text("not: [a config")
+    task.preload_config(path)  # a file it cannot read: each task reads it, and says what is wrong
+    assert task._preloaded is None
+    with pytest.raises(config_mod.ConfigError):
+        task.load_config(path)
