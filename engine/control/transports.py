@@ -68,6 +68,7 @@ import stat
 import subprocess
 import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -325,9 +326,29 @@ def _mux_folder() -> str | None:
     return folder
 
 
+#: Seconds the answer of :func:`_users_own_mux` is kept (a launch asks it twice per host: its login check, its
+#: supervisor's start, a second or two apart).
+_OWN_MUX_KEEP_S = 30.0
+_own_mux: dict[tuple[str, ...], tuple[float, bool]] = {}
+_own_mux_lock = threading.Lock()
+
+
 def _users_own_mux(host: Host) -> bool:
     """Whether the user's ssh config chooses connection sharing for ``host`` itself (``ssh -G``: its settings as
     ssh resolves them); True where that cannot be told (their choice is then left alone)."""
+    key = (host.ssh_target, host.ssh_user, str(host.ssh_port), os.environ.get("CLUSTERDECK_SSH_CONFIG", ""))
+    now = time.monotonic()
+    with _own_mux_lock:
+        known = _own_mux.get(key)
+    if known is not None and now - known[0] < _OWN_MUX_KEEP_S:
+        return known[1]
+    own = _ask_ssh_for_own_mux(host)
+    with _own_mux_lock:
+        _own_mux[key] = (now, own)
+    return own
+
+
+def _ask_ssh_for_own_mux(host: Host) -> bool:
     cmd = ["ssh", "-G"]
     extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
     if extra_config:
