@@ -175,8 +175,8 @@ def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
     from engine.control import transports  # the one place an ssh command line is made
 
     # the connection it makes is shared: the supervisor's session then goes through it (transports.ssh_mux_path)
-    mux = transports.ssh_mux_path(host)
-    log, offset = (Path(mux + ".log"), 0) if mux is not None else (None, 0)
+    mux = transports.ssh_mux_path(host, fresh=True)
+    log, offset = (transports.ssh_mux_log(mux), 0) if mux is not None else (None, 0)
     if log is not None:
         offset = _fresh_log(log)
     cmd = transports.ssh_command(host, ["true"], connect_timeout=timeout, mux=mux, master=True)

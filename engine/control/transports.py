@@ -62,6 +62,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import os
+import secrets
 import shlex
 import signal
 import stat
@@ -194,7 +195,7 @@ class SshTransport(BaseTransport):
         assert launch.host is not None, "an ssh supervisor needs its host"
         mux = ssh_mux_path(launch.host)
         if mux is not None:
-            log = Path(mux + ".log")
+            log = ssh_mux_log(mux)
             self._mux_logs[launch.group] = (log, _size(log))
         return self._popen(ssh_command(launch.host, list(launch.command), mux=mux), launch)
 
@@ -261,8 +262,8 @@ def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = S
 
     ``mux`` (:func:`ssh_mux_path`): the session goes through the shared connection at that control socket where
     there is one, else connects as it would without (OpenSSH's ``ControlMaster=no``); with ``master`` it makes
-    that connection where there is none, kept :data:`SSH_PERSIST_S` seconds after its last session, and ssh's
-    own messages go to ``<mux>.log`` (the shared connection outlives this command: what it says later is there).
+    that connection, kept :data:`SSH_PERSIST_S` seconds after its last session, and ssh's own messages go to the
+    host's log (:func:`ssh_mux_log`: the shared connection outlives this command, and what it says later is there).
     """
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
            "-o", f"ConnectTimeout={max(1, round(connect_timeout))}"]
@@ -275,8 +276,8 @@ def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = S
         cmd += ["-p", str(host.ssh_port)]
     if mux is not None:
         cmd += ["-o", f"ControlPath={mux}"]
-        cmd += (["-o", "ControlMaster=auto", "-o", f"ControlPersist={SSH_PERSIST_S}", "-E", mux + ".log"] if master
-                else ["-o", "ControlMaster=no"])
+        cmd += (["-o", "ControlMaster=auto", "-o", f"ControlPersist={SSH_PERSIST_S}", "-E", str(ssh_mux_log(mux))]
+                if master else ["-o", "ControlMaster=no"])
     # the remote shell parses the command line: quote every word
     cmd += ["--", host.ssh_target, shlex.join(remote_cmd)]
     return cmd
@@ -286,23 +287,49 @@ def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = S
 SSH_MUX_ENV = "CLUSTERDECK_SSH_MUX"
 #: Seconds a shared connection to a host stays up after its last session ended (OpenSSH's ``ControlPersist``).
 SSH_PERSIST_S = 30
-#: The longest control socket folder: a socket's path has about 104 bytes, and ssh adds 17 while it makes one.
-_MUX_FOLDER_MAX = 64
+#: The longest control socket folder: a socket's path has about 104 bytes; a name here is 29, and ssh adds 17 to it
+#: while it makes one.
+_MUX_FOLDER_MAX = 48
 
 
-def ssh_mux_path(host: Host) -> str | None:
+#: The shared connection the latest login check made to each host (its control socket), by :func:`_host_key`.
+_latest_mux: dict[str, str] = {}
+_latest_mux_lock = threading.Lock()
+
+
+def _host_key(host: Host) -> str:
+    """A host as ssh would be asked to reach it (destination, user, port, the ssh config named)."""
+    key = "\0".join((host.ssh_target, host.ssh_user, str(host.ssh_port), os.environ.get("CLUSTERDECK_SSH_CONFIG", "")))
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
+
+
+def ssh_mux_path(host: Host, *, fresh: bool = False) -> str | None:
     """The control socket through which the launcher's ssh sessions to ``host`` share one connection (OpenSSH's
-    ``ControlMaster``): the login check before a launch makes it, the supervisor's session then needs no
-    connection, key exchange and login of its own. None (each session connects on its own, as without) where
-    ``CLUSTERDECK_SSH_MUX=0``, where the user's own ssh config sets ``ControlMaster`` or ``ControlPath`` for the host
-    (theirs applies, untouched), or where no private folder for the socket can be had."""
+    ``ControlMaster``): ``fresh`` (the login check before a launch) a new one, for a connection it makes itself
+    (a real login every time: an sshd gone is found even while an earlier connection lives on); else the one the
+    latest login check made, where it is still there, so the supervisor's session needs no connection, key exchange
+    and login of its own. None (each session connects on its own, as without) where ``CLUSTERDECK_SSH_MUX=0``,
+    where the user's own ssh config sets ``ControlMaster`` or ``ControlPath`` for the host (theirs applies,
+    untouched), where no private folder for the socket can be had, or where no login check made one."""
     if os.environ.get(SSH_MUX_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
         return None
     folder = _mux_folder()
     if folder is None or _users_own_mux(host):
         return None
-    key = "\0".join((host.ssh_target, host.ssh_user, str(host.ssh_port), os.environ.get("CLUSTERDECK_SSH_CONFIG", "")))
-    return os.path.join(folder, hashlib.sha256(key.encode("utf-8")).hexdigest()[:20])
+    key = _host_key(host)
+    if fresh:
+        path = os.path.join(folder, f"{key}-{secrets.token_hex(4)}")
+        with _latest_mux_lock:
+            _latest_mux[key] = path
+        return path
+    with _latest_mux_lock:
+        path = _latest_mux.get(key, "")
+    return path if path and os.path.exists(path) else None
+
+
+def ssh_mux_log(mux: str) -> Path:
+    """Where ssh's own messages of a host's shared connections go (``ssh -E``; one file per host)."""
+    return Path(mux.rpartition("-")[0] + ".log")
 
 
 def _mux_folder() -> str | None:

@@ -164,11 +164,12 @@ def test_the_login_check_leaves_one_shared_connection_that_the_supervisors_sessi
 
     monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(sshd))
     host = Host(name="remote", address="127.0.0.1", ssh_host="cdtest", python=sys.executable)
+    assert transports.ssh_mux_path(host) is None  # no login check made one yet: a session of its own
+    assert reachability.login_problem(host) is None
     mux = transports.ssh_mux_path(host)
-    assert mux is not None and os.path.dirname(mux).endswith(f"clusterdeck-ssh-{os.getuid()}")
-    assert oct(os.stat(os.path.dirname(mux)).st_mode & 0o777) == "0o700"
     try:
-        assert reachability.login_problem(host) is None
+        assert mux is not None and os.path.dirname(mux).endswith(f"clusterdeck-ssh-{os.getuid()}")
+        assert oct(os.stat(os.path.dirname(mux)).st_mode & 0o777) == "0o700"
         assert _mux_check(sshd, mux, "check") == 0, "the login check left no shared connection"
         # sshd stops listening: a new connection is refused, the shared one still carries a supervisor's session
         pid = int((sshd.parent / "sshd.pid").read_text())
@@ -181,8 +182,12 @@ def test_the_login_check_leaves_one_shared_connection_that_the_supervisors_sessi
         assert (proc.returncode, out) == (0, b"got spec\n"), launch.log.read_text()
         plain = subprocess.run(ssh_command(host, ["true"]), capture_output=True, timeout=20)
         assert plain.returncode == 255 and b"refused" in plain.stderr  # what a session of its own would have met
+        # the next launch's login check logs in afresh: the gone sshd is named, the earlier connection notwithstanding
+        problem = reachability.login_problem(host)
+        assert problem is not None and "ssh cannot log in" in problem and "Connection refused" in problem, problem
     finally:
-        _mux_check(sshd, mux, "exit")
+        if mux is not None:
+            _mux_check(sshd, mux, "exit")
 
 
 def test_the_users_own_connection_sharing_and_the_switch_are_honoured(
@@ -191,16 +196,16 @@ def test_the_users_own_connection_sharing_and_the_switch_are_honoured(
 
     host = Host(name="remote", address="127.0.0.1", ssh_host="cdtest")
     monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(sshd))
-    assert transports.ssh_mux_path(host) is not None
+    assert transports.ssh_mux_path(host, fresh=True) is not None
     monkeypatch.setenv(transports.SSH_MUX_ENV, "0")
-    assert transports.ssh_mux_path(host) is None
-    assert "ControlPath" not in " ".join(ssh_command(host, ["true"], mux=transports.ssh_mux_path(host)))
+    assert transports.ssh_mux_path(host, fresh=True) is None
+    assert "ControlPath" not in " ".join(ssh_command(host, ["true"], mux=transports.ssh_mux_path(host, fresh=True)))
     monkeypatch.delenv(transports.SSH_MUX_ENV)
     own = tmp_path / "own_config"
     own.write_text(sshd.read_text().replace("Host cdtest\n", f"Host cdtest\n  ControlMaster auto\n"
                                                              f"  ControlPath {tmp_path}/%C\n"), encoding="utf-8")
     monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(own))
-    assert transports.ssh_mux_path(host) is None  # theirs applies, untouched
+    assert transports.ssh_mux_path(host, fresh=True) is None  # theirs applies, untouched
 
 
 def test_ssh_failing_on_a_shared_connection_is_still_said_as_ssh_said_it(tmp_path: Path) -> None:
