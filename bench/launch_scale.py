@@ -349,7 +349,7 @@ def _doc(args: Any, figures: dict[str, Any], got: dict[str, list[dict[str, Any]]
     lines.append("| **`Run.start()` to every task stepping** | " + " | ".join(cells) + " |")
     lines.append("| CPU-seconds the machine was busy meanwhile (its 2 cores: all hosts') | " + " | ".join(
         "{:.1f} [{:.1f}, {:.1f}]".format(*figures["sides"][s]["cpu"]) for s in names) + " |")
-    lines.append("| `Run.stop()` to every process gone | " + " | ".join(
+    lines.append("| `Run.stop()` (returns once the run's processes are gone) | " + " | ".join(
         "{:.2f} [{:.2f}, {:.2f}]".format(*figures["sides"][s]["stop"]) for s in names) + " |")
     this = figures["sides"].get(f"{n}/this")
     if this is not None:
