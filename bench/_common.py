@@ -20,7 +20,7 @@ DOC = ROOT / "docs" / "benchmarks.md"
 #: Order of the sections in docs/benchmarks.md (one or two per benchmark script).
 SECTIONS = ("telemetry_overhead", "whole_run", "whole_run_profile", "modes", "step_cpu", "live_latency", "gui_scale",
             "gui_scale_large", "ingest", "scale_design", "run_storage", "startup_stop", "stop_storm", "warm_start", "gpu_check", "profiles",
-            "attach_latency", "breakdown_cost", "app_scale")
+            "attach_latency", "breakdown_cost", "app_scale", "launch_scale")
 
 _HEADER = """# Benchmarks
 

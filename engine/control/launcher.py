@@ -124,6 +124,7 @@ class Run:
         self.started = False
         self._folder: RunFolder | None = None
         self._dispatcher: threading.Thread | None = None
+        self._yaml_of: tuple[RunConfig, str] | None = None  # the config and its YAML, as the supervisors get it
         # what the run shares with its dispatcher and its host watch
         self.core = RunCore(base_config=config, lifecycle=lc.Lifecycle([], mode=config.parallelism.mode),
                             launcher=launcher_identity(), run_dir=Path(run_dir) if run_dir is not None else None)
@@ -320,6 +321,12 @@ class Run:
         for host, plans in self.groups(self.config).items():
             self.start_supervisor(host, plans)
 
+    def _config_yaml(self) -> str:
+        """The resolved config as every supervisor of this generation gets it (made once, not once per host)."""
+        if self._yaml_of is None or self._yaml_of[0] is not self.config:
+            self._yaml_of = (self.config, config_mod.dumps(self.config))
+        return self._yaml_of[1]
+
     def emit_info(self, message: str, **fields: Any) -> None:
         self.core.queue.put(events.make("info", "launcher", message=message, **fields))
 
@@ -337,7 +344,7 @@ class Run:
             # a host started again (lost, or a whole-run restart) first ends what its earlier supervisor left
             takeover=takeover or self.core.lifecycle.generation > 0, restarts=dict(restarts or {}),
             # a remote host has no copy of the run folder: it writes the config its tasks read
-            config_yaml=config_mod.dumps(self.config))
+            config_yaml=self._config_yaml())
         transport = self.core.transports[transports.kind_of(remote, isolated=self.isolated)]
         launch = transports.SupervisorLaunch(group=host, host=remote, command=transports.supervisor_command(python),
                                              env=transports.local_env(), log=self.folder.supervisor_log(host))

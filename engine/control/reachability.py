@@ -33,6 +33,7 @@ import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from engine.contract.config import Host, Problem, RunConfig
 
@@ -173,7 +174,12 @@ def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
     running ``true``), or None."""
     from engine.control import transports  # the one place an ssh command line is made
 
-    cmd = transports.ssh_command(host, ["true"], connect_timeout=timeout)
+    # the connection it makes is shared: the supervisor's session then goes through it (transports.ssh_mux_path)
+    mux = transports.ssh_mux_path(host, fresh=True)
+    log, offset = (transports.ssh_mux_log(mux), 0) if mux is not None else (None, 0)
+    if log is not None:
+        offset = _fresh_log(log)
+    cmd = transports.ssh_command(host, ["true"], connect_timeout=timeout, mux=mux, master=True)
     where = f"host {host.name!r} ({host.ssh_target}, ssh port {host.ssh_port})"
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 2.0,
@@ -184,11 +190,32 @@ def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
         return f"{where}: ssh did not log in within {timeout + 2.0:g} s; expected to log in without a prompt"
     if done.returncode == 0:
         return None
-    said = transports.ssh_complaint(done.stderr.decode("utf-8", "replace").splitlines())
+    # ssh's own words went to the shared connection's log (ssh -E), the remote command's to stderr
+    lines = transports.log_lines_after(log, offset) if log is not None else []
+    said = transports.ssh_complaint(lines + done.stderr.decode("utf-8", "replace").splitlines())
     if done.returncode == 255:
         return f"{where}: ssh cannot log in: {said or 'ssh failed without a word'}; expected to log in over SSH " \
                "without a prompt (BatchMode: a key or an agent)"
     return f"{where}: a command run over ssh exited with code {done.returncode}" + (f": {said}" if said else "")
+
+
+#: A shared connection's log (ssh's own messages) is started afresh past this size.
+MUX_LOG_MAX = 1 << 20
+
+
+def _fresh_log(log: Path) -> int:
+    """The size of a shared connection's log now (0 once one that grew too long was removed)."""
+    try:
+        size = log.stat().st_size
+    except OSError:
+        return 0
+    if size <= MUX_LOG_MAX:
+        return size
+    try:
+        log.unlink()
+    except OSError:
+        return size
+    return 0
 
 
 def login_problems(config: RunConfig, timeout: float = LOGIN_TIMEOUT_S) -> list[Problem]:

@@ -335,9 +335,12 @@ class Supervisor:
         except OSError:
             pass  # without it a later supervisor finds the earlier one's tasks by their mark only
 
-    def run(self, stdin_fd: int) -> int:
+    def run(self, stdin_fd: int, after_spec: bytes = b"") -> int:
+        """Start the tasks, relay, obey, stop; ``after_spec``: what was read of stdin after the spec's line."""
         os.set_blocking(stdin_fd, False)
         self.sel.register(stdin_fd, selectors.EVENT_READ, None)
+        for line in self.stdin_lines.feed(after_spec):
+            self.command(line)
         self.take_over()
         self.starter.announce_threads()
         self.starter.start_template()
@@ -420,6 +423,21 @@ def write_record(folder: RunFolder, record: Path, token: str) -> None:
     os.replace(tmp, record)
 
 
+def read_first_line(fd: int) -> tuple[bytes, bytes] | None:
+    """The first line of ``fd`` (the spec) and what came after it in the same reads (the launcher's first commands),
+    read in chunks (byte by byte, a spec of tens of kB took tens of milliseconds); None where the input ended first."""
+    data = bytearray()
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            return None
+        start = len(data)
+        data += chunk
+        end = data.find(b"\n", start)
+        if end >= 0:
+            return bytes(data[:end + 1]), bytes(data[end + 1:])
+
+
 def main() -> int:
     if netns.LOOPBACK_FLAG in sys.argv[1:]:  # started alone in a fresh network namespace (NetnsTransport)
         try:
@@ -430,12 +448,10 @@ def main() -> int:
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(SystemExit(143)))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C reaches the launcher, which says stop
     stdin_fd = sys.stdin.fileno()
-    first = b""
-    while not first.endswith(b"\n"):
-        chunk = os.read(stdin_fd, 1)
-        if not chunk:
-            return 2
-        first += chunk
+    read = read_first_line(stdin_fd)
+    if read is None:
+        return 2
+    first, after = read
     try:
         spec = SupervisorSpec.from_json(first)
     except SpecError as exc:  # another ClusterDeck version's launcher: said, and quoted by the launcher
@@ -448,7 +464,7 @@ def main() -> int:
         print(f"supervisor: {exc}", file=sys.stderr)
         return 4
     try:
-        return sup.run(stdin_fd)
+        return sup.run(stdin_fd, after)
     except SystemExit:
         sup.stopping = True
         sup.stop_tasks(list(sup.tasks.values()), sup.stop_grace)

@@ -59,12 +59,17 @@ destination, so a name starting with ``-`` can never be read as an option.
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
+import secrets
 import shlex
 import signal
+import stat
 import subprocess
+import tempfile
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -176,19 +181,32 @@ class NetnsTransport(LocalTransport):
 
 
 class SshTransport(BaseTransport):
-    """The supervisor on a remote host through the user's own OpenSSH client."""
+    """The supervisor on a remote host through the user's own OpenSSH client.
+
+    Where the login check before the launch left a shared connection to the host (:func:`ssh_mux_path`), the
+    supervisor's session goes through it: no second connection, key exchange and login."""
 
     kind = "ssh"
 
+    def __init__(self) -> None:
+        self._mux_logs: dict[str, tuple[Path, int]] = {}  # group: its shared connection's log, and its size then
+
     def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
         assert launch.host is not None, "an ssh supervisor needs its host"
-        return self._popen(ssh_command(launch.host, list(launch.command)), launch)
+        mux = ssh_mux_path(launch.host)
+        if mux is not None:
+            log = ssh_mux_log(mux)
+            self._mux_logs[launch.group] = (log, _size(log))
+        return self._popen(ssh_command(launch.host, list(launch.command), mux=mux), launch)
 
     def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
         """Who ended: the ssh client here (a signal), ssh itself (its own complaint quoted), or the supervisor there
-        (its own last words quoted, never ssh's chatter or TensorFlow's start-up lines)."""
+        (its own last words quoted, never ssh's chatter or TensorFlow's start-up lines). Over a shared connection
+        ssh's own complaint (``Timeout, server … not responding``) is in that connection's log, not the session's."""
         target = launch.host.ssh_target if launch.host is not None else launch.group
         ssh_said = [line for line in log_tail if ssh_error(line)]
+        if exit_code == 255 and not ssh_said and launch.group in self._mux_logs:
+            ssh_said = [line for line in log_lines_after(*self._mux_logs[launch.group]) if ssh_error(line)][-2:]
         theirs = [line for line in log_tail if not ssh_error(line) and not ssh_chatter(line)]
         if exit_code < 0:  # the ssh process here ended by a signal: the client, not the remote supervisor
             return _with_tail(f"the ssh client on this machine (to {target}) {describe_exit(exit_code)}; the "
@@ -234,12 +252,18 @@ def ssh_complaint(lines: list[str]) -> str:
 SSH_CONNECT_TIMEOUT_S = 10
 
 
-def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = SSH_CONNECT_TIMEOUT_S) -> list[str]:
+def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = SSH_CONNECT_TIMEOUT_S,
+                mux: str | None = None, master: bool = False) -> list[str]:
     """The user's own OpenSSH client (their ~/.ssh/config, agent and keys) running ``remote_cmd`` on ``host``.
 
     ``CLUSTERDECK_SSH_CONFIG`` names another ssh config file (``ssh -F``). ``--`` ends ssh's options,
     so the destination is never read as one. A connection that gets no answer for 15 s (3 keep-alives 5 s
     apart) is given up; so is a host that does not answer within ``connect_timeout`` seconds.
+
+    ``mux`` (:func:`ssh_mux_path`): the session goes through the shared connection at that control socket where
+    there is one, else connects as it would without (OpenSSH's ``ControlMaster=no``); with ``master`` it makes
+    that connection, kept :data:`SSH_PERSIST_S` seconds after its last session, and ssh's own messages go to the
+    host's log (:func:`ssh_mux_log`: the shared connection outlives this command, and what it says later is there).
     """
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
            "-o", f"ConnectTimeout={max(1, round(connect_timeout))}"]
@@ -250,9 +274,145 @@ def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = S
         cmd += ["-l", host.ssh_user]
     if host.ssh_port != 22:
         cmd += ["-p", str(host.ssh_port)]
+    if mux is not None:
+        cmd += ["-o", f"ControlPath={mux}"]
+        cmd += (["-o", "ControlMaster=auto", "-o", f"ControlPersist={SSH_PERSIST_S}", "-E", str(ssh_mux_log(mux))]
+                if master else ["-o", "ControlMaster=no"])
     # the remote shell parses the command line: quote every word
     cmd += ["--", host.ssh_target, shlex.join(remote_cmd)]
     return cmd
+
+
+#: ``0`` turns the shared connection off: every ssh of a launch connects and logs in on its own.
+SSH_MUX_ENV = "CLUSTERDECK_SSH_MUX"
+#: Seconds a shared connection to a host stays up after its last session ended (OpenSSH's ``ControlPersist``).
+SSH_PERSIST_S = 30
+#: The longest control socket folder: a socket's path has about 104 bytes; a name here is 29, and ssh adds 17 to it
+#: while it makes one.
+_MUX_FOLDER_MAX = 48
+
+
+#: The shared connection the latest login check made to each host (its control socket), by :func:`_host_key`.
+_latest_mux: dict[str, str] = {}
+_latest_mux_lock = threading.Lock()
+
+
+def _host_key(host: Host) -> str:
+    """A host as ssh would be asked to reach it (destination, user, port, the ssh config named)."""
+    key = "\0".join((host.ssh_target, host.ssh_user, str(host.ssh_port), os.environ.get("CLUSTERDECK_SSH_CONFIG", "")))
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()[:20]
+
+
+def ssh_mux_path(host: Host, *, fresh: bool = False) -> str | None:
+    """The control socket through which the launcher's ssh sessions to ``host`` share one connection (OpenSSH's
+    ``ControlMaster``): ``fresh`` (the login check before a launch) a new one, for a connection it makes itself
+    (a real login every time: an sshd gone is found even while an earlier connection lives on); else the one the
+    latest login check made, where it is still there, so the supervisor's session needs no connection, key exchange
+    and login of its own. None (each session connects on its own, as without) where ``CLUSTERDECK_SSH_MUX=0``,
+    where the user's own ssh config sets ``ControlMaster`` or ``ControlPath`` for the host (theirs applies,
+    untouched), where no private folder for the socket can be had, or where no login check made one."""
+    if os.environ.get(SSH_MUX_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+        return None
+    folder = _mux_folder()
+    if folder is None or _users_own_mux(host):
+        return None
+    key = _host_key(host)
+    if fresh:
+        path = os.path.join(folder, f"{key}-{secrets.token_hex(4)}")
+        with _latest_mux_lock:
+            _latest_mux[key] = path
+        return path
+    with _latest_mux_lock:
+        path = _latest_mux.get(key, "")
+    return path if path and os.path.exists(path) else None
+
+
+def ssh_mux_log(mux: str) -> Path:
+    """Where ssh's own messages of a host's shared connections go (``ssh -E``; one file per host)."""
+    return Path(mux.rpartition("-")[0] + ".log")
+
+
+def _mux_folder() -> str | None:
+    """This user's private folder of control sockets (made 0700; refused when it is not one: a link, another
+    user's, open to others), or None."""
+    folder = os.path.join(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir(), f"clusterdeck-ssh-{os.getuid()}")
+    if len(folder) > _MUX_FOLDER_MAX or "%" in folder:  # ssh expands % in a ControlPath
+        return None
+    try:
+        os.mkdir(folder, 0o700)
+    except FileExistsError:
+        pass
+    except OSError:
+        return None
+    try:
+        st = os.lstat(folder)
+    except OSError:
+        return None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or st.st_mode & 0o077:
+        return None
+    return folder
+
+
+#: Seconds the answer of :func:`_users_own_mux` is kept (a launch asks it twice per host: its login check, its
+#: supervisor's start, a second or two apart).
+_OWN_MUX_KEEP_S = 30.0
+_own_mux: dict[tuple[str, ...], tuple[float, bool]] = {}
+_own_mux_lock = threading.Lock()
+
+
+def _users_own_mux(host: Host) -> bool:
+    """Whether the user's ssh config chooses connection sharing for ``host`` itself (``ssh -G``: its settings as
+    ssh resolves them); True where that cannot be told (their choice is then left alone)."""
+    key = (host.ssh_target, host.ssh_user, str(host.ssh_port), os.environ.get("CLUSTERDECK_SSH_CONFIG", ""))
+    now = time.monotonic()
+    with _own_mux_lock:
+        known = _own_mux.get(key)
+    if known is not None and now - known[0] < _OWN_MUX_KEEP_S:
+        return known[1]
+    own = _ask_ssh_for_own_mux(host)
+    with _own_mux_lock:
+        _own_mux[key] = (now, own)
+    return own
+
+
+def _ask_ssh_for_own_mux(host: Host) -> bool:
+    cmd = ["ssh", "-G"]
+    extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
+    if extra_config:
+        cmd += ["-F", extra_config]
+    if host.ssh_user:
+        cmd += ["-l", host.ssh_user]
+    if host.ssh_port != 22:
+        cmd += ["-p", str(host.ssh_port)]
+    try:
+        done = subprocess.run([*cmd, "--", host.ssh_target], stdin=subprocess.DEVNULL, capture_output=True,
+                              timeout=5.0)
+    except (OSError, subprocess.SubprocessError):
+        return True
+    if done.returncode != 0:
+        return True
+    settings = dict(line.partition(" ")[::2] for line in done.stdout.decode("utf-8", "replace").lower().splitlines())
+    return settings.get("controlmaster", "false") != "false" or settings.get("controlpath", "none") != "none"
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def log_lines_after(path: Path, offset: int, max_bytes: int = 65536) -> list[str]:
+    """The lines of ``path`` written after its first ``offset`` bytes (at most the last ``max_bytes`` of them)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            end = fh.tell()
+            fh.seek(max(offset, end - max_bytes) if end >= offset else max(0, end - max_bytes))
+            data = fh.read()
+    except OSError:
+        return []
+    return [line.strip()[:500] for line in data.decode("utf-8", "replace").splitlines() if line.strip()]
 
 
 #: Transport kinds by name: a class, or "module:Class" imported when first needed.

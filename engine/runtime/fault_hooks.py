@@ -10,6 +10,7 @@ imports TensorFlow.
 | ``CLUSTERDECK_TEST_START_DELAY=2.5`` | every task sleeps that long before it starts | ``task.main`` |
 | ``CLUSTERDECK_TEST_STEP_DELAY=worker:1=0.03`` | that task sleeps that long in every step | ``loop.TrainingLoop`` |
 | ``CLUSTERDECK_TEST_LEAVE_DELAY=1.0`` | model mode: DTensor clients other than 0 say goodbye that much later | ``model_parallel`` |
+| ``CLUSTERDECK_TEST_SIMULATE=0.1`` | every task skips TensorFlow entirely: says ``running``, then a ``step`` event that many seconds apart until the run's steps are done or it is stopped; the warm-start template imports no TensorFlow either | ``task.main``, ``template.import_runtime`` |
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ FAIL = "CLUSTERDECK_TEST_FAIL"
 START_DELAY = "CLUSTERDECK_TEST_START_DELAY"
 STEP_DELAY = "CLUSTERDECK_TEST_STEP_DELAY"
 LEAVE_DELAY = "CLUSTERDECK_TEST_LEAVE_DELAY"
+SIMULATE = "CLUSTERDECK_TEST_SIMULATE"
 
 
 def _seconds(text: str) -> float:
@@ -49,3 +51,8 @@ def step_delay(task: str) -> float:
 def leave_delay() -> float:
     """Seconds a DTensor client other than 0 waits before its goodbye (0: none)."""
     return _seconds(os.environ.get(LEAVE_DELAY, ""))
+
+
+def simulated_step() -> float:
+    """Seconds between the steps of a simulated task, which imports no TensorFlow (0: a real task)."""
+    return _seconds(os.environ.get(SIMULATE, ""))

@@ -23,7 +23,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from engine.contract import config as config_mod
 from engine.contract import parent_death, warm_start
@@ -54,6 +54,36 @@ def _watch_lifeline(fd: int) -> None:
                 return
 
     threading.Thread(target=watch, name="lifeline", daemon=True).start()
+
+
+#: The run's config as the host's warm-start template read it (the file's bytes, the config): every task forked from
+#: the template inherits it and parses nothing where the file still holds those bytes (a config of 64 tasks took a
+#: task 20 ms of CPU to parse, on a host starting 8 of them at once).
+_preloaded: tuple[bytes, config_mod.RunConfig] | None = None
+
+
+def preload_config(path: Path) -> None:
+    """In the template: read the run's config once for the tasks it forks (any problem: each task reads it itself,
+    and says so)."""
+    global _preloaded
+    try:
+        data = path.read_bytes()
+        config = config_mod.load(path)
+        if path.read_bytes() == data:
+            _preloaded = (data, config)
+    except Exception:  # noqa: BLE001 - the task reports it where it reads the file itself
+        _preloaded = None
+
+
+def load_config(path: Path) -> config_mod.RunConfig:
+    """The run's config: the template's reading where the file still holds what it read, else read now."""
+    if _preloaded is not None:
+        try:
+            if path.read_bytes() == _preloaded[0]:
+                return _preloaded[1]
+        except OSError:
+            pass
+    return config_mod.load(path)
 
 
 def _test_faults(emitter: Emitter) -> None:
@@ -95,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.template_fd is not None:
         from engine.runtime import template
 
+        preload_config(Path(args.run_dir) / "config.yaml")
         return template.serve(args.template_fd, main)
     run_dir = Path(args.run_dir)
     task = os.environ.get("CLUSTERDECK_TASK", "worker:0")
@@ -115,36 +146,13 @@ def main(argv: list[str] | None = None) -> int:
         diagnostics.arm(run_dir, task, emitter.info)
     code = 0
     try:
-        config = config_mod.load(run_dir / "config.yaml")
+        config = load_config(run_dir / "config.yaml")
         _test_faults(emitter)
-        from engine.runtime.context import TaskContext  # imports nothing heavy
-        from engine.runtime.keras_import import import_keras
-
-        import_keras()  # first, without the notebook extras
-
-        ctx = TaskContext.from_env(config, run_dir, emitter, stop)
-        from engine.runtime import nan_guard
-
-        nan_guard.configure(config, emitter)  # training.on_nan: a NaN or infinite loss fails the task, or warns
-        mode = config.parallelism.mode
-        if config.program is not None:  # the user's own program, unchanged (engine.runtime.program)
-            from engine.runtime import program
-
-            summary = program.run(ctx)
-        elif mode == "data":
-            from engine.runtime import data_parallel
-
-            summary = data_parallel.main(ctx, telemetry=not args.bare)
-        elif mode == "async":
-            from engine.runtime import async_ps
-
-            summary = async_ps.main(ctx)
-        elif mode == "model":
-            from engine.runtime import model_parallel
-
-            summary = model_parallel.main(ctx)
+        simulated = fault_hooks.simulated_step()
+        if simulated > 0:  # a test's stand-in for a task: no TensorFlow at all (benchmarks of launching at scale)
+            summary = _simulate(config, emitter, stop, simulated)
         else:
-            raise ValueError(f"parallelism.mode: unknown mode {mode!r}")
+            summary = _train(config, run_dir, emitter, stop, bare=args.bare)
         if args.summary_out:
             Path(args.summary_out).write_text(json.dumps(summary), encoding="utf-8")
         emitter.status("finished", **{k: v for k, v in summary.items()
@@ -175,6 +183,57 @@ def main(argv: list[str] | None = None) -> int:
         traceback.print_exc()
         code = 1
     _exit(emitter, code)
+
+
+def _train(config: config_mod.RunConfig, run_dir: Path, emitter: Emitter, stop: StopSignal, *,
+           bare: bool) -> dict[str, Any]:
+    """The task's training (or the user's program) in its mode; the run's summary."""
+    from engine.runtime.context import TaskContext  # imports nothing heavy
+    from engine.runtime.keras_import import import_keras
+
+    import_keras()  # first, without the notebook extras
+
+    ctx = TaskContext.from_env(config, run_dir, emitter, stop)
+    from engine.runtime import nan_guard
+
+    nan_guard.configure(config, emitter)  # training.on_nan: a NaN or infinite loss fails the task, or warns
+    mode = config.parallelism.mode
+    if config.program is not None:  # the user's own program, unchanged (engine.runtime.program)
+        from engine.runtime import program
+
+        return program.run(ctx)
+    if mode == "data":
+        from engine.runtime import data_parallel
+
+        return data_parallel.main(ctx, telemetry=not bare)
+    if mode == "async":
+        from engine.runtime import async_ps
+
+        return async_ps.main(ctx)
+    if mode == "model":
+        from engine.runtime import model_parallel
+
+        return model_parallel.main(ctx)
+    raise ValueError(f"parallelism.mode: unknown mode {mode!r}")
+
+
+def _simulate(config: config_mod.RunConfig, emitter: Emitter, stop: StopSignal, every: float) -> dict[str, Any]:
+    """A simulated task (:data:`engine.runtime.fault_hooks.SIMULATE`): what a training task says from its start
+    (``running``, then a ``step`` event of its replica, one every ``every`` seconds), without TensorFlow; a stop
+    ends it as a training task's does (:class:`~engine.runtime.stop.Stopped`)."""
+    _, _, index = emitter.task.rpartition(":")
+    replica = int(index) if index.isdigit() else 0
+    total = config.total_steps()
+    emitter.status("running", step=0, total=total)
+    started = time.perf_counter()
+    for step in range(1, total + 1):
+        if stop.requested:
+            raise Stopped(step - 1, None, external=stop.external)
+        emitter.emit("step", replica=replica, step=step, loss=1.0 / step, examples_per_sec=1.0 / every,
+                     step_time=every)
+        time.sleep(every)
+    return {"steps": total, "final_loss": [1.0 / max(1, total)],
+            "window_examples_per_sec": total / max(1e-9, time.perf_counter() - started)}
 
 
 def _exit(emitter: Emitter, code: int) -> NoReturn:

@@ -25,7 +25,12 @@ REPARENT_TIMEOUT_S = 5.0
 
 
 def import_runtime() -> None:
-    """Everything a task imports before its own work, in the order a cold task imports it."""
+    """Everything a task imports before its own work, in the order a cold task imports it (nothing for simulated
+    tasks, which import no TensorFlow: :data:`engine.runtime.fault_hooks.SIMULATE`)."""
+    from engine.runtime import fault_hooks
+
+    if fault_hooks.simulated_step() > 0:
+        return
     from engine.runtime.keras_import import import_keras
 
     import_keras()  # first, without the notebook extras (as engine.runtime.task does)
@@ -75,10 +80,11 @@ def _fork_task(sock: socket.socket, request: dict[str, Any], fds: list[int], tas
         code = 1
         try:
             os.close(read_end)
+            me = os.getpid()  # the task's parent until this process exits (read here: it may be gone before the task runs)
             task = os.fork()
             if task == 0:
                 os.close(write_end)
-                _become_task(sock, request, fds, task_main)
+                _become_task(sock, request, fds, task_main, me)
             try:
                 os.setpgid(task, task)  # as the task does itself: whichever runs first, no signal misses it
             except OSError:
@@ -98,12 +104,16 @@ def _fork_task(sock: socket.socket, request: dict[str, Any], fds: list[int], tas
     return int(data)
 
 
-def _become_task(sock: socket.socket, request: dict[str, Any], fds: list[int], task_main: TaskMain) -> NoReturn:
-    """In the forked task: become the process a cold start gives, then run the task (which never returns)."""
+def _become_task(sock: socket.socket, request: dict[str, Any], fds: list[int], task_main: TaskMain,
+                 middle: int) -> NoReturn:
+    """In the forked task: become the process a cold start gives, then run the task (which never returns).
+
+    ``middle`` is the pid of the process that forked it, given by that process: read here with ``getppid()`` it
+    would already be the supervisor's wherever the middle process exited first (a busy machine), and the wait
+    below would wait its whole timeout for a change that had happened."""
     try:
         sock.close()
         log, event, lifeline = fds
-        middle = os.getppid()
         os.setpgid(0, 0)  # its own process group, inside the supervisor's session (as a cold start)
         deadline = time.monotonic() + REPARENT_TIMEOUT_S
         while os.getppid() == middle and time.monotonic() < deadline:

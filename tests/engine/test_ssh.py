@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -150,3 +151,72 @@ def test_a_host_named_like_an_option_reaches_ssh_after_double_dash(runs_root: Pa
     assert run.wait(20) == "failed"
     assert log.read_text().splitlines()[-2] == hostile
     assert run.state.failed_task == "supervisor@remote" and "Could not resolve" in run.state.reason
+
+
+def _mux_check(config: Path, mux: str, *args: str) -> int:
+    return subprocess.run(["ssh", "-F", str(config), "-o", f"ControlPath={mux}", "-O", *args, "cdtest"],
+                          capture_output=True, timeout=10).returncode
+
+
+def test_the_login_check_leaves_one_shared_connection_that_the_supervisors_session_uses(
+        sshd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.control import reachability, transports
+
+    monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(sshd))
+    host = Host(name="remote", address="127.0.0.1", ssh_host="cdtest", python=sys.executable)
+    assert transports.ssh_mux_path(host) is None  # no login check made one yet: a session of its own
+    assert reachability.login_problem(host) is None
+    mux = transports.ssh_mux_path(host)
+    try:
+        assert mux is not None and os.path.dirname(mux).endswith(f"clusterdeck-ssh-{os.getuid()}")
+        assert oct(os.stat(os.path.dirname(mux)).st_mode & 0o777) == "0o700"
+        assert _mux_check(sshd, mux, "check") == 0, "the login check left no shared connection"
+        # sshd stops listening: a new connection is refused, the shared one still carries a supervisor's session
+        pid = int((sshd.parent / "sshd.pid").read_text())
+        os.kill(pid, signal.SIGTERM)
+        assert wait_gone([pid], 5) == []
+        launch = SupervisorLaunch(group="remote", host=host, env=dict(os.environ), log=tmp_path / "supervisor.log",
+                                  command=["sh", "-c", "read line && echo got $line"])
+        proc = SshTransport().start(launch)
+        out, _ = proc.communicate(b"spec\n", timeout=20)
+        assert (proc.returncode, out) == (0, b"got spec\n"), launch.log.read_text()
+        plain = subprocess.run(ssh_command(host, ["true"]), capture_output=True, timeout=20)
+        assert plain.returncode == 255 and b"refused" in plain.stderr  # what a session of its own would have met
+        # the next launch's login check logs in afresh: the gone sshd is named, the earlier connection notwithstanding
+        problem = reachability.login_problem(host)
+        assert problem is not None and "ssh cannot log in" in problem and "Connection refused" in problem, problem
+    finally:
+        if mux is not None:
+            _mux_check(sshd, mux, "exit")
+
+
+def test_the_users_own_connection_sharing_and_the_switch_are_honoured(
+        sshd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.control import transports
+
+    host = Host(name="remote", address="127.0.0.1", ssh_host="cdtest")
+    monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(sshd))
+    assert transports.ssh_mux_path(host, fresh=True) is not None
+    monkeypatch.setenv(transports.SSH_MUX_ENV, "0")
+    assert transports.ssh_mux_path(host, fresh=True) is None
+    assert "ControlPath" not in " ".join(ssh_command(host, ["true"], mux=transports.ssh_mux_path(host, fresh=True)))
+    monkeypatch.delenv(transports.SSH_MUX_ENV)
+    own = tmp_path / "own_config"
+    own.write_text(sshd.read_text().replace("Host cdtest\n", f"Host cdtest\n  ControlMaster auto\n"
+                                                             f"  ControlPath {tmp_path}/%C\n"), encoding="utf-8")
+    monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(own))
+    assert transports.ssh_mux_path(host, fresh=True) is None  # theirs applies, untouched
+
+
+def test_ssh_failing_on_a_shared_connection_is_still_said_as_ssh_said_it(tmp_path: Path) -> None:
+    # the shared connection's own complaint goes to its log (ssh -E), not to the session's stderr
+    host = Host(name="lab3", address="10.99.0.13", ssh_host="lab3")
+    launch = SupervisorLaunch(group="lab3", host=host, command=["python3"], env={}, log=tmp_path / "supervisor.log")
+    transport = SshTransport()
+    shared_log = tmp_path / "mux.log"
+    shared_log.write_text("Warning: Permanently added '10.99.0.13' (ED25519) to the list of known hosts.\n")
+    transport._mux_logs["lab3"] = (shared_log, shared_log.stat().st_size)
+    assert "killed by a signal there" in transport.failure(launch, 255, [])  # nothing from ssh: the remote end
+    with open(shared_log, "a") as fh:
+        fh.write("Timeout, server 10.99.0.13 not responding.\n")
+    assert transport.failure(launch, 255, []) == "ssh to lab3 failed: Timeout, server 10.99.0.13 not responding."

@@ -61,3 +61,27 @@ def test_the_supervisor_refuses_another_version_with_a_clear_error(tmp_path: Pat
     said = out.stderr.decode()
     assert f"spec of version {SPEC_VERSION + 1}" in said and f"reads version {SPEC_VERSION} only" in said
     assert not (tmp_path / "run").exists()  # nothing was started or written
+
+
+def test_the_spec_line_is_read_whole_and_what_follows_it_is_kept() -> None:
+    from engine.control.supervisor import read_first_line
+
+    r, w = os.pipe()
+    spec = b'{"v":1,' + b'"x":"' + b"y" * 100_000 + b'"}\n'
+    command = b'{"v":1,"command":"stop"}\n'
+    pid = os.fork()
+    if pid == 0:  # a writer of its own: the pipe holds less than the spec
+        os.close(r)
+        os.write(w, spec + command)
+        os._exit(0)
+    os.close(w)
+    try:
+        assert read_first_line(r) == (spec, command)
+    finally:
+        os.waitpid(pid, 0)
+        os.close(r)
+    r, w = os.pipe()
+    os.write(w, b'{"v":1')  # the launcher went away before a whole spec
+    os.close(w)
+    assert read_first_line(r) is None
+    os.close(r)
