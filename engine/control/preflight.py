@@ -23,6 +23,8 @@ def preflight(config: RunConfig, *, scripts: bool = True, timeout: float | None 
         problems += reachability.login_problems(config)
     if scripts and script_check.uses_script(config):
         problems += script_check.check(config, timeout=timeout)
+    if problems:  # refused: the connections the login checks left for the supervisors end now
+        reachability.close_logins(config)
     return problems
 
 

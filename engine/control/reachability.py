@@ -218,6 +218,15 @@ def _fresh_log(log: Path) -> int:
     return 0
 
 
+def close_logins(config: RunConfig) -> None:
+    """End the shared connections the login checks left for ``config``'s hosts (a launch refused after them: no
+    supervisor will use them, and none is left to linger)."""
+    from engine.control import transports
+
+    muxes = {mux: h for h in ssh_hosts(config) if (mux := transports.ssh_mux_path(h)) is not None}
+    transports.close_shared_connections(muxes)
+
+
 def login_problems(config: RunConfig, timeout: float = LOGIN_TIMEOUT_S) -> list[Problem]:
     """:func:`login_problem` of every SSH host, in parallel, as launch problems."""
     hosts = ssh_hosts(config)

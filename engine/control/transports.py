@@ -190,6 +190,7 @@ class SshTransport(BaseTransport):
 
     def __init__(self) -> None:
         self._mux_logs: dict[str, tuple[Path, int]] = {}  # group: its shared connection's log, and its size then
+        self._muxes: dict[str, Host] = {}  # every shared connection a supervisor of the run went through: its host
 
     def start(self, launch: SupervisorLaunch) -> subprocess.Popen[bytes]:
         assert launch.host is not None, "an ssh supervisor needs its host"
@@ -197,7 +198,13 @@ class SshTransport(BaseTransport):
         if mux is not None:
             log = ssh_mux_log(mux)
             self._mux_logs[launch.group] = (log, _size(log))
+            self._muxes[mux] = launch.host
         return self._popen(ssh_command(launch.host, list(launch.command), mux=mux), launch)
+
+    def release(self) -> None:
+        """The run ended: its shared connections end with it (never left to linger ``ControlPersist`` seconds)."""
+        muxes, self._muxes = self._muxes, {}
+        close_shared_connections(muxes)
 
     def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
         """Who ended: the ssh client here (a signal), ssh itself (its own complaint quoted), or the supervisor there
@@ -325,6 +332,28 @@ def ssh_mux_path(host: Host, *, fresh: bool = False) -> str | None:
     with _latest_mux_lock:
         path = _latest_mux.get(key, "")
     return path if path and os.path.exists(path) else None
+
+
+def close_shared_connections(muxes: dict[str, Host]) -> None:
+    """End the shared connections at these control sockets (``ssh -O exit``, each with its host), at once and in
+    parallel; one already gone is nothing to end."""
+    procs = []
+    for mux, host in muxes.items():
+        if not os.path.exists(mux):
+            continue
+        cmd = ssh_command(host, ["true"], mux=mux)
+        at = cmd.index("--")
+        try:
+            procs.append(subprocess.Popen([*cmd[:at], "-O", "exit", *cmd[at:at + 2]], stdin=subprocess.DEVNULL,
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        except OSError:
+            continue
+    for proc in procs:
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def ssh_mux_log(mux: str) -> Path:

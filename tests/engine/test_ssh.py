@@ -104,11 +104,17 @@ def test_run_on_a_remote_host_over_ssh(sshd: Path, runs_root: Path, monkeypatch:
     assert any(e.get("warning") == "ports-exposed" for e in run.state.infos)
     pids = [t.pid for t in run.state.tasks.values() if t.pid]
     assert len(pids) == 2
+    from engine.control import transports
+
+    mux = transports.ssh_mux_path(remote)
+    assert mux is not None, "the supervisor's session went through the login check's shared connection"
     t0 = time.monotonic()
     run.stop()
     assert wait_gone(pids, 5) == [], "remote tasks left running after stop"
     assert time.monotonic() - t0 < 6
     assert run.wait(5) == "stopped"
+    # the shared connection ended with the run: no ssh master left for ControlPersist's 30 s
+    assert not os.path.exists(mux) and transports.ssh_mux_path(remote) is None
 
 
 FAKE_SSH = """#!/bin/sh
