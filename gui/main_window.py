@@ -171,8 +171,6 @@ class MainWindow(QMainWindow):
         else:
             status.show("Ready", 3000)
 
-    # ------------------------------------------------------------------ building
-
     # ------------------------------------------------------------------ following the models
 
     def _update_actions(self, *_args: object) -> None:

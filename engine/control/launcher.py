@@ -359,12 +359,6 @@ class Run:
 
     # -- the event path
 
-    # -- the lifecycle
-
-    # -- hosts of other machines
-
-    # -- stopping
-
     def _read(self, sup: SupervisorLink, stream: IO[bytes]) -> None:
         """The reader thread of ``sup``'s stream (:func:`~engine.control.supervisor_links.read_supervisor`)."""
         read_supervisor(sup, stream, self.core.queue.put, self.core.bad)

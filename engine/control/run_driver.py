@@ -159,6 +159,9 @@ class RunDriver:
             if not self.core.stopping and item.exit_code != 0:
                 tail = transports.log_tail(sup.launch.log)
                 message = sup.transport.failure(sup.launch, item.exit_code, tail)
+            elif not self.core.stopping and any(t.state not in TERMINAL for n in sup.tasks
+                                                if (t := self.run.state.tasks.get(n)) is not None):
+                message = sup.transport.why_ended(sup.launch)  # a clean exit while its tasks ran: a scheduler's end?
             self.act(self.feed(lc.SupervisorExited(sup.group, item.exit_code, message, tuple(sup.tasks),
                                                      sup.generation)))
         elif isinstance(item, HostAnswer):

@@ -147,8 +147,9 @@ class RunRecord:
             self._fail(self._vanished())
 
     def folder_problem(self, exc: OSError, path: Path) -> str:
-        """What a failed write of ``path`` tells the user."""
-        if not self.folder.path.is_dir():
+        """What a failed write of ``path`` tells the user (a file or folder of the run gone from under it: the folder
+        was deleted or moved, or is being deleted while the folder itself is still there)."""
+        if not self.folder.path.is_dir() or isinstance(exc, FileNotFoundError):
             return self._vanished()
         return f"the run folder cannot be written ({exc.strerror or exc}: {path})"
 

@@ -719,15 +719,25 @@ class SlurmTransport(transports.BaseTransport):
             alloc, node = self._allocation(launch)
         except SlurmError:
             return super().failure(launch, exit_code, log_tail)
+        ended = self.why_ended(launch)
+        if ended:
+            return ended
+        said = f": {' | '.join(log_tail)}" if log_tail else ""
+        return f"the supervisor on node {node} (Slurm job {alloc.job_id}) {transports.describe_exit(exit_code)}{said}"
+
+    def why_ended(self, launch: transports.SupervisorLaunch) -> str:
+        """A step's SIGTERM from slurmstepd (a time limit, a cancel) may end the supervisor cleanly before its tasks
+        said anything: the job's own end, where Slurm says it ended."""
+        try:
+            alloc, _ = self._allocation(launch)
+        except SlurmError:
+            return ""
         status = alloc.status()
         deadline = time.monotonic() + 5.0  # the steps may end a moment before the job's state says why
         while status is not None and not status.ended and time.monotonic() < deadline:
             time.sleep(0.25)
             status = alloc.status()
-        if status is not None and status.ended:
-            return status.explain()
-        said = f": {' | '.join(log_tail)}" if log_tail else ""
-        return f"the supervisor on node {node} (Slurm job {alloc.job_id}) {transports.describe_exit(exit_code)}{said}"
+        return status.explain() if status is not None and status.ended else ""
 
     def release(self) -> None:
         with self._lock:

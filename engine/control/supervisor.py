@@ -176,12 +176,6 @@ class Supervisor:
     def task_dir(self, name: str) -> Path:
         return self.folder.task_dir(name)
 
-
-
-
-
-
-
     # -- relaying
 
     def decoder(self, tp: TaskProcess) -> events.StreamDecoder:
@@ -247,12 +241,6 @@ class Supervisor:
                 pass
             os.close(tp.event_fd)
             tp.event_fd = None
-
-    # -- watching
-
-
-
-
 
     # -- stopping
 

@@ -34,6 +34,9 @@ optional hooks as no-ops)::
         def failure(self, launch, exit_code, log_tail):   # the supervisor ended while its tasks ran
             return "job killed by its time limit"          # the run fails blamed on supervisor@<host>
 
+        def why_ended(self, launch):           # it exited cleanly while its tasks ran: the scheduler's doing?
+            return "job killed by its time limit"          # ("" where nothing else could have ended it)
+
         def release(self):                     # the run ended (any way): cancel the job, free nodes
             subprocess.run(["scancel", job_id])
 
@@ -128,6 +131,8 @@ class Transport(Protocol):
 
     def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str: ...
 
+    def why_ended(self, launch: SupervisorLaunch) -> str: ...
+
     def release(self) -> None: ...
 
 
@@ -148,6 +153,11 @@ class BaseTransport:
 
     def failure(self, launch: SupervisorLaunch, exit_code: int, log_tail: list[str]) -> str:
         return _with_tail(f"the supervisor {describe_exit(exit_code)}", log_tail)
+
+    def why_ended(self, launch: SupervisorLaunch) -> str:
+        """Why a supervisor that exited cleanly while its tasks ran was ended by what runs it (a scheduler's time
+        limit, a cancel), or "" where nothing but the supervisor could have ended it."""
+        return ""
 
     def release(self) -> None:
         return None

@@ -56,20 +56,20 @@ class StragglerChange:
     cause: str = field(default="", compare=False)  # flagged: why, from its step breakdown ("waiting for input 41 % of its step: ...")
 
 
-#: A straggler waiting for its batch this share of its step or more is named input-bound, unless the rest of its
-#: step alone makes it a straggler.
+#: A straggler waiting for its batch this share of its step or more is named input-bound, where that wait is at least
+#: half of its excess over the others.
 INPUT_BOUND_SHARE = 0.25
 
 
-def cause_of(input_share: float, ratio: float, rest_ratio: float = math.nan, margin: float = 0.25) -> str:
+def cause_of(input_share: float, ratio: float, input_of_excess: float = math.nan) -> str:
     """Why a replica is slow, from its step breakdown: its input pipeline, or its own compute.
 
-    ``rest_ratio``: its step less its wait for the batch, against the others' (nan: not known). Input-bound where it
-    waits for its batch ``INPUT_BOUND_SHARE`` of its step or more, and the rest of its step is within ``margin`` of
-    the others'. A host short of CPU is slow at both (its input pipeline runs on the same cores): the rest of its
-    step alone makes it a straggler, and it is named a slower or busier host."""
+    ``input_of_excess``: its wait for the batch over its excess over the others (its step less theirs; nan: not
+    known). Input-bound where it waits for its batch ``INPUT_BOUND_SHARE`` of its step or more and that wait is at
+    least half its excess. A host short of CPU is slow at both (its input pipeline runs on the same cores), but its
+    compute makes most of its excess: it is named a slower or busier host."""
     input_bound = input_share == input_share and input_share >= INPUT_BOUND_SHARE
-    if input_bound and not rest_ratio >= 1 + margin:
+    if input_bound and not input_of_excess < 0.5:
         return (f"waiting for input {100 * input_share:.0f} % of its step: its data pipeline is the "
                 "bottleneck")
     return f"compute {ratio:.1f}× the others: a slower or busier host"
@@ -305,11 +305,12 @@ class StragglerDetector:
         return median, level / median
 
     @staticmethod
-    def _rest_ratio(r: _Replica, median: float) -> float:
-        """A replica's step less its latest wait for the batch, against ``median`` (nan where either is not known)."""
-        if not (r.input_wait == r.input_wait and median > 0):
+    def _input_of_excess(r: _Replica, median: float) -> float:
+        """A replica's latest wait for its batch over its excess over ``median`` (nan where either is not known)."""
+        excess = r.level - median
+        if not (r.input_wait == r.input_wait and median == median and excess > 0):
             return math.nan
-        return max(0.0, r.level - r.input_wait) / median
+        return r.input_wait / excess
 
     def _evaluate(self) -> list[StragglerChange]:
         """Flag, un-flag, start and end streaks as a comparison of every fresh replica would."""
@@ -355,7 +356,7 @@ class StragglerDetector:
                 continue  # that streak ended
             median, ratio = self._compare(r.level)
             r.flagged = StragglerChange(rid, r.task, True, r.level, median, ratio, since=since,
-                                        cause=cause_of(r.input_share, ratio, self._rest_ratio(r, median), self.margin))
+                                        cause=cause_of(r.input_share, ratio, self._input_of_excess(r, median)))
             changes.append(r.flagged)
             self._move(r, self._slow)
         if len(changes) > 1:

@@ -61,10 +61,11 @@ def test_the_cause_reads_the_breakdown() -> None:
     assert cause_of(0.41, 1.3) == "waiting for input 41 % of its step: its data pipeline is the bottleneck"
     assert cause_of(0.05, 1.6) == "compute 1.6× the others: a slower or busier host"
     assert cause_of(math.nan, 1.6).startswith("compute 1.6×")
-    # a host short of CPU waits for its batch too, and the rest of its step alone is slow: the host, not the pipeline
-    assert cause_of(0.3, 4.0, rest_ratio=2.9) == "compute 4.0× the others: a slower or busier host"
-    assert cause_of(0.83, 73.0, rest_ratio=1.1).startswith("waiting for input 83 %")  # the wait is the excess
-    assert cause_of(0.3, 1.7, rest_ratio=1.3, margin=0.5).startswith("waiting for input 30 %")
+    # a host short of CPU waits for its batch too, but its compute makes most of its excess: the host, not the pipeline
+    assert cause_of(0.3, 4.0, input_of_excess=0.4) == "compute 4.0× the others: a slower or busier host"
+    # the wait is its excess, even where the others' own time is next to nothing (they wait for it in the all-reduce)
+    assert cause_of(0.83, 40403.1, input_of_excess=0.97).startswith("waiting for input 83 %")
+    assert cause_of(0.3, 1.7, input_of_excess=0.5).startswith("waiting for input 30 %")
     # the detector keeps each replica's latest share and names it when it flags the replica
     detector = StragglerDetector(window_s=0.0, smooth_s=0.0)
     changes = []
