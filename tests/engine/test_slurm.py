@@ -23,6 +23,7 @@ import psutil
 import pytest
 import yaml
 
+from engine.contract import config as config_mod
 from engine.contract.config import RunConfig
 from engine.control import slurm
 from engine.control.launcher import Run
@@ -110,6 +111,8 @@ def assert_nothing_left(run: Run, rec: Recorder) -> None:
 def test_more_nodes_than_the_partition_has_is_refused_before_submission(cluster: slurm_cluster.Cluster,
                                                                         runs_root: Path) -> None:
     config = preset("slurm-data.yaml", nodes=2)
+    # a name of its own: a run of the same preset started in the same second by another test has the same job name
+    config = config_mod.replace(config, name=f"slurm-too-many-{uuid.uuid4().hex[:6]}")
     problems = slurm.check_config(config)
     assert [p.field for p in problems] == ["cluster.hosts[0].slurm.nodes"]
     assert "partition 'debug' has 1 (sinfo); expected at most 1" in problems[0].message
