@@ -283,14 +283,7 @@ def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = S
     host's log (:func:`ssh_mux_log`: the shared connection outlives this command, and what it says later is there).
     """
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-           "-o", f"ConnectTimeout={max(1, round(connect_timeout))}"]
-    extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
-    if extra_config:
-        cmd += ["-F", extra_config]
-    if host.ssh_user:
-        cmd += ["-l", host.ssh_user]
-    if host.ssh_port != 22:
-        cmd += ["-p", str(host.ssh_port)]
+           "-o", f"ConnectTimeout={max(1, round(connect_timeout))}", *_ssh_host_options(host)]
     if mux is not None:
         cmd += ["-o", f"ControlPath={mux}"]
         cmd += (["-o", "ControlMaster=auto", "-o", f"ControlPersist={SSH_PERSIST_S}", "-E", str(ssh_mux_log(mux))]
@@ -414,15 +407,21 @@ def _users_own_mux(host: Host) -> bool:
     return own
 
 
-def _ask_ssh_for_own_mux(host: Host) -> bool:
-    cmd = ["ssh", "-G"]
+def _ssh_host_options(host: Host) -> list[str]:
+    """How ssh is told which config, user and port reach ``host`` (``CLUSTERDECK_SSH_CONFIG``: ``ssh -F``)."""
+    options = []
     extra_config = os.environ.get("CLUSTERDECK_SSH_CONFIG")
     if extra_config:
-        cmd += ["-F", extra_config]
+        options += ["-F", extra_config]
     if host.ssh_user:
-        cmd += ["-l", host.ssh_user]
+        options += ["-l", host.ssh_user]
     if host.ssh_port != 22:
-        cmd += ["-p", str(host.ssh_port)]
+        options += ["-p", str(host.ssh_port)]
+    return options
+
+
+def _ask_ssh_for_own_mux(host: Host) -> bool:
+    cmd = ["ssh", "-G", *_ssh_host_options(host)]
     try:
         done = subprocess.run([*cmd, "--", host.ssh_target], stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=5.0)
