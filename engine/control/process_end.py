@@ -187,3 +187,15 @@ def _live(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+def describe_exit(code: int, *, was: bool = True) -> str:
+    """How a process ended, from its exit status (a negative one: the signal that killed it): ``was killed by
+    SIGKILL`` or ``exited with code 2`` (``was=False``: ``killed by SIGKILL``, as a reason of its own)."""
+    if code < 0:
+        try:
+            killed = f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            killed = f"killed by signal {-code}"
+        return f"was {killed}" if was else killed
+    return f"exited with code {code}"

@@ -15,18 +15,10 @@ import psutil
 from engine.contract import events
 from engine.contract.task_logs import LOG_CAP_BYTES, LOG_HEAD_BYTES, cap_log, log_tail
 from engine.control.gpu import task_gpu_figures
+from engine.control.process_end import describe_exit
 from engine.control.process_end import has_exited as _has_exited
 from engine.control.process_end import signal_group as _signal_group
 from engine.control.task_start import TaskProcess
-
-
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exited with code {code}"
 
 
 class TaskWatch:
@@ -68,7 +60,7 @@ class TaskWatch:
                 if tp.terminal_state == "failed" or (tp.terminal_state == "stopped" and tp.cause_task):
                     reason = tp.reason  # its own words (a stop it was not asked for names the task that caused it)
                 else:
-                    reason = describe_exit(code) if code != 0 else "exited without finishing"
+                    reason = describe_exit(code, was=False) if code != 0 else "exited without finishing"
                 if allowed and not will_restart and not self.sup.stopping:  # it would be restarted, but no more
                     reason = (f"{reason}; not restarted again: it was restarted {tp.restarts} time(s), the most a "
                               f"lost async worker is restarted (max_task_restarts {self.sup.max_restarts})")

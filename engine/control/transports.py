@@ -495,13 +495,7 @@ def local_env() -> dict[str, str]:
     return env
 
 
-def describe_exit(code: int) -> str:
-    if code < 0:
-        try:
-            return f"was killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"was killed by signal {-code}"
-    return f"exited with code {code}"
+describe_exit = process_end.describe_exit
 
 
 def describe_remote_exit(code: int) -> str:
