@@ -82,8 +82,9 @@ SUPERVISOR_SILENCE_S = 10.0
 QUIET_HOST_S = 2.0
 #: Said of a hang: where the stacks every task dumped on it are (``engine.control.doctor``).
 STACKS_NOTE = "; every task's Python stacks: tasks/<task>/stacks.txt"
-#: A task "spins" (a likely culprit of a hang) when its recent CPU use is at least this (percent)…
-BUSY_CPU = 5.0
+#: A task "spins" (a likely culprit of a hang) when its recent CPU use is at least this (percent)… (low: tasks
+#: pinned to a core that other runs' tasks share get a few percent each, and a task waiting in a collective ~0)
+BUSY_CPU = 2.0
 
 
 #: The wire's state enums (engine/contract/records.py): one set for the runtime, the launcher and the views.
@@ -626,14 +627,14 @@ def hang_culprit(tasks: Sequence[_Task]) -> _Task:
     """The task most likely to hang a synchronous run, which waits for its slowest task: the one busy
     in a loop while the others wait idle in collectives (its sustained CPU use at least
     :data:`BUSY_CPU` points and 3x anyone else's: relative, as a loaded machine gives a spinning task
-    far less than a core), else the one furthest behind, else the first."""
+    far less than a core), else the one furthest behind (one still starting, that never said it runs, before
+    one that waits in its first step; then the lowest last step), else the first."""
     ranked = sorted(tasks, key=lambda t: t.recent_cpu, reverse=True)
     top = ranked[0]
     runner_up = ranked[1].recent_cpu if len(ranked) > 1 else 0.0
     if top.recent_cpu >= BUSY_CPU and top.recent_cpu >= 3 * runner_up:
         return top
-    lowest = min(t.last_step for t in tasks)
-    return next(t for t in tasks if t.last_step == lowest)
+    return min(tasks, key=lambda t: (t.phase is not TaskPhase.STARTING, t.last_step))
 
 
 def _workers_only(mode: str, tasks: Sequence[_Task]) -> bool:

@@ -22,6 +22,7 @@ the run: every call but the first ``run.json`` comes from the dispatcher thread.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -140,11 +141,19 @@ class RunRecord:
     # -- the folder
 
     def check_folder(self) -> None:
-        """A deleted or moved run folder fails the run (it is never silently recreated)."""
+        """A deleted or moved run folder fails the run (it is never silently recreated); so does an ``events.jsonl``
+        that can no longer be written (made immutable, its file system remounted read-only), found even while only
+        samples come (they go to ``series/``, flushed less often)."""
         if self._writer is None:
             return
         if not self._writer.alive() or not self.folder.path.is_dir():
             self._fail(self._vanished())
+        elif not os.access(self.folder.events, os.W_OK):
+            try:  # the write's own error, in the user's words (access() says only no)
+                with open(self.folder.events, "ab"):
+                    pass
+            except OSError as exc:
+                self._fail(self.folder_problem(exc, self.folder.events))
 
     def folder_problem(self, exc: OSError, path: Path) -> str:
         """What a failed write of ``path`` tells the user (a file or folder of the run gone from under it: the folder

@@ -209,6 +209,20 @@ def test_the_first_step_gets_longer_and_a_task_behind_is_blamed_when_none_spins(
     assert isinstance(action, lc.StopRun) and "no first step within 30 s" in action.outcome.reason
 
 
+def test_a_first_step_hang_blames_the_task_that_never_reached_its_loop_when_none_spins() -> None:
+    # worker:0 built its model and waits in its first step; worker:1 never said it runs (stuck while building,
+    # its CPU starved or blocked): worker:1 is behind, whatever their order
+    for ready in ("worker:0", "worker:1"):
+        policy = started(progress_timeout_s=10.0)
+        feed(policy, [status(ready, "running", step=0, total=100)], now=1.0)
+        feed(policy, [events.make("device", "worker:0", cpu_percent=0.0),
+                      events.make("device", "worker:1", cpu_percent=0.0)], now=30.5)  # its supervisor samples on
+        (action,) = policy.feed(lc.Tick(), 31.0)
+        other = "worker:1" if ready == "worker:0" else "worker:0"
+        assert isinstance(action, lc.StopRun) and action.outcome.failed_task == other
+        assert "no first step within 30 s" in action.outcome.reason
+
+
 def test_zero_disables_the_progress_check() -> None:
     policy = started(progress_timeout_s=0.0)
     assert policy.feed(lc.Tick(), 1e9) == []

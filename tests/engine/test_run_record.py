@@ -8,6 +8,7 @@ import json
 import resource
 import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ from engine.contract import events
 from engine.contract.run_folder import RunFolder
 from engine.control.run_record import FLUSH_S, RunRecord
 from tests import kit
+from tests.conftest import require
 
 
 class Recorded:
@@ -251,6 +253,25 @@ def test_a_vanished_folder_is_reported_and_never_recreated(folder: RunFolder, ru
     assert len(run.failures) == 1  # said once
     record.close()
     assert not folder.path.exists()
+
+
+def test_an_event_file_made_immutable_is_found_by_the_folder_check_before_any_write(folder: RunFolder,
+                                                                                   run: Recorded) -> None:
+    record = record_of(folder, run)
+    record.write_meta("starting", strict=True)
+    record.write_event(step(1))
+    record.catch_up(dry)
+    done = subprocess.run(["chattr", "+i", str(folder.events)], capture_output=True)
+    require(done.returncode == 0, f"chattr +i does not work here: {done.stderr.decode().strip()}", needed_in_ci=False)
+    try:
+        record.check_folder()  # nothing held: only the check can tell
+        assert len(run.failures) == 1, run.failures
+        assert "run folder cannot be written" in run.failures[0] and "Operation not permitted" in run.failures[0]
+        record.check_folder()
+        assert len(run.failures) == 1  # said once
+    finally:
+        subprocess.run(["chattr", "-i", str(folder.events)], check=False, capture_output=True)
+    record.close()
 
 
 def test_run_json_in_a_vanished_folder_fails_the_run_unless_it_ended(folder: RunFolder, run: Recorded) -> None:
