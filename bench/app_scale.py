@@ -427,12 +427,18 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
 
     opened = {"t": math.nan}
     first_s = time.perf_counter()
+    call_s = first_s - start  # open_run_folder itself: the folder read, the window's first fold
 
     def settle() -> bool:
-        if caught_up() and time.perf_counter() - first_s > 1.0:
-            opened["t"] = time.perf_counter() - start
-            return False
-        return time.perf_counter() - first_s < 120
+        """Until every plot caught up: the open's time is when they first did (one turn of the loop after the
+        call at least: a frame was painted), provided they stay caught up for a second after."""
+        now = time.perf_counter()
+        if not caught_up():
+            opened["t"] = math.nan
+            return now - first_s < 120
+        if math.isnan(opened["t"]):
+            opened["t"] = now - start
+        return now - start - opened["t"] < 1.0
 
     _run_loop(app, settle)
     frames.close()
@@ -492,7 +498,7 @@ def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
     lo, hi = _expected_extremes(args.hours, args.replicas)
     return {
         "scenario": "folder", "replicas": args.replicas, "hours": args.hours, "write_s": write_s,
-        "open_s": opened["t"], "frames": frames.ms("live"), "open_frames": frames.ms("open"),
+        "open_s": opened["t"], "open_call_s": call_s, "frames": frames.ms("live"), "open_frames": frames.ms("open"),
         "frames_cpu": frames.cpu_ms("live"), "redraw": frames.part_ms("live", 1), "paint": frames.part_ms("live", 2),
         "rss_mb": rss, "peak_mb": peak, "rss_start_mb": rss0, "cpu_pct": ((cpu1.user + cpu1.system) - (cpu0.user + cpu0.system)) / wall * 100,
         "represented": state.events, "points": state.history.total_points(), "curves": _curves(window),
@@ -603,8 +609,10 @@ def _doc(results: dict[str, dict[str, Any]], before: dict[str, dict[str, Any]], 
                   f"(bench/run_storage.py's simulation), opened in the window, then {len(folder['frames'])} frames of "
                   f"10 Hz per replica folded as a followed folder's events.", "",
                   "| figure | before | now | goal |", "| --- | ---: | ---: | --- |",
-                  f"| open, until every plot drew its tiers | {b['open_s'] if b else math.nan:.2f} s | "
-                  f"{folder['open_s']:.2f} s | |",
+                  f"| open, until every plot drew its tiers (first full frame) | {b['open_s'] if b else math.nan:.2f} s | "
+                  f"**{folder['open_s']:.2f} s** | <= 3 s ({'met' if folder['open_s'] <= 3.0 else '**not met**'}) |",
+                  f"| — of which `open_run_folder` itself | {b.get('open_call_s', math.nan) if b else math.nan:.2f} s | "
+                  f"{folder.get('open_call_s', math.nan):.2f} s | |",
                   f"| frame p95, live at 24 h | {frame_cell(b)} | **{frame_cell(folder)}** | <= {GOAL_FRAME_MS:g} ms "
                   f"({'met' if bootstrap(folder['frames'], p95)[2] <= GOAL_FRAME_MS else '**not met**'}) |",
                   f"| — the GUI thread's CPU time per frame, p95 | {frame_cell(b, 'frames_cpu')} | "

@@ -260,6 +260,12 @@ def slurm_job_over_its_time_limit(request: pytest.FixtureRequest, tmp_path_facto
     """``clusterdeck run`` of a 1-minute Slurm job that would train for an hour, from the session's first test
     on, when :data:`SLURM_TIME_LIMIT_TEST` is collected (else None, as when Slurm is not there).
 
+    One job for the whole session, whichever pytest-xdist worker runs the test: every worker collects it, so the
+    first one here starts the job (a lock in the folder the workers share) and the others find it there. Its exit
+    code lands in ``code`` (the test waits for that file); its starter, at its own session's end, waits for the job
+    to end on its own before it stops anything (a worker done early must not cancel the job another worker's test
+    is waiting for).
+
     Its steps are slow on purpose (worker 0 sleeps 0.2 s a step, worker 1 waits for it): it trains through
     its minute on little CPU beside the other tests. Its own test-session mark keeps the per-test leftover
     check from counting its processes.
@@ -271,32 +277,51 @@ def slurm_job_over_its_time_limit(request: pytest.FixtureRequest, tmp_path_facto
     if isinstance(up, str):
         yield None
         return
+    import fcntl
+    import json
+    import signal
+
     from engine.contract import config as config_mod
     from engine.control import slurm
     from tests.engine import slurm_cluster
 
-    folder = tmp_path_factory.mktemp("time-limit")
-    config = slurm_preset("slurm-data.yaml", time_limit="1", steps=10**7, checkpoint_every=0, global_batch_size=32)
-    config = config_mod.replace(config, name=SLURM_TIME_LIMITED,
-                                model=config_mod.replace(config.model, hidden=(16,)))
-    path = folder / "preset.yaml"
-    config_mod.save(config, path)
-    env = dict(os.environ, CLUSTERDECK_TEST_SESSION=f"time-limit-{uuid.uuid4().hex[:8]}",
-               CLUSTERDECK_TEST_STEP_DELAY="worker:0=0.2")
-    env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    started = time.monotonic()
-    with open(folder / "out.jsonl", "wb") as out, open(folder / "err.txt", "wb") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "engine.cli", "run", str(path), "--out", str(folder / "runs"),
-                                 "--json"], stdout=out, stderr=err, env=env, start_new_session=True)
-    job = {"proc": proc, "folder": folder, "started": started, "mark": env["CLUSTERDECK_TEST_SESSION"]}
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base  # pytest-N/, above each popen-gwK/
+    folder = shared / "time-limit-job"
+    folder.mkdir(exist_ok=True)
+    proc: subprocess.Popen[bytes] | None = None
+    with open(folder / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not (folder / "job.json").exists():
+            config = slurm_preset("slurm-data.yaml", time_limit="1", steps=10**7, checkpoint_every=0,
+                                  global_batch_size=32)
+            config = config_mod.replace(config, name=SLURM_TIME_LIMITED,
+                                        model=config_mod.replace(config.model, hidden=(16,)))
+            path = folder / "preset.yaml"
+            config_mod.save(config, path)
+            env = dict(os.environ, CLUSTERDECK_TEST_SESSION=f"time-limit-{uuid.uuid4().hex[:8]}",
+                       CLUSTERDECK_TEST_STEP_DELAY="worker:0=0.2")
+            env["PYTHONPATH"] = str(ROOT) + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+            # the run's exit code into ``code`` once it ends (written whole: a rename)
+            script = '"$@"; echo $? > "$0/code.part" && mv "$0/code.part" "$0/code"'
+            with open(folder / "out.jsonl", "wb") as out, open(folder / "err.txt", "wb") as err:
+                proc = subprocess.Popen(["bash", "-c", script, str(folder), sys.executable, "-m", "engine.cli", "run",
+                                         str(path), "--out", str(folder / "runs"), "--json"],
+                                        stdout=out, stderr=err, env=env, start_new_session=True)
+            (folder / "job.json").write_text(json.dumps({"started": time.monotonic(),
+                                                         "mark": env["CLUSTERDECK_TEST_SESSION"]}))
+    job = json.loads((folder / "job.json").read_text())
     try:
-        yield job
+        yield {"folder": folder, "started": job["started"], "mark": job["mark"]}
     finally:
-        if proc.poll() is None:
-            proc.terminate()
+        if proc is not None:  # its starter: the job ends on its own (its time limit) or is ended here
             try:
-                proc.wait(timeout=20)
+                proc.wait(timeout=max(1.0, job["started"] + 200 - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-        for jid in slurm_cluster.jobs_named(SLURM_TIME_LIMITED):
-            slurm.cancel(jid)
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+            for jid in slurm_cluster.jobs_named(SLURM_TIME_LIMITED):
+                slurm.cancel(jid)
