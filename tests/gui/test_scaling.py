@@ -151,20 +151,39 @@ def test_a_live_run_feeds_the_flags_from_its_dispatcher_thread(qtbot: Any, windo
         qtbot.waitUntil(lambda: c.run is None)
 
 
-def test_an_opened_run_folder_shows_its_stragglers(qtbot: Any, window: Any, tmp_path: Path) -> None:
-    folder = tmp_path / "slow-run"
+def ended_run_folder(folder: Path, slow: int) -> Path:
+    """A finished run's folder of two replicas, ``slow`` the slower (-1: neither)."""
     folder.mkdir()
-    config_mod.save(config_mod.replace(config_mod.default_config(), name="slow-run"), folder / "config.yaml")
+    config_mod.save(config_mod.replace(config_mod.default_config(), name=folder.name), folder / "config.yaml")
     writer = events.EventWriter(folder / "events.jsonl")
-    for event in step_events(slow=0):
+    for event in step_events(slow=slow):
         writer.write(event)
     writer.write({"v": 1, "kind": "run", "task": "launcher", "t": 1_800_000_100.0, "state": "finished"})
     writer.close()
+    return folder
+
+
+def test_an_opened_run_folder_shows_its_stragglers(qtbot: Any, window: Any, tmp_path: Path) -> None:
+    folder = ended_run_folder(tmp_path / "slow-run", slow=0)
     assert window.open_run_folder(folder)
+    assert not window.stragglers.flagged  # replayed once the window shows the run, slice by slice
+    qtbot.waitUntil(lambda: bool(window.stragglers.flagged))
     model = window.task_table.model
     row = [t.name for t in model.rows].index("worker:0")
     assert model.data(model.index(row, COLUMNS.index("Straggler"))).startswith("2.00×")
     assert "worker:0" in window.straggler_label.text()
+
+
+def test_a_folder_opened_while_another_is_replayed_shows_only_its_own_stragglers(qtbot: Any, window: Any,
+                                                                                 tmp_path: Path) -> None:
+    slow = ended_run_folder(tmp_path / "slow-run", slow=0)
+    even = ended_run_folder(tmp_path / "even-run", slow=-1)
+    assert window.open_run_folder(slow)
+    assert window.open_run_folder(even)  # before the first folder's replay ran
+    qtbot.wait(300)
+    assert not window.stragglers.flagged and "worker:0" not in window.straggler_label.text()
+    assert window.open_run_folder(slow)
+    qtbot.waitUntil(lambda: list(window.stragglers.flagged) == [0])
 
 
 # --------------------------------------------------------------------------- export
