@@ -65,6 +65,8 @@ from engine.control.supervisor_links import READ_CHUNK  # noqa: E402
 from engine.observe.telemetry import RunState  # noqa: E402
 
 GOAL_EVENTS_PER_S = 100_000.0
+#: ``1``: the launcher keeps the curves too (``--curves``; children of ``--against`` inherit it)
+CURVES_ENV = "CD_INGEST_CURVES"
 T0 = 1_700_000_000.0
 
 #: The stand-in supervisor: reads the spec line, then writes the events (see the module docstring).
@@ -167,8 +169,10 @@ def run_ingest(work: Path, replicas: int, ticks: int, hz: float, tasks: int) -> 
     wrapper.write_text(f"#!/bin/sh\nexec '{sys.executable}' '{feeder}' '{params}'\n", encoding="utf-8")
     wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
     cfg = make_config(replicas, tasks)
-    run = Run(cfg, runs_root=work / "runs", python=str(wrapper), isolate=False, checked=True,
-              keep_history=True)  # the fold as the app does it: curves included
+    # a launcher keeps no curves (the app, attached, folds them in its own process); CURVES_ENV=1 adds them, as
+    # this benchmark measured before the launcher ran apart from the app
+    curves = os.environ.get(CURVES_ENV) == "1"
+    run = Run(cfg, runs_root=work / "runs", python=str(wrapper), isolate=False, checked=True, keep_history=curves)
     marks: dict[str, float] = {}
 
     def on_event(e: dict[str, Any]) -> None:  # one cheap check per event: the bulk's start mark
@@ -184,15 +188,21 @@ def run_ingest(work: Path, replicas: int, ticks: int, hz: float, tasks: int) -> 
     sent_step = sent_device = replicas * ticks
     sent = sent_step + sent_device
     history = run.state.history
-    folded_step = sum(len(history.series.get(f"replica/{r}/loss", ())) for r in range(replicas))
-    folded_device = sum(len(history.series.get(f"task/worker:{i}/cpu_percent", ())) for i in range(tasks))
     written = {"step": 0, "device": 0}
+    lifecycle = 0
     with open(run.folder.events, "rb") as fh:
         for line in fh:
             if b'"kind":"step"' in line:
                 written["step"] += 1
             elif b'"kind":"device"' in line:
                 written["device"] += 1
+            else:
+                lifecycle += 1
+    if curves:  # every sample's points in the curves
+        folded_step = sum(len(history.series.get(f"replica/{r}/loss", ())) for r in range(replicas))
+        folded_device = sum(len(history.series.get(f"task/worker:{i}/cpu_percent", ())) for i in range(tasks))
+    else:  # every event the run's state took, less its lifecycle events (each of them in events.jsonl)
+        folded_step, folded_device = run.state.events - lifecycle, 0
     written_store = stored_rows(run.run_dir / "series")  # the tiered store's raw rows (none before it)
     written["step"] += written_store["step"]
     written["device"] += written_store["device"]
@@ -410,7 +420,11 @@ def doc_section_against(ab: dict[str, Any]) -> str:
         f"`engine.control.launcher.Run` whose supervisor is a feeder program: {ab['replicas']} replicas "
         f"({ab['tasks']} tasks), per replica and tick one `step` and one `device` event, {ab['hz']:g} ticks per "
         f"simulated second for {ab['seconds']:g} s: {ab['sent']:,} events per run written to the launcher's pipe "
-        "as fast as it takes them, the launcher pinned to one core (the feeder on the other). Each run in a fresh "
+        "as fast as it takes them, the launcher pinned to one core (the feeder on the other), "
+        + ("keeping every curve as well (`--curves`: the app's fold, which no launcher does since runs start apart "
+           "from the app). " if os.environ.get(CURVES_ENV) == "1" else
+           "as a launcher runs (no curves: the app, attached, folds them in its own process). ")
+        + "Each run in a fresh "
         f"process; this tree's launcher and that of commit {sha} (before the ingest cuts) in {ab['rounds']} "
         f"interleaved rounds, order rotating; medians with bootstrap 95 % intervals; {machine_line()}.",
         "",
@@ -427,16 +441,16 @@ def doc_section_against(ab: dict[str, Any]) -> str:
         "rate also carries whatever else the shared machine ran on that core meanwhile; the launcher's own CPU "
         "time per event is the steadier figure.",
         "",
-        f"What changed since {sha}: the reader splits a read into lines in C (`bytes.split`, where no line is "
-        "over-long), checks a decoded event against a table made once per shape (its field names in order: each "
-        "value's exact class in its field's declared types, one `map` in C instead of a loop in Python; the step "
-        "checks folded into it) and searches a read for `NaN`/`Infinity` once instead of each line; the "
-        "dispatcher takes a reader's list in one call, hands a step or device event to the lifecycle without "
-        "making an input object for it (`lifecycle.feed_sample`, what `feed(from_event(e))` does), and the fold "
-        "reads a float without a call and looks at a column's dtype only where a value leaves its range. The "
-        "checks are the same: a malformed or ill-typed line is still refused and counted, every sample still "
-        "folded into the history and written to the store (the table's losses column). Per-stage costs: "
-        "`python bench/ingest.py`.",
+        f"What this measures, and what changed since {sha}: the launcher's dispatcher takes a row of samples "
+        "(`step`, `device`: nearly every event) with one hold of the run's lock for their record and fold and one "
+        "for the lifecycle policy, the listeners after them in order (`RunDriver._samples`), instead of two holds, "
+        "a copy of the listener list and four calls per event. The checks are the same: a malformed or ill-typed "
+        "line is still refused and counted, every sample folded into the run's state and written to the store "
+        "(the table's losses column). The earlier cuts (since e7f94d6: lines split in C, a decoded event checked "
+        "against a table made once per shape, the lifecycle fed samples without input objects) are in both sides. "
+        "Per-stage costs: `python bench/ingest.py`; with `--curves` the launcher also keeps every curve, as the "
+        "app's fold does (no launcher does: runs start apart from the app and the app, attached, folds in its own "
+        "process).",
     ])
 
 
@@ -450,6 +464,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--against", metavar="REV", help="also run the launcher of git revision REV, interleaved")
     parser.add_argument("--rounds", type=int, default=None, help=f"rounds of --against (default {MIN_ROUNDS}, "
                         "quick 3)")
+    parser.add_argument("--curves", action="store_true", help="the launcher keeps every curve too (the app's fold; "
+                        "no launcher does since runs start apart from the app)")
     parser.add_argument("--one", action="store_true", help=argparse.SUPPRESS)  # a child run: print its figures
     add_doc_flags(parser)
     args = parser.parse_args(argv)
@@ -457,6 +473,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     tasks = args.tasks or replicas
     seconds = args.seconds or (2.0 if args.quick else 20.0)
     ticks = max(1, int(seconds * args.hz))
+    if args.curves:
+        os.environ[CURVES_ENV] = "1"
     if args.one:
         pinned = pin(0)
         with tempfile.TemporaryDirectory(prefix="cd-ingest-") as tmp:

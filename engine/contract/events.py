@@ -78,17 +78,19 @@ def _plain(value: Any) -> Any:
     return str(value)
 
 
-#: The kinds a supervisor relays as its task wrote them, undecoded, where a line is that task's own (:func:`own_sample`):
-#: the samples, nearly every line of a run. The launcher decodes them, once.
-RELAYED_KINDS = ("step", "device")
+#: The samples: nearly every event of a run (a replica's step report, a task's device use). Kept in the run folder's
+#: tiered store (``series/``), not in ``events.jsonl``; written by a task to its pipe only; relayed by a supervisor as
+#: its task wrote them, undecoded, where a line is that task's own (:func:`own_sample`): the launcher decodes them,
+#: once, and takes a row of them at a time.
+SAMPLE_KINDS = ("step", "device")
 
 
 def sample_prefixes(task: str) -> tuple[bytes, ...]:
     """How task ``task``'s emitter begins its sample lines (:func:`make`, then :func:`encode`), one per kind of
-    :data:`RELAYED_KINDS`: ``{"v":<EVENT_VERSION>,"kind":"step","task":<task, JSON-encoded>,``."""
+    :data:`SAMPLE_KINDS`: ``{"v":<EVENT_VERSION>,"kind":"step","task":<task, JSON-encoded>,``."""
     name = json.dumps(task).encode("ascii")
     return tuple(b'{"v":%d,"kind":"%s","task":%s,' % (EVENT_VERSION, kind.encode("ascii"), name)
-                 for kind in RELAYED_KINDS)
+                 for kind in SAMPLE_KINDS)
 
 
 def own_sample(line: bytes, prefixes: tuple[bytes, ...]) -> bool:

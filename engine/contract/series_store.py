@@ -36,6 +36,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.ipc as ipc
 
+from engine.contract import events
+
 __all__ = ["GROUPS", "LEVELS", "Block", "Owner", "Retention", "SeriesStore", "SeriesWriter", "read_batches"]
 
 #: Levels by bucket width in seconds (0: every event), finest first.
@@ -43,7 +45,7 @@ __all__ = ["GROUPS", "LEVELS", "Block", "Owner", "Retention", "SeriesStore", "Se
 #: ``30s`` level as it is: 2,880 rows per owner, no merging).
 LEVELS: tuple[tuple[str, float], ...] = (("raw", 0.0), ("1s", 1.0), ("5s", 5.0), ("30s", 30.0), ("300s", 300.0),
                                          ("3000s", 3000.0))
-GROUPS = ("step", "device")
+GROUPS = events.SAMPLE_KINDS  # a group of files per kind of sample
 SUFFIX = ".arrows"
 #: Fields of an event that are not samples (``worker``, ``sync_wait`` … are kept: the stragglers use them).
 _NOT_SAMPLES = frozenset(("v", "kind", "task", "t", "replica", "step", "generation", "device", "pid", "host"))

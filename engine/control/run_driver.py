@@ -141,12 +141,50 @@ class RunDriver:
         self.act(self.feed(lc.LauncherFailed(f"internal error of the launcher: {exc!r}")))
 
     def _handle_events(self, batch: list[tuple[dict[str, Any], bytes | None]]) -> None:
-        """A reader's batch of ``(event, line)``: each as :meth:`_handle_safely` takes it, one call less deep."""
-        for event, line in batch:
+        """A reader's batch of ``(event, line)``: each as :meth:`_handle_safely` takes it, one call less deep; a row
+        of samples (``step``, ``device``: nearly every event of a run) as :meth:`_samples` takes them."""
+        i, n = 0, len(batch)
+        while i < n:
+            event, line = batch[i]
+            if event.get("kind") in events.SAMPLE_KINDS:
+                j = i + 1
+                while j < n and batch[j][0].get("kind") in events.SAMPLE_KINDS:
+                    j += 1
+                try:
+                    self._samples(batch[i:j] if i or j < n else batch)
+                except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
+                    self._failed(exc)
+                i = j
+                continue
             try:
                 self._event(event, line)
             except Exception as exc:  # noqa: BLE001 - the run must end visibly, never hang
                 self._failed(exc)
+            i += 1
+
+    def _samples(self, rows: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        """Samples in a row, as :meth:`_event` takes each (recorded and folded, the listeners, the lifecycle), with one
+        hold of the run's lock for their record and fold and one for the lifecycle, and its actions after them all."""
+        core, record, state = self.core, self.recorder(), self.run.state
+        with core.lock:
+            for event, line in rows:
+                record.write_event(event, line)
+                state.apply(event)
+            listeners = list(core.listeners)
+        for listener in listeners:
+            for event, _ in rows:
+                try:
+                    listener(event)
+                except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
+                    print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
+        actions: list[lc.Action] = []
+        now = time.monotonic()
+        with core.lock:
+            for event, _ in rows:
+                if not event.get(LOST_WITH_HOST):
+                    actions += lc.feed_sample(core.lifecycle, event, now)
+        if actions:
+            self.act(actions)
 
     def _handle(self, item: dict[str, Any] | SupervisorGone | HostAnswer | _Tick, line: bytes | None = None) -> None:
         if isinstance(item, _Tick):

@@ -11,10 +11,6 @@ from typing import Any
 
 from engine.contract import events
 
-#: The sampled kinds: with ``samples_to_file=False`` they go to the pipe only (the launcher keeps them in the
-#: run's tiered store, engine.contract.series_store); every other kind is a lifecycle event, kept in both.
-SAMPLE_KINDS = ("step", "device")
-
 
 class Emitter:
     """Writes each event to the task's ``events.jsonl`` first, then to the supervisor's pipe.
@@ -38,7 +34,7 @@ class Emitter:
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = events.make(kind, self.task, **fields)
         line = events.encode(event)
-        to_file = self.samples_to_file or kind not in SAMPLE_KINDS
+        to_file = self.samples_to_file or kind not in events.SAMPLE_KINDS
         held: list[tuple[str, bool]] | None = getattr(self._batch, "lines", None)
         if held is not None:
             held.append((line, to_file))
