@@ -7,12 +7,13 @@ the feed is ``due`` (at most every :data:`DRAIN_INTERVAL_MS`: <= 30 Hz, never pe
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections.abc import Callable
 from typing import Any
 
-from PySide6.QtCore import QObject, QTimer, Signal
+from PySide6.QtCore import QObject, Qt, QTimer, Signal
 
 from engine.control.memory import TRIM_INTERVAL_S, trim_heap
 from engine.observe.telemetry import RunState
@@ -23,9 +24,15 @@ BATCH_MAX = 50_000
 
 
 class EventFeed(QObject):
-    """The queue between a live run's thread and the GUI thread, and the timer that drains it."""
+    """The queue between a live run's thread and the GUI thread, and the timer that drains it.
+
+    An event that finds the queue drained wakes the GUI thread (:attr:`_woken`, queued across threads): where the
+    last batch folded is :data:`DRAIN_INTERVAL_MS` old it is folded at once, not at the timer's next tick (a point
+    of a run reporting under 30 times a second reaches its curve in the time its fold and draw take). Batches are
+    never folded more often than that."""
 
     due = Signal()  # time to fold a batch
+    _woken = Signal()  # emitted on the run's thread; handled on the GUI thread
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -34,13 +41,30 @@ class EventFeed(QObject):
         self._timer.setObjectName("drainTimer")
         self._timer.setInterval(DRAIN_INTERVAL_MS)
         self._timer.timeout.connect(self.due)
+        self._woken.connect(self._wake, Qt.ConnectionType.QueuedConnection)
+        self._folded_at = -math.inf  # when the last batch of events was folded (monotonic seconds)
+        self._asleep = True  # the queue was found empty since: the next event wakes the GUI thread
         self._trimmed_at = time.monotonic()
 
     def listener(self) -> Callable[[dict[str, Any]], None]:
         """What the next run calls with each event, on its own thread (a fresh queue: what an earlier run left
-        unfolded is dropped)."""
-        self._events = queue.SimpleQueue()
-        return self._events.put
+        unfolded is dropped). Only enqueues, and wakes the GUI thread where the queue was drained."""
+        self._events = events = queue.SimpleQueue()
+        put = events.put
+
+        def enqueue(event: dict[str, Any]) -> None:
+            put(event)
+            if self._asleep:
+                self._asleep = False
+                self._woken.emit()
+
+        return enqueue
+
+    def _wake(self) -> None:
+        """An event came to a drained queue: fold now where the last batch is old enough, else at the next tick."""
+        if self._timer.isActive() and time.monotonic() - self._folded_at >= DRAIN_INTERVAL_MS / 1000:
+            self._timer.start()  # the next tick a whole interval from now
+            self.due.emit()
 
     def start(self) -> None:
         self._timer.start()
@@ -58,9 +82,12 @@ class EventFeed(QObject):
             try:
                 event = self._events.get_nowait()
             except queue.Empty:
+                self._asleep = True  # drained: the next event wakes the GUI thread (an event put meanwhile waits a tick)
                 break
             state.apply(event)
             count += 1
+        if count:
+            self._folded_at = time.monotonic()
         if count and time.monotonic() - self._trimmed_at >= TRIM_INTERVAL_S:
             # hours of folding and drawing leave free pages in the C heap: given back now and then
             trim_heap()

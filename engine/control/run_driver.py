@@ -236,7 +236,7 @@ class RunDriver:
     def act(self, actions: list[lc.Action]) -> None:
         for action in actions:
             if isinstance(action, lc.RestartTask) or getattr(action, "dump_stacks", False):  # a hang: who waits where
-                self._ask_for_stacks(action)
+                ask_for_stacks(self.run, self.core, action)
             if isinstance(action, lc.StopRun):
                 with self.core.restart_lock:
                     if self.core.stopping:
@@ -263,41 +263,6 @@ class RunDriver:
             elif isinstance(action, lc.RelaunchHost):
                 self.run.hosts.relaunch_host(action)
 
-    def _ask_for_stacks(self, action: lc.Action) -> None:
-        with self.core.lock:
-            live = [n for n, t in self.run.state.tasks.items() if t.state not in TERMINAL]
-        if isinstance(action, lc.RestartTask):
-            live = [action.task]
-        if isinstance(action, lc.RestartTask):
-            culprit = action.task
-        elif isinstance(action, lc.StopRun):
-            culprit = action.outcome.failed_task
-        elif isinstance(action, lc.RestartRun):
-            culprit = action.reason.split(": ")[0]
-        else:
-            return  # asked only for a hang
-        for message, fields in doctor.dump_for_hang(self.run.folder, self.run.send, live, culprit):
-            self.run.emit_info(message, **fields)
-
-    def _resubmit(self) -> bool:
-        """A whole-run restart: transports holding a scheduler's allocation (``resubmit_on_restart``, Slurm)
-        give it back and queue a new one; the run is then planned on the new nodes. False: stopped meanwhile."""
-        again = [t for t in self.core.prepared if getattr(t, "resubmit_on_restart", False)]
-        if not again:
-            return True
-        drawn = self.core.drawn_config
-        ctx = transports.PrepareContext(config=drawn if drawn is not None else self.core.base_config,
-                                        folder=self.run.folder, stop=self.core.stop_asked, emit=self.core.queue.put)
-        try:
-            for transport in self.core.transports.values():
-                if transport in again:
-                    transport.release()
-                ctx.config = transport.prepare(ctx)
-        except transports.TransportStopped:
-            return False
-        self.core.base_config = ctx.config
-        return True
-
     def _restart_all(self, action: lc.RestartRun) -> None:
         """Stop every task and start them all again; they resume from the last checkpoint."""
         self.run.emit_run("restarting", reason=action.reason, restart=action.restart,
@@ -309,7 +274,7 @@ class RunDriver:
             for sup in old:
                 if sup.reader is not None:
                     sup.reader.join(timeout=5)
-            if not self._resubmit():
+            if not resubmit(self.run, self.core):
                 return  # stopped while the new allocation waited
             with self.core.restart_lock:
                 if self.core.stopping:
@@ -401,3 +366,41 @@ class RunDriver:
         if self.core.record is None:
             raise RuntimeError("the run has not started")
         return self.core.record
+
+
+def ask_for_stacks(run: Any, core: RunCore, action: lc.Action) -> None:  # run: the launcher's Run
+    """A hang (a task restarted for it, or the run stopped or restarted): every live task (only the restarted one)
+    dumps its Python stacks, and the run says where they are."""
+    with core.lock:
+        live = [n for n, t in run.state.tasks.items() if t.state not in TERMINAL]
+    if isinstance(action, lc.RestartTask):
+        culprit = action.task
+        live = [culprit]
+    elif isinstance(action, lc.StopRun):
+        culprit = action.outcome.failed_task
+    elif isinstance(action, lc.RestartRun):
+        culprit = action.reason.split(": ")[0]
+    else:
+        return  # asked only for a hang
+    for message, fields in doctor.dump_for_hang(run.folder, run.send, live, culprit):
+        run.emit_info(message, **fields)
+
+
+def resubmit(run: Any, core: RunCore) -> bool:
+    """A whole-run restart: transports holding a scheduler's allocation (``resubmit_on_restart``, Slurm)
+    give it back and queue a new one; the run is then planned on the new nodes. False: stopped meanwhile."""
+    again = [t for t in core.prepared if getattr(t, "resubmit_on_restart", False)]
+    if not again:
+        return True
+    drawn = core.drawn_config
+    ctx = transports.PrepareContext(config=drawn if drawn is not None else core.base_config,
+                                    folder=run.folder, stop=core.stop_asked, emit=core.queue.put)
+    try:
+        for transport in core.transports.values():
+            if transport in again:
+                transport.release()
+            ctx.config = transport.prepare(ctx)
+    except transports.TransportStopped:
+        return False
+    core.base_config = ctx.config
+    return True
