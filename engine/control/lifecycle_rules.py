@@ -32,6 +32,11 @@ class TaskInfo:
     host: str = ""
 
 
+#: A task's CPU samples the lifecycle keeps (its supervisor samples every 0.5 s): ~10 s, within the shortest hang
+#: window (``training.progress_timeout_s`` is at least that in the presets, 3x for the first step).
+CPU_SAMPLES = 20
+
+
 @dataclass
 class TaskTrack:
     """What the lifecycle follows of one task."""
@@ -41,7 +46,7 @@ class TaskTrack:
     started_at: float | None = None  # when its current life began (for the first-step deadline)
     progress_at: float | None = None  # when it last reported (async workers: was credited with) a step
     last_step: int = -1
-    cpu: deque[float] = field(default_factory=lambda: deque(maxlen=4))
+    cpu: deque[float] = field(default_factory=lambda: deque(maxlen=CPU_SAMPLES))
 
     def restart(self) -> None:
         """A whole-run restart: a new life, not started yet."""
@@ -52,8 +57,9 @@ class TaskTrack:
 
     @property
     def recent_cpu(self) -> float:
-        """CPU use sustained over the last two samples (a start-up burst does not count)."""
-        return min(list(self.cpu)[-2:]) if self.cpu else 0.0
+        """Its mean CPU use over its last :data:`CPU_SAMPLES` samples (~10 s: a task pinned to a core that other work
+        shares can spin at 100 % and then get a few percent for seconds, and a waiting task may burst briefly)."""
+        return sum(self.cpu) / len(self.cpu) if self.cpu else 0.0
 
 
 class HostRules:

@@ -223,6 +223,20 @@ def test_a_first_step_hang_blames_the_task_that_never_reached_its_loop_when_none
         assert "no first step within 30 s" in action.outcome.reason
 
 
+def test_a_spinning_task_starved_of_its_core_for_its_last_seconds_is_still_named() -> None:
+    # a CI trace: worker:1 spun in build_model at ~100 % of its pinned core, then other work took the core and it got
+    # 0-20 % for its last seconds, its very last sample 0 %; worker:0 waited at 0 % throughout
+    spinning = [97.2, 99.2, 95.5, 98.9, 99.7, 97.7, 99.8, 99.7, 99.6, 101.2, 93.3, 97.2, 101.2, 99.2, 99.2, 81.7,
+                65.8, 55.8, 69.8, 43.9, 33.9, 25.9, 12.0, 0.0, 1.1, 19.7, 7.9, 8.0, 0.0, 0.0, 0.0, 9.9, 21.9, 0.0]
+    policy = started(progress_timeout_s=6.0)
+    for i, cpu in enumerate(spinning):
+        feed(policy, [events.make("device", "worker:0", cpu_percent=2.0 if i == 20 else 0.0),
+                      events.make("device", "worker:1", cpu_percent=cpu)], now=1.0 + 0.5 * i)
+    (action,) = policy.feed(lc.Tick(), 18.5)
+    assert isinstance(action, lc.StopRun) and action.outcome.failed_task == "worker:1", action
+    assert "no first step within 18 s" in action.outcome.reason
+
+
 def test_zero_disables_the_progress_check() -> None:
     policy = started(progress_timeout_s=0.0)
     assert policy.feed(lc.Tick(), 1e9) == []
