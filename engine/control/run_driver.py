@@ -165,18 +165,8 @@ class RunDriver:
     def _samples(self, rows: list[tuple[dict[str, Any], bytes | None]]) -> None:
         """Samples in a row, as :meth:`_event` takes each (recorded and folded, the listeners, the lifecycle), with one
         hold of the run's lock for their record and fold and one for the lifecycle, and its actions after them all."""
-        core, record, state = self.core, self.recorder(), self.run.state
-        with core.lock:
-            for event, line in rows:
-                record.write_event(event, line)
-                state.apply(event)
-            listeners = list(core.listeners)
-        for listener in listeners:
-            for event, _ in rows:
-                try:
-                    listener(event)
-                except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
-                    print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
+        core = self.core
+        self.deliver_rows(rows)
         actions: list[lc.Action] = []
         now = time.monotonic()
         with core.lock:
@@ -219,15 +209,23 @@ class RunDriver:
     def deliver(self, event: dict[str, Any], line: bytes | None = None) -> None:
         """``event`` into the run's file (``line`` as received where it can be kept), the state and the
         listeners."""
+        self.deliver_rows([(event, line)])
+
+    def deliver_rows(self, rows: list[tuple[dict[str, Any], bytes | None]]) -> None:
+        """Each ``(event, line)`` as :meth:`deliver` takes it, the run's lock held once for their record and fold;
+        each listener gets them in order."""
+        record, state = self.recorder(), self.run.state
         with self.core.lock:
-            self.recorder().write_event(event, line)
-            self.run.state.apply(event)
+            for event, line in rows:
+                record.write_event(event, line)
+                state.apply(event)
             listeners = list(self.core.listeners)
         for listener in listeners:
-            try:
-                listener(event)
-            except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
-                print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
+            for event, _ in rows:
+                try:
+                    listener(event)
+                except Exception as exc:  # noqa: BLE001 - a broken view must not stop the run
+                    print(f"clusterdeck: a run listener failed: {exc!r}", file=sys.stderr)
 
     def feed(self, item: lc.Input) -> list[lc.Action]:
         with self.core.lock:
