@@ -170,8 +170,10 @@ def ssh_hosts(config: RunConfig) -> list[Host]:
 
 
 def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
-    """Why the launcher cannot log in to ``host`` the way it will start its supervisor (the same ``ssh`` command,
-    running ``true``), or None."""
+    """Why the launcher cannot log in to ``host`` the way it will start its supervisor (the same ``ssh`` command),
+    or None. Where the connection is to be shared (:func:`transports.ssh_mux_path`), the check makes it and runs
+    nothing there (``ssh -N``: the supervisor's session is the first to start the remote shell); else it runs
+    ``true``."""
     from engine.control import transports  # the one place an ssh command line is made
 
     # the connection it makes is shared: the supervisor's session then goes through it (transports.ssh_mux_path)
@@ -179,7 +181,8 @@ def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
     log, offset = (transports.ssh_mux_log(mux), 0) if mux is not None else (None, 0)
     if log is not None:
         offset = _fresh_log(log)
-    cmd = transports.ssh_command(host, ["true"], connect_timeout=timeout, mux=mux, master=True)
+    cmd = transports.ssh_command(host, None if mux is not None else ["true"], connect_timeout=timeout, mux=mux,
+                                 master=True)
     where = f"host {host.name!r} ({host.ssh_target}, ssh port {host.ssh_port})"
     try:
         done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 2.0,

@@ -269,7 +269,7 @@ def ssh_complaint(lines: list[str]) -> str:
 SSH_CONNECT_TIMEOUT_S = 10
 
 
-def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = SSH_CONNECT_TIMEOUT_S,
+def ssh_command(host: Host, remote_cmd: list[str] | None, *, connect_timeout: float = SSH_CONNECT_TIMEOUT_S,
                 mux: str | None = None, master: bool = False) -> list[str]:
     """The user's own OpenSSH client (their ~/.ssh/config, agent and keys) running ``remote_cmd`` on ``host``.
 
@@ -281,6 +281,9 @@ def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = S
     there is one, else connects as it would without (OpenSSH's ``ControlMaster=no``); with ``master`` it makes
     that connection, kept :data:`SSH_PERSIST_S` seconds after its last session, and ssh's own messages go to the
     host's log (:func:`ssh_mux_log`: the shared connection outlives this command, and what it says later is there).
+    ``remote_cmd`` None with ``master``: no session at all (``ssh -N``): ssh connects, logs in, leaves the shared
+    connection and exits 0 (255 where it cannot), and the remote shell never starts (its rc files cost a session
+    tens to hundreds of ms of the host's CPU: a ``pyenv`` or ``conda`` init).
     """
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
            "-o", f"ConnectTimeout={max(1, round(connect_timeout))}", *_ssh_host_options(host)]
@@ -288,6 +291,10 @@ def ssh_command(host: Host, remote_cmd: list[str], *, connect_timeout: float = S
         cmd += ["-o", f"ControlPath={mux}"]
         cmd += (["-o", "ControlMaster=auto", "-o", f"ControlPersist={SSH_PERSIST_S}", "-E", str(ssh_mux_log(mux))]
                 if master else ["-o", "ControlMaster=no"])
+    if remote_cmd is None:
+        if mux is None or not master:  # ssh -N with no shared connection to make would stay connected for ever
+            raise ValueError("ssh -N (no remote command) only makes a shared connection: it needs mux and master")
+        return [*cmd, "-N", "--", host.ssh_target]
     # the remote shell parses the command line: quote every word
     cmd += ["--", host.ssh_target, shlex.join(remote_cmd)]
     return cmd

@@ -39,6 +39,18 @@ def test_ssh_command_quotes_the_remote_command_and_uses_the_users_client() -> No
     assert not Host(name="d", address="127.0.0.1", ssh_host="alias").is_local
 
 
+def test_the_login_check_that_makes_the_shared_connection_starts_no_remote_shell() -> None:
+    # ssh -N: it logs in and leaves the shared connection; the remote shell (its rc files: a pyenv or conda init,
+    # tens to hundreds of ms of the host's CPU) first starts for the supervisor's session
+    host = Host(name="b", address="10.0.0.6", ssh_host="b")
+    cmd = ssh_command(host, None, mux="/tmp/cd-mux", master=True)
+    assert cmd[-3:] == ["-N", "--", "b"] and "ControlMaster=auto" in cmd
+    with pytest.raises(ValueError):
+        ssh_command(host, None, mux="/tmp/cd-mux")  # a session with no command and no shared connection to make
+    with pytest.raises(ValueError):
+        ssh_command(host, None, master=True)
+
+
 @pytest.fixture
 def sshd(tmp_path: Path) -> Iterator[Path]:
     """An sshd on 127.0.0.1 that accepts one throw-away key; yields an ssh config naming it 'cdtest'."""
