@@ -102,6 +102,67 @@ def busy_cpu_s() -> float:
     return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
+#: Where the machine's CPU went during a launch, by process (every host's processes are this machine's): the
+#: groups, in the table's order, and how a process is put in one (its name, its command line).
+CPU_GROUPS = (
+    ("launcher", "ClusterDeck: the launcher (this process)"),
+    ("ssh", "OpenSSH's client (logins, key exchange; reaped by the launcher)"),
+    ("sshd", "OpenSSH's sshd on the hosts (key exchange, sessions)"),
+    ("shell", "the hosts' login shells (bash and its rc files' commands: this machine's `pyenv init`)"),
+    ("supervisor", "ClusterDeck: supervisors (python start, imports, work; the shell before it exec'd them)"),
+    ("template", "ClusterDeck: warm-start templates and the tasks forked from them"),
+    ("other", "anything else on the machine"),
+)
+
+
+def _cpu_group(pid: int, name: str, cmdline: str) -> str:
+    if pid == os.getpid():
+        return "launcher"
+    if name == "ssh":
+        return "ssh"
+    if name.startswith("sshd") or cmdline.startswith("sshd"):
+        return "sshd"
+    if name in ("bash", "sh", "dash", "zsh") and "engine." not in cmdline:
+        return "shell"
+    if name in ("bash", "sh") and "engine.control.supervisor" in cmdline:
+        return "shell"  # the session's shell that runs the supervisor's command line
+    if "engine.control.supervisor" in cmdline:
+        return "supervisor"
+    if "engine.runtime.task" in cmdline:
+        return "template"
+    return "other"
+
+
+def cpu_by_process() -> dict[tuple[int, float], tuple[str, float, float]]:
+    """Every process's (group, own CPU seconds, CPU seconds of the children it reaped), by (pid, start time)."""
+    import psutil
+
+    out = {}
+    for proc in psutil.process_iter(["name", "cmdline", "cpu_times", "create_time"]):
+        times = proc.info["cpu_times"]
+        if times is None:
+            continue
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        out[(proc.pid, proc.info["create_time"])] = (
+            _cpu_group(proc.pid, proc.info["name"] or "", cmdline), times.user + times.system,
+            times.children_user + times.children_system)
+    return out
+
+
+def cpu_spent(before: dict[tuple[int, float], tuple[str, float, float]],
+              after: dict[tuple[int, float], tuple[str, float, float]]) -> dict[str, float]:
+    """CPU seconds each group spent between two :func:`cpu_by_process` looks: a process's own, and what its children
+    that ended and were reaped meanwhile spent (the launcher's: its ssh clients; a shell's: its rc's commands)."""
+    spent = dict.fromkeys((g for g, _ in CPU_GROUPS), 0.0)
+    for key, (group, own, reaped) in after.items():
+        own0, reaped0 = before[key][1:] if key in before else (0.0, 0.0)
+        spent[group] += own - own0
+        # what a process reaped: the launcher's, its ssh clients; a supervisor's, the commands its login shell's rc
+        # ran before that shell exec'd the supervisor's command line (its tasks and template live on: not reaped)
+        spent[{"launcher": "ssh", "supervisor": "shell"}.get(group, group)] += reaped - reaped0
+    return spent
+
+
 def child(tree: Path, hosts: int, per_host: int, step_s: float) -> dict[str, Any]:
     """Launch one run from ``tree`` (put first on ``sys.path`` here), stop it; its figures."""
     assert "engine" not in sys.modules, "the tree's engine must be the one imported"
@@ -168,6 +229,7 @@ def child(tree: Path, hosts: int, per_host: int, step_s: float) -> dict[str, Any
     runs_root = tmp / "runs"
     run = Run(cfg, runs_root=runs_root, task_env={fault_hooks.SIMULATE: str(step_s)})
     run.add_listener(on_event)
+    processes0 = cpu_by_process()
     cpu0 = busy_cpu_s()
     t0 = time.time()
     try:
@@ -176,6 +238,7 @@ def child(tree: Path, hosts: int, per_host: int, step_s: float) -> dict[str, Any
             raise SystemExit(f"not every task stepped: {len(first_step)} of {n_tasks}; {run.state.state} "
                              f"{run.state.reason}")
         cpu = busy_cpu_s() - cpu0
+        cpu_by = cpu_spent(processes0, cpu_by_process())
     finally:
         stop_at = time.time()
         run.stop()
@@ -210,7 +273,8 @@ def child(tree: Path, hosts: int, per_host: int, step_s: float) -> dict[str, Any
         shutil.rmtree(tmp, ignore_errors=True)
     return {"total": total, "phases": phases, "last": last, "host": host, "stop": stopped,
             "first_any": min(v[1] for v in first_step.values()) - t0,
-            "ssh_max": max(created[h] - popen[h] for h in popen), "tasks": n_tasks, "cpu": cpu, "detail": detail}
+            "ssh_max": max(created[h] - popen[h] for h in popen), "tasks": n_tasks, "cpu": cpu, "cpu_by": cpu_by,
+            "detail": detail}
 
 
 # --------------------------------------------------------------------------- the rounds
@@ -289,7 +353,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 res = one(trees.get(tree, ROOT), *shapes[shape], args.step_s, VARIANTS.get(tree, {}))
                 got[side].append(res)
                 ph = res["phases"]
-                print(f"round {r + 1} {side:>8}: {res['total']:.2f} s, {res['cpu']:.1f} CPU-s busy (last {res['last']} "
+                by = ", ".join(f"{g} {v:.2f}" for g, v in res.get("cpu_by", {}).items())
+                print(f"round {r + 1} {side:>8}: {res['total']:.2f} s, {res['cpu']:.1f} CPU-s busy ({by}) "
+                      f"(last {res['last']} "
                       f"on {res['host']}; " + ", ".join(f"{k} {v:.2f}" for k, v in ph.items())
                       + f"; stop {res['stop']:.2f} s)", flush=True)
     finally:
@@ -305,6 +371,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                                   "phases": {k: bootstrap_median([x["phases"][k] for x in results]) for k, _ in PHASES},
                                   "stop": bootstrap_median([x["stop"] for x in results]),
                                   "cpu": bootstrap_median([x["cpu"] for x in results]),
+                                  "cpu_by": {g: bootstrap_median([x["cpu_by"][g] for x in results])
+                                             for g, _ in CPU_GROUPS if all("cpu_by" in x for x in results)},
                                   "totals": totals}
         print(f"{side}: Run.start() to every task stepping {ci(totals)} s{rounds_note(rounds)}")
     pairs = [(f"{shape}/this", f"{shape}/base") for shape in shapes if "base" in trees]
@@ -349,6 +417,10 @@ def _doc(args: Any, figures: dict[str, Any], got: dict[str, list[dict[str, Any]]
     lines.append("| **`Run.start()` to every task stepping** | " + " | ".join(cells) + " |")
     lines.append("| CPU-seconds the machine was busy meanwhile (its 2 cores: all hosts') | " + " | ".join(
         "{:.1f} [{:.1f}, {:.1f}]".format(*figures["sides"][s]["cpu"]) for s in names) + " |")
+    for group, label in CPU_GROUPS:
+        if all(group in figures["sides"][s]["cpu_by"] for s in names):
+            lines.append(f"| &nbsp;&nbsp;of it: {label} | " + " | ".join(
+                "{:.2f} [{:.2f}, {:.2f}]".format(*figures["sides"][s]["cpu_by"][group]) for s in names) + " |")
     lines.append("| `Run.stop()` (returns once the run's processes are gone) | " + " | ".join(
         "{:.2f} [{:.2f}, {:.2f}]".format(*figures["sides"][s]["stop"]) for s in names) + " |")
     this = figures["sides"].get(f"{n}/this")
