@@ -18,6 +18,7 @@ from typing import Any
 
 from engine.contract import config as config_mod
 from engine.contract.config import RunConfig
+from engine.runtime.stop import remove_autograph_files
 from engine.runtime.user_script import ScriptError, _function, load, script_path, user_traceback
 
 
@@ -274,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     sys.stderr.flush()
     # the user's script may have started threads (or TF may hang in its shutdown): the answer is written
+    remove_autograph_files()  # what the atexit handlers os._exit skips would have removed
     os._exit(0)
 
 

@@ -95,10 +95,31 @@ class StopSignal:
                     on_timeout()
                 except Exception:  # noqa: BLE001 - exiting matters more than a last note
                     pass
+            remove_autograph_files()
             os._exit(EXIT_CODE)
 
         threading.Thread(target=watcher, name="sigterm", daemon=True).start()
         return True
+
+
+def remove_autograph_files() -> None:
+    """Remove the source files TensorFlow's autograph wrote for this process's functions (``tf.function``).
+
+    Autograph writes each converted function to ``<tmp>/__autograph_generated_file*.py`` and removes it in an
+    ``atexit`` handler; a task leaves with ``os._exit`` (TensorFlow's own teardown can hang), which runs none, so
+    without this every task, check and restart of every run left its files in the temporary folder for good
+    (tens of thousands on a machine that runs many). They are the modules autograph put in ``sys.modules``."""
+    import sys
+
+    for name, module in list(sys.modules.items()):
+        if not name.startswith("__autograph_generated_file"):
+            continue
+        path = getattr(module, "__file__", None)
+        if isinstance(path, str) and os.path.basename(path).startswith("__autograph_generated_file"):
+            try:
+                os.unlink(path)
+            except OSError:  # gone already, or not this user's to remove
+                pass
 
 
 #: Senders that end a whole job step (its time limit, a cancel, a preemption): every process of the step gets

@@ -32,7 +32,7 @@ from engine.runtime import fault_hooks
 from engine.runtime.emitter import Emitter
 from engine.runtime.program import ProgramFailed
 from engine.runtime.stop import EXIT_CODE as STOPPED_EXIT_CODE
-from engine.runtime.stop import Stopped, StopSignal
+from engine.runtime.stop import Stopped, StopSignal, remove_autograph_files
 
 
 def _watch_lifeline(fd: int) -> None:
@@ -241,6 +241,7 @@ def _exit(emitter: Emitter, code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     # TF's runtime can hang in its own shutdown (servers, collectives); the work is saved: leave now.
+    remove_autograph_files()  # what the atexit handlers os._exit skips would have removed
     os._exit(code)
 
 
