@@ -49,7 +49,8 @@ class EventFeed(QObject):
     def listener(self) -> Callable[[dict[str, Any]], None]:
         """What the next run calls with each event, on its own thread (a fresh queue: what an earlier run left
         unfolded is dropped). Only enqueues, and wakes the GUI thread where the queue was drained."""
-        self._events = events = queue.SimpleQueue()
+        events: queue.SimpleQueue[dict[str, Any]] = queue.SimpleQueue()
+        self._events = events
         put = events.put
 
         def enqueue(event: dict[str, Any]) -> None:
