@@ -48,6 +48,34 @@ it reports, when it flushes, and where its writing happens.
 """
 
 
+#: The folders :func:`scratch_dir` made, removed by :func:`remove_scratch`.
+_SCRATCH: list[Path] = []
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A fresh temporary folder, removed when this process exits (kept where ``CD_BENCH_KEEP`` is set, to look at),
+    so a benchmark leaves nothing behind in the temporary folder however often it runs. A process that leaves with
+    ``os._exit`` calls :func:`remove_scratch` first."""
+    import atexit
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix=prefix))
+    if not _SCRATCH:
+        atexit.register(remove_scratch)
+    _SCRATCH.append(folder)
+    return folder
+
+
+def remove_scratch() -> None:
+    """Remove every folder :func:`scratch_dir` made (none where ``CD_BENCH_KEEP`` is set)."""
+    import shutil
+
+    if os.environ.get("CD_BENCH_KEEP"):
+        return
+    while _SCRATCH:
+        shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
+
+
 def timed_process(cmd: Sequence[str], *, cwd: Path | str | None = None, env: dict[str, str] | None = None,
                   stdout: Any = None, stderr: Any = None, timeout: float = 900.0,
                   watch: Any = None) -> tuple[float, float, int]:

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _common import percentile  # noqa: E402
+from _common import percentile, remove_scratch, scratch_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 DOC = ROOT / "docs" / "benchmarks.md"
@@ -156,7 +156,7 @@ def _window(code: Path) -> tuple[Any, Any, Any]:
     import gui  # noqa: F401, I001 - first: guards the Qt binding
     from PySide6.QtCore import QSettings
 
-    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, tempfile.mkdtemp(prefix="cd-app-"))
+    QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, str(scratch_dir("cd-app-")))
     from gui.app import application
     from gui.controller import Controller
     from gui.main_window import MainWindow
@@ -165,7 +165,7 @@ def _window(code: Path) -> tuple[Any, Any, Any]:
     from PySide6.QtWidgets import QMessageBox
 
     QMessageBox.critical = staticmethod(lambda *a, **k: print("error box:", a[1:3], file=sys.stderr))  # type: ignore[method-assign]
-    controller = Controller(runs_root=Path(tempfile.mkdtemp(prefix="cd-app-runs-")))
+    controller = Controller(runs_root=scratch_dir("cd-app-runs-"))
     window = MainWindow(controller)
     window.resize(1600, 1000)
     window.show()
@@ -400,7 +400,7 @@ def _expected_extremes(hours: float, replicas: int) -> tuple[float, float]:
 
 
 def scenario_folder(args: argparse.Namespace) -> dict[str, Any]:
-    folder = args.folder or Path(tempfile.mkdtemp(prefix="cd-app-24h-"))
+    folder = args.folder or scratch_dir("cd-app-24h-")
     found = sorted(p for p in Path(folder).glob("*") if (p / "config.yaml").is_file()) if folder.exists() else []
     write_s = math.nan
     if args.reuse and found:
@@ -525,7 +525,7 @@ def _band_extremes(window: Any) -> tuple[float, float]:
 
 
 def scenario_many(args: argparse.Namespace) -> dict[str, Any]:
-    folder = args.folder or Path(tempfile.mkdtemp(prefix="cd-app-many-"))
+    folder = args.folder or scratch_dir("cd-app-many-")
     found = sorted(p for p in Path(folder).glob("*") if (p / "config.yaml").is_file()) if folder.exists() else []
     if args.reuse and found:
         run_dir = found[-1]
@@ -715,6 +715,7 @@ def main(argv: list[str] | None = None) -> int:
         print(summary(r), flush=True)
         if args.json:
             args.json.write_text(json.dumps(r), encoding="utf-8")
+        remove_scratch()  # its settings, runs and folders (os._exit runs no atexit handler)
         os._exit(0)  # (the window's teardown is no part of the figures)
     results: dict[str, dict[str, Any]] = _load(args.results) if args.results else {}
     for name in () if args.results else ("live", "folder", "many"):

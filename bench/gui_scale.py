@@ -43,7 +43,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import numpy as np  # noqa: E402
 import psutil  # noqa: E402
-from _common import add_doc_flags, machine_line, median, percentile, verdict, want_doc, write_section  # noqa: E402
+from _common import (  # noqa: E402
+    add_doc_flags,
+    machine_line,
+    median,
+    percentile,
+    scratch_dir,
+    verdict,
+    want_doc,
+    write_section,
+)
 
 import gui  # noqa: E402,F401 - guards the Qt binding before any Qt call
 from engine.contract import config as config_mod  # noqa: E402
@@ -151,7 +160,6 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     chunk = args.chunk or (5.0 if args.quick else 60.0 * 32 / args.replicas)
     live = args.live if args.live is not None else (3.0 if args.quick else 15.0)
 
-    import tempfile
 
     import pyqtgraph as pg
     from PySide6.QtCore import QEventLoop, QSettings, QTimer
@@ -161,7 +169,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     from gui.main_window import MainWindow
     from gui.plots import PlotsPanel
 
-    settings = tempfile.mkdtemp(prefix="cd-scale-")
+    settings = str(scratch_dir("cd-scale-"))
     QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, settings)
     application()
     proc = psutil.Process()

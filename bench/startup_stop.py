@@ -47,15 +47,17 @@ GOAL_STOP_S = 3.0
 _WINDOW_CHILD = r"""
 import os, sys, time
 os.environ["QT_QPA_PLATFORM"] = "offscreen"
-import tempfile
+import shutil, tempfile
 from PySide6.QtCore import QSettings, QTimer
-QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, tempfile.mkdtemp(prefix="cd-startup-"))
+settings = tempfile.mkdtemp(prefix="cd-startup-")
+QSettings.setPath(QSettings.Format.IniFormat, QSettings.Scope.UserScope, settings)
 from gui.app import application, create_window
 app = application()
 window = create_window([])
 def shown():
     print(f"SHOWN {time.time():.6f} {int(window.isVisible())}", flush=True)
     window.controller.undo_stack.setClean()
+    shutil.rmtree(settings, True)  # os._exit runs no atexit handler
     os._exit(0)
 QTimer.singleShot(0, shown)  # after the show and the first paint have been processed
 app.exec()

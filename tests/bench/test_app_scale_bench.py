@@ -16,7 +16,9 @@ def test_app_scale_runs_every_scenario_and_writes_its_section(tmp_path: Path) ->
     doc = tmp_path / "benchmarks.md"
     doc.write_text("# Benchmarks\n\n<!-- bench:other -->\nkept\n<!-- /bench:other -->\n", encoding="utf-8")
     figures = tmp_path / "figures.json"
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen")
+    tmp = tmp_path / "tmp"  # the benchmark's temporary folder: nothing may be left in it
+    tmp.mkdir()
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TMPDIR=str(tmp))
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "app_scale.py"), "all", "--quick", "--write-doc",
                            "--doc", str(doc), "--json", str(figures)], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=900)
@@ -29,3 +31,4 @@ def test_app_scale_runs_every_scenario_and_writes_its_section(tmp_path: Path) ->
     text = doc.read_text(encoding="utf-8")
     assert "<!-- bench:app_scale -->" in text and "<!-- /bench:app_scale -->" in text
     assert "kept" in text and "frame p95" in text
+    assert sorted(os.listdir(tmp)) == [], "the benchmark left its settings, runs or folders behind"

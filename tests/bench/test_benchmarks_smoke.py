@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def run_bench(name: str, tmp_path: Path, *args: str, timeout: float = 120) -> tuple[str, str]:
     doc = tmp_path / "benchmarks.md"
-    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TF_CPP_MIN_LOG_LEVEL="2")
+    tmp = tmp_path / "tmp"  # the benchmark's temporary folder: nothing may be left in it
+    tmp.mkdir(exist_ok=True)
+    env = dict(os.environ, QT_QPA_PLATFORM="offscreen", TF_CPP_MIN_LOG_LEVEL="2", TMPDIR=str(tmp))
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / f"{name}.py"), "--quick", "--write-doc",
                            "--doc", str(doc), *args], cwd=tmp_path, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -25,6 +27,9 @@ def run_bench(name: str, tmp_path: Path, *args: str, timeout: float = 120) -> tu
     assert doc.exists(), "the benchmark wrote its section"
     text = doc.read_text(encoding="utf-8")
     assert f"<!-- bench:{name} -->" in text and f"<!-- /bench:{name} -->" in text
+    # TensorBoard keeps its folder of running instances there (each instance's file goes with it): it may stay, empty
+    left = [n for n in os.listdir(tmp) if not (n == ".tensorboard-info" and not os.listdir(tmp / n))]
+    assert left == [], f"{name} left files in the temporary folder"
     return proc.stdout, text
 
 
