@@ -155,9 +155,12 @@ def main(argv: list[str] | None = None) -> int:
             summary = _train(config, run_dir, emitter, stop, bare=args.bare)
         if args.summary_out:
             Path(args.summary_out).write_text(json.dumps(summary), encoding="utf-8")
+        # before the last word: once every task has said it, the run's end may stop this process before _exit
+        remove_autograph_files()
         emitter.status("finished", **{k: v for k, v in summary.items()
                                       if k in ("steps", "final_loss", "window_examples_per_sec")})
     except Stopped as exc:
+        remove_autograph_files()  # before the last word (as above); nothing of theirs is quoted from here on
         if exc.external:  # someone else's SIGTERM: this task's failure (the run restarts or fails naming it)
             emitter.status("failed", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint)
         elif exc.cause_task:  # stopped with a peer that got such a SIGTERM: that peer is the cause

@@ -53,10 +53,12 @@ def test_os_exit_after_a_converted_function_leaves_its_file_only_without_the_cle
     assert len(_autograph_files(tmp)) == (0 if leave == "clean" else made)
 
 
-def test_a_real_run_leaves_no_autograph_file_in_the_temporary_folder(tmp_path: Path) -> None:
+# data-1worker-2gpus: one task, whose "finished" ends the run: its files must be gone before it says it
+@pytest.mark.parametrize("preset", ["data-2workers", "data-1worker-2gpus"])
+def test_a_real_run_leaves_no_autograph_file_in_the_temporary_folder(tmp_path: Path, preset: str) -> None:
     tmp = tmp_path / "tmp"
     tmp.mkdir()
-    out = cli(tmp_path, "run", "data-2workers", "--steps", "40", "--out", str(tmp_path / "runs"),
+    out = cli(tmp_path, "run", preset, "--steps", "40", "--out", str(tmp_path / "runs"),
               env=env_for(tmp_path, TMPDIR=str(tmp)), timeout=240)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
     assert "finished" in out.stdout
