@@ -170,10 +170,15 @@ def ssh_hosts(config: RunConfig) -> list[Host]:
 
 
 def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
-    """Why the launcher cannot log in to ``host`` the way it will start its supervisor (the same ``ssh`` command),
-    or None. Where the connection is to be shared (:func:`transports.ssh_mux_path`), the check makes it and runs
-    nothing there (``ssh -N``: the supervisor's session is the first to start the remote shell); else it runs
-    ``true``."""
+    """Why the launcher cannot log in to ``host`` the way it will start its supervisor (the same ``ssh`` client,
+    config, user, port and options), or None.
+
+    Where the connection is to be shared (:func:`transports.ssh_mux_path`), the check makes it and runs nothing
+    there (``ssh -f -N``: the supervisor's session is the first to start the remote shell, which saves each host a
+    session and its shell's rc files per launch); else, and where the user's ssh config gives the host a
+    ``RemoteCommand`` (which refuses a command of ClusterDeck's: said here, before launch), it runs ``true``. What
+    only a session meets (a login shell that fails, an sshd ``ForceCommand``) is then named by the supervisor's
+    start, the first session, instead of by this check."""
     from engine.control import transports  # the one place an ssh command line is made
 
     # the connection it makes is shared: the supervisor's session then goes through it (transports.ssh_mux_path)
@@ -181,11 +186,14 @@ def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
     log, offset = (transports.ssh_mux_log(mux), 0) if mux is not None else (None, 0)
     if log is not None:
         offset = _fresh_log(log)
-    cmd = transports.ssh_command(host, None if mux is not None else ["true"], connect_timeout=timeout, mux=mux,
-                                 master=True)
+    quiet = mux is not None and not transports.users_remote_command(host)
+    cmd = transports.ssh_command(host, None if quiet else ["true"], connect_timeout=timeout, mux=mux, master=True)
     where = f"host {host.name!r} ({host.ssh_target}, ssh port {host.ssh_port})"
+    # ssh -f -N: its output to /dev/null (an older ssh's background master keeps its standard error; its words
+    # are in the log)
+    output = subprocess.DEVNULL if quiet else subprocess.PIPE
     try:
-        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout + 2.0,
+        done = subprocess.run(cmd, stdin=subprocess.DEVNULL, stdout=output, stderr=output, timeout=timeout + 2.0,
                               env=dict(os.environ))
     except FileNotFoundError:
         return f"{where}: no ssh client on this machine; expected OpenSSH's ssh"
@@ -195,7 +203,7 @@ def login_problem(host: Host, timeout: float = LOGIN_TIMEOUT_S) -> str | None:
         return None
     # ssh's own words went to the shared connection's log (ssh -E), the remote command's to stderr
     lines = transports.log_lines_after(log, offset) if log is not None else []
-    said = transports.ssh_complaint(lines + done.stderr.decode("utf-8", "replace").splitlines())
+    said = transports.ssh_complaint(lines + (done.stderr or b"").decode("utf-8", "replace").splitlines())
     if done.returncode == 255:
         return f"{where}: ssh cannot log in: {said or 'ssh failed without a word'}; expected to log in over SSH " \
                "without a prompt (BatchMode: a key or an agent)"

@@ -281,9 +281,12 @@ def ssh_command(host: Host, remote_cmd: list[str] | None, *, connect_timeout: fl
     there is one, else connects as it would without (OpenSSH's ``ControlMaster=no``); with ``master`` it makes
     that connection, kept :data:`SSH_PERSIST_S` seconds after its last session, and ssh's own messages go to the
     host's log (:func:`ssh_mux_log`: the shared connection outlives this command, and what it says later is there).
-    ``remote_cmd`` None with ``master``: no session at all (``ssh -N``): ssh connects, logs in, leaves the shared
-    connection and exits 0 (255 where it cannot), and the remote shell never starts (its rc files cost a session
-    tens to hundreds of ms of the host's CPU: a ``pyenv`` or ``conda`` init).
+    ``remote_cmd`` None with ``master``: no session at all (``ssh -f -N``): ssh connects, logs in, leaves the
+    shared connection in the background and exits 0 (255 where it cannot), and the remote shell never starts (its rc
+    files cost a session tens to hundreds of ms of the host's CPU: a ``pyenv`` or ``conda`` init). ``-f``, not
+    ``ControlPersist`` alone: before OpenSSH 8.7 a master made with ``-N`` and no ``-f`` still opened a session
+    (bz3290). Run it with standard output and error to ``/dev/null``: before OpenSSH 8.5 the background master kept
+    the caller's standard error open (ssh's own words are in the host's log, ``-E``, either way).
     """
     cmd = ["ssh", "-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
            "-o", f"ConnectTimeout={max(1, round(connect_timeout))}", *_ssh_host_options(host)]
@@ -294,7 +297,7 @@ def ssh_command(host: Host, remote_cmd: list[str] | None, *, connect_timeout: fl
     if remote_cmd is None:
         if mux is None or not master:  # ssh -N with no shared connection to make would stay connected for ever
             raise ValueError("ssh -N (no remote command) only makes a shared connection: it needs mux and master")
-        return [*cmd, "-N", "--", host.ssh_target]
+        return [*cmd, "-f", "-N", "--", host.ssh_target]
     # the remote shell parses the command line: quote every word
     cmd += ["--", host.ssh_target, shlex.join(remote_cmd)]
     return cmd
@@ -392,26 +395,42 @@ def _mux_folder() -> str | None:
     return folder
 
 
-#: Seconds the answer of :func:`_users_own_mux` is kept (a launch asks it twice per host: its login check, its
-#: supervisor's start, a second or two apart).
+#: Seconds the user's ssh settings for a host (``ssh -G``) are kept (a launch asks twice per host: its login check,
+#: its supervisor's start, a second or two apart).
 _OWN_MUX_KEEP_S = 30.0
-_own_mux: dict[tuple[str, ...], tuple[float, bool]] = {}
-_own_mux_lock = threading.Lock()
+_settings: dict[tuple[str, ...], tuple[float, dict[str, str] | None]] = {}
+_settings_lock = threading.Lock()
+
+
+def _ssh_settings(host: Host) -> dict[str, str] | None:
+    """The user's ssh settings for ``host`` as ssh resolves them (``ssh -G``, keys lowercased), or None where they
+    cannot be read."""
+    key = (host.ssh_target, host.ssh_user, str(host.ssh_port), os.environ.get("CLUSTERDECK_SSH_CONFIG", ""))
+    now = time.monotonic()
+    with _settings_lock:
+        known = _settings.get(key)
+    if known is not None and now - known[0] < _OWN_MUX_KEEP_S:
+        return known[1]
+    settings = _ask_ssh_settings(host)
+    with _settings_lock:
+        _settings[key] = (now, settings)
+    return settings
 
 
 def _users_own_mux(host: Host) -> bool:
-    """Whether the user's ssh config chooses connection sharing for ``host`` itself (``ssh -G``: its settings as
-    ssh resolves them); True where that cannot be told (their choice is then left alone)."""
-    key = (host.ssh_target, host.ssh_user, str(host.ssh_port), os.environ.get("CLUSTERDECK_SSH_CONFIG", ""))
-    now = time.monotonic()
-    with _own_mux_lock:
-        known = _own_mux.get(key)
-    if known is not None and now - known[0] < _OWN_MUX_KEEP_S:
-        return known[1]
-    own = _ask_ssh_for_own_mux(host)
-    with _own_mux_lock:
-        _own_mux[key] = (now, own)
-    return own
+    """Whether the user's ssh config chooses connection sharing for ``host`` itself; True where that cannot be told
+    (their choice is then left alone)."""
+    settings = _ssh_settings(host)
+    if settings is None:
+        return True
+    return settings.get("controlmaster", "false") != "false" or settings.get("controlpath", "none") != "none"
+
+
+def users_remote_command(host: Host) -> bool:
+    """Whether the user's ssh config gives ``host`` a ``RemoteCommand`` (ssh then refuses a command line of its
+    own: the supervisor cannot start, and a login check that runs a command says so before launch)."""
+    settings = _ssh_settings(host)
+    return settings is not None and settings.get("remotecommand", "none") != "none"
 
 
 def _ssh_host_options(host: Host) -> list[str]:
@@ -427,17 +446,17 @@ def _ssh_host_options(host: Host) -> list[str]:
     return options
 
 
-def _ask_ssh_for_own_mux(host: Host) -> bool:
+def _ask_ssh_settings(host: Host) -> dict[str, str] | None:
     cmd = ["ssh", "-G", *_ssh_host_options(host)]
     try:
         done = subprocess.run([*cmd, "--", host.ssh_target], stdin=subprocess.DEVNULL, capture_output=True,
                               timeout=5.0)
     except (OSError, subprocess.SubprocessError):
-        return True
+        return None
     if done.returncode != 0:
-        return True
-    settings = dict(line.partition(" ")[::2] for line in done.stdout.decode("utf-8", "replace").lower().splitlines())
-    return settings.get("controlmaster", "false") != "false" or settings.get("controlpath", "none") != "none"
+        return None
+    lines = done.stdout.decode("utf-8", "replace").splitlines()
+    return {key.lower(): value.strip() for key, _, value in (line.partition(" ") for line in lines)}
 
 
 def _size(path: Path) -> int:

@@ -90,12 +90,12 @@ class StopSignal:
                 signal.sigwait({signal.SIGTERM})
             self.request(sender)
             time.sleep(self.budget_s)
+            remove_autograph_files()  # before the last word (on_timeout's): the run's end may kill this process
             if on_timeout is not None:
                 try:
                     on_timeout()
                 except Exception:  # noqa: BLE001 - exiting matters more than a last note
                     pass
-            remove_autograph_files()
             os._exit(EXIT_CODE)
 
         threading.Thread(target=watcher, name="sigterm", daemon=True).start()

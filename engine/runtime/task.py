@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> int:
         emitter.status("finished", **{k: v for k, v in summary.items()
                                       if k in ("steps", "final_loss", "window_examples_per_sec")})
     except Stopped as exc:
-        remove_autograph_files()  # before the last word (as above); nothing of theirs is quoted from here on
+        remove_autograph_files()  # before the last word (as above)
         if exc.external:  # someone else's SIGTERM: this task's failure (the run restarts or fails naming it)
             emitter.status("failed", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint)
         elif exc.cause_task:  # stopped with a peer that got such a SIGTERM: that peer is the cause
@@ -170,20 +170,24 @@ def main(argv: list[str] | None = None) -> int:
             emitter.status("stopped", reason="SIGTERM", step=exc.step, checkpoint=exc.checkpoint)
         code = STOPPED_EXIT_CODE
     except KeyboardInterrupt:
+        remove_autograph_files()
         emitter.status("stopped", reason="interrupted")
         code = 130
     except ProgramFailed as exc:
         if stop.requested:  # ended by the stop (e.g. a collective cut off by a peer that left): not a failure
             _stopped(emitter, stop)
         reason = (summarize_error(exc.error) if exc.error is not None else "") + exc.where
+        remove_autograph_files()  # the trace is text already
         emitter.status("failed", reason=reason.strip(), traceback=exc.trace[-4000:])
         sys.stderr.write(exc.trace)
         code = 1
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the user as an event
         if stop.requested:  # a stop cut through whatever the task was doing: not a failure
             _stopped(emitter, stop)
-        emitter.status("failed", reason=summarize_error(exc), traceback=traceback.format_exc()[-4000:])
-        traceback.print_exc()
+        trace = traceback.format_exc()  # first: it quotes the lines of autograph's files
+        remove_autograph_files()
+        emitter.status("failed", reason=summarize_error(exc), traceback=trace[-4000:])
+        sys.stderr.write(trace)
         code = 1
     _exit(emitter, code)
 
@@ -250,6 +254,7 @@ def _exit(emitter: Emitter, code: int) -> NoReturn:
 
 def _stopped(emitter: Emitter, stop: StopSignal) -> NoReturn:
     """A stop cut through what the task was doing: stopped, or failed where the SIGTERM was not ClusterDeck's."""
+    remove_autograph_files()  # before the last word: the run's end may stop this process before _exit
     if stop.external:
         emitter.status("failed", reason=stop.external)
     else:

@@ -44,7 +44,8 @@ def test_the_login_check_that_makes_the_shared_connection_starts_no_remote_shell
     # tens to hundreds of ms of the host's CPU) first starts for the supervisor's session
     host = Host(name="b", address="10.0.0.6", ssh_host="b")
     cmd = ssh_command(host, None, mux="/tmp/cd-mux", master=True)
-    assert cmd[-3:] == ["-N", "--", "b"] and "ControlMaster=auto" in cmd
+    # -f too: before OpenSSH 8.7 a master made with -N and ControlPersist alone still opened a session
+    assert cmd[-4:] == ["-f", "-N", "--", "b"] and "ControlMaster=auto" in cmd
     with pytest.raises(ValueError):
         ssh_command(host, None, mux="/tmp/cd-mux")  # a session with no command and no shared connection to make
     with pytest.raises(ValueError):
@@ -67,7 +68,7 @@ def sshd(tmp_path: Path) -> Iterator[Path]:
         f"Port {port}\nListenAddress 127.0.0.1\nHostKey {d / 'host_key'}\n"
         f"AuthorizedKeysFile {d / 'authorized_keys'}\nPasswordAuthentication no\nPubkeyAuthentication yes\n"
         f"KbdInteractiveAuthentication no\nStrictModes no\nUsePAM no\nPidFile {d / 'sshd.pid'}\n"
-        "PermitRootLogin yes\nAcceptEnv CLUSTERDECK_*\nLogLevel ERROR\n", encoding="utf-8")
+        "PermitRootLogin yes\nAcceptEnv CLUSTERDECK_*\nLogLevel VERBOSE\n", encoding="utf-8")  # its sessions
     (d / "config").write_text(
         f"Host cdtest\n  HostName 127.0.0.1\n  Port {port}\n  User {user}\n  IdentityFile {d / 'id'}\n"
         "  IdentitiesOnly yes\n  StrictHostKeyChecking no\n  UserKnownHostsFile /dev/null\n  LogLevel ERROR\n"
@@ -183,7 +184,10 @@ def test_the_login_check_leaves_one_shared_connection_that_the_supervisors_sessi
     monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(sshd))
     host = Host(name="remote", address="127.0.0.1", ssh_host="cdtest", python=sys.executable)
     assert transports.ssh_mux_path(host) is None  # no login check made one yet: a session of its own
+    log = sshd.parent / "sshd.log"
+    sessions = log.read_text(errors="replace").count("Starting session:")
     assert reachability.login_problem(host) is None
+    assert log.read_text(errors="replace").count("Starting session:") == sessions, "the login check ran a session"
     mux = transports.ssh_mux_path(host)
     try:
         assert mux is not None and os.path.dirname(mux).endswith(f"clusterdeck-ssh-{os.getuid()}")
@@ -198,6 +202,7 @@ def test_the_login_check_leaves_one_shared_connection_that_the_supervisors_sessi
         proc = SshTransport().start(launch)
         out, _ = proc.communicate(b"spec\n", timeout=20)
         assert (proc.returncode, out) == (0, b"got spec\n"), launch.log.read_text()
+        assert log.read_text(errors="replace").count("Starting session:") == sessions + 1  # the first session
         plain = subprocess.run(ssh_command(host, ["true"]), capture_output=True, timeout=20)
         assert plain.returncode == 255 and b"refused" in plain.stderr  # what a session of its own would have met
         # the next launch's login check logs in afresh: the gone sshd is named, the earlier connection notwithstanding
@@ -206,6 +211,21 @@ def test_the_login_check_leaves_one_shared_connection_that_the_supervisors_sessi
     finally:
         if mux is not None:
             _mux_check(sshd, mux, "exit")
+
+
+def test_a_remote_command_in_the_users_ssh_config_is_named_by_the_login_check(
+        sshd: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # ssh refuses a command line where the config gives the host a RemoteCommand: the supervisor could never start
+    from engine.control import reachability
+
+    own = tmp_path / "own_config"
+    own.write_text(sshd.read_text().replace("Host cdtest\n", "Host cdtest\n  RemoteCommand echo hello\n"),
+                   encoding="utf-8")
+    monkeypatch.setenv("CLUSTERDECK_SSH_CONFIG", str(own))
+    host = Host(name="remote", address="127.0.0.1", ssh_host="cdtest")
+    problem = reachability.login_problem(host)
+    assert problem is not None and "Cannot execute command-line and remote command" in problem, problem
+    reachability.close_logins(config_mod.replace(config_mod.default_config(), cluster=Cluster(hosts=(host,))))
 
 
 def test_the_users_own_connection_sharing_and_the_switch_are_honoured(
