@@ -121,7 +121,7 @@ def _cpu_group(pid: int, name: str, cmdline: str) -> str:
     if name == "ssh":
         return "ssh"
     if name.startswith("sshd") or cmdline.startswith("sshd"):
-        return "sshd"
+        return "sshd@" if "@" in cmdline else "sshd"  # `sshd: user@notty`: a connection's, its sessions' parent
     if name in ("bash", "sh", "dash", "zsh") and "engine." not in cmdline:
         return "shell"
     if name in ("bash", "sh") and "engine.control.supervisor" in cmdline:
@@ -156,10 +156,11 @@ def cpu_spent(before: dict[tuple[int, float], tuple[str, float, float]],
     spent = dict.fromkeys((g for g, _ in CPU_GROUPS), 0.0)
     for key, (group, own, reaped) in after.items():
         own0, reaped0 = before[key][1:] if key in before else (0.0, 0.0)
-        spent[group] += own - own0
         # what a process reaped: the launcher's, its ssh clients; a supervisor's, the commands its login shell's rc
-        # ran before that shell exec'd the supervisor's command line (its tasks and template live on: not reaped)
-        spent[{"launcher": "ssh", "supervisor": "shell"}.get(group, group)] += reaped - reaped0
+        # ran before that shell exec'd the supervisor's command line (its tasks and template live on: not reaped);
+        # an sshd session's (`sshd: user@notty`), the login shells of its sessions that ended (a `true`)
+        spent["sshd" if group == "sshd@" else group] += own - own0
+        spent[{"launcher": "ssh", "supervisor": "shell", "sshd@": "shell"}.get(group, group)] += reaped - reaped0
     return spent
 
 
