@@ -465,9 +465,9 @@ def stamps_of(text: str) -> dict[str, list[float]]:
 
 def cd_phases(run_dir: str, t_start: float, t_end: float) -> list[tuple[str, float]]:
     """(phase, seconds) of a ClusterDeck run from its events (wall-clock stamps of launcher, supervisor, tasks)."""
-    from engine.contract import events as events_mod
+    from engine.observe.run_reader import read_events
 
-    evs = events_mod.read_file(Path(run_dir) / "events.jsonl")
+    evs = read_events(run_dir)  # the lifecycle (events.jsonl) and the samples (the tiered store)
 
     def first(pred: Any) -> float | None:
         ts = [e["t"] for e in evs if pred(e)]
