@@ -122,10 +122,8 @@ def _cpu_group(pid: int, name: str, cmdline: str) -> str:
         return "ssh"
     if name.startswith("sshd") or cmdline.startswith("sshd"):
         return "sshd@" if "@" in cmdline else "sshd"  # `sshd: user@notty`: a connection's, its sessions' parent
-    if name in ("bash", "sh", "dash", "zsh") and "engine." not in cmdline:
+    if name in ("bash", "sh", "dash", "zsh"):  # a login shell (one running a supervisor's command line too)
         return "shell"
-    if name in ("bash", "sh") and "engine.control.supervisor" in cmdline:
-        return "shell"  # the session's shell that runs the supervisor's command line
     if "engine.control.supervisor" in cmdline:
         return "supervisor"
     if "engine.runtime.task" in cmdline:

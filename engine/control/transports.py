@@ -397,7 +397,7 @@ def _mux_folder() -> str | None:
 
 #: Seconds the user's ssh settings for a host (``ssh -G``) are kept (a launch asks twice per host: its login check,
 #: its supervisor's start, a second or two apart).
-_OWN_MUX_KEEP_S = 30.0
+_SETTINGS_KEEP_S = 30.0
 _settings: dict[tuple[str, ...], tuple[float, dict[str, str] | None]] = {}
 _settings_lock = threading.Lock()
 
@@ -409,7 +409,7 @@ def _ssh_settings(host: Host) -> dict[str, str] | None:
     now = time.monotonic()
     with _settings_lock:
         known = _settings.get(key)
-    if known is not None and now - known[0] < _OWN_MUX_KEEP_S:
+    if known is not None and now - known[0] < _SETTINGS_KEEP_S:
         return known[1]
     settings = _ask_ssh_settings(host)
     with _settings_lock:

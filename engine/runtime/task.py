@@ -155,38 +155,32 @@ def main(argv: list[str] | None = None) -> int:
             summary = _train(config, run_dir, emitter, stop, bare=args.bare)
         if args.summary_out:
             Path(args.summary_out).write_text(json.dumps(summary), encoding="utf-8")
-        # before the last word: once every task has said it, the run's end may stop this process before _exit
-        remove_autograph_files()
-        emitter.status("finished", **{k: v for k, v in summary.items()
-                                      if k in ("steps", "final_loss", "window_examples_per_sec")})
+        _last_word(emitter, "finished", **{k: v for k, v in summary.items()
+                                           if k in ("steps", "final_loss", "window_examples_per_sec")})
     except Stopped as exc:
-        remove_autograph_files()  # before the last word (as above)
         if exc.external:  # someone else's SIGTERM: this task's failure (the run restarts or fails naming it)
-            emitter.status("failed", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint)
+            _last_word(emitter, "failed", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint)
         elif exc.cause_task:  # stopped with a peer that got such a SIGTERM: that peer is the cause
-            emitter.status("stopped", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint,
-                           cause_task=exc.cause_task)
+            _last_word(emitter, "stopped", reason=exc.reason(task), step=exc.step, checkpoint=exc.checkpoint,
+                       cause_task=exc.cause_task)
         else:
-            emitter.status("stopped", reason="SIGTERM", step=exc.step, checkpoint=exc.checkpoint)
+            _last_word(emitter, "stopped", reason="SIGTERM", step=exc.step, checkpoint=exc.checkpoint)
         code = STOPPED_EXIT_CODE
     except KeyboardInterrupt:
-        remove_autograph_files()
-        emitter.status("stopped", reason="interrupted")
+        _last_word(emitter, "stopped", reason="interrupted")
         code = 130
     except ProgramFailed as exc:
         if stop.requested:  # ended by the stop (e.g. a collective cut off by a peer that left): not a failure
             _stopped(emitter, stop)
         reason = (summarize_error(exc.error) if exc.error is not None else "") + exc.where
-        remove_autograph_files()  # the trace is text already
-        emitter.status("failed", reason=reason.strip(), traceback=exc.trace[-4000:])
+        _last_word(emitter, "failed", reason=reason.strip(), traceback=exc.trace[-4000:])
         sys.stderr.write(exc.trace)
         code = 1
     except BaseException as exc:  # noqa: BLE001 - every failure must reach the user as an event
         if stop.requested:  # a stop cut through whatever the task was doing: not a failure
             _stopped(emitter, stop)
-        trace = traceback.format_exc()  # first: it quotes the lines of autograph's files
-        remove_autograph_files()
-        emitter.status("failed", reason=summarize_error(exc), traceback=trace[-4000:])
+        trace = traceback.format_exc()  # before the last word removes the autograph files it may quote
+        _last_word(emitter, "failed", reason=summarize_error(exc), traceback=trace[-4000:])
         sys.stderr.write(trace)
         code = 1
     _exit(emitter, code)
@@ -248,17 +242,23 @@ def _exit(emitter: Emitter, code: int) -> NoReturn:
     sys.stdout.flush()
     sys.stderr.flush()
     # TF's runtime can hang in its own shutdown (servers, collectives); the work is saved: leave now.
-    remove_autograph_files()  # what the atexit handlers os._exit skips would have removed
     os._exit(code)
+
+
+def _last_word(emitter: Emitter, state: str, **fields: Any) -> None:
+    """The task's terminal status, autograph's source files removed first: ``os._exit`` runs none of the ``atexit``
+    handlers that would remove them, and once every task has said its last word the run's end may stop this process
+    before it gets there."""
+    remove_autograph_files()
+    emitter.status(state, **fields)
 
 
 def _stopped(emitter: Emitter, stop: StopSignal) -> NoReturn:
     """A stop cut through what the task was doing: stopped, or failed where the SIGTERM was not ClusterDeck's."""
-    remove_autograph_files()  # before the last word: the run's end may stop this process before _exit
     if stop.external:
-        emitter.status("failed", reason=stop.external)
+        _last_word(emitter, "failed", reason=stop.external)
     else:
-        emitter.status("stopped", reason="SIGTERM")
+        _last_word(emitter, "stopped", reason="SIGTERM")
     _exit(emitter, STOPPED_EXIT_CODE)
 
 
