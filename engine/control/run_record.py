@@ -78,6 +78,9 @@ class RunRecord:
         self._recorded = 0  # events recorded so far
         self._meta_recorded = -1  # ... when run.json was last written
         self._meta_due = False  # a run or status event since: run.json once the burst ends
+        #: the run's end is held for events.jsonl: series/ is written before it, so whoever follows the folder and
+        #: stops at the end has every sample before the end on disk when it reads the end
+        self._end_held = False
 
     @property
     def writing(self) -> bool:
@@ -90,24 +93,38 @@ class RunRecord:
         """``event`` held for the next flush, as ``line`` where one is given (a whole JSON line as
         received), else encoded. A ``run`` or ``status`` event makes ``run.json`` due."""
         self._recorded += 1
-        if event.get("kind") in META_KINDS:
+        kind = event.get("kind")
+        if kind in META_KINDS:
             self._meta_due = True
+            if kind == "run" and event.get("state") in TERMINAL:
+                self._end_held = True
         if self._writer is not None:
             if self._series is not None and self._series.add(event):
                 return
             self._writer.hold(line if line is not None else events.encode(event).encode("utf-8"))
 
     def flush(self) -> None:
-        """Write every held line now; a failure fails the run (see :meth:`folder_problem`)."""
+        """Write every held sample, then every held line, now; a failure fails the run (see
+        :meth:`folder_problem`)."""
+        if self._writer is None:
+            return
+        self._flush_series()
+        self._flush_events()
+
+    def _flush_events(self) -> None:
         writer = self._writer
         if writer is None:
             return
+        if self._end_held:
+            self._end_held = False
+            self._flush_series()  # the samples before the end are on disk before the end is
+            writer = self._writer
+            if writer is None:
+                return
         try:
             writer.flush()
         except OSError as exc:
             self._fail(self.folder_problem(exc, self.folder.events))
-            return
-        self._flush_series()
 
     def _flush_series(self) -> None:
         self._series_at = self._clock()
@@ -126,10 +143,7 @@ class RunRecord:
         if writer is not None and writer.held_since and (
                 queue_dry() or writer.held_bytes >= self.flush_bytes
                 or self._clock() - writer.held_since >= self.flush_s):
-            try:
-                writer.flush()
-            except OSError as exc:
-                self._fail(self.folder_problem(exc, self.folder.events))
+            self._flush_events()
         series = self._series
         if series is not None and self._writer is not None and series.held and (
                 series.held >= SERIES_FLUSH_EVENTS or self._clock() - self._series_at >= SERIES_FLUSH_S):
@@ -208,9 +222,10 @@ class RunRecord:
         ``run.json`` is no longer written."""
         self._closed = True
         if self._writer is not None:
-            self._writer.close()
-            self._writer = None
-            self._close_series()
+            self._close_series()  # the samples first: a follower that reads the end has every sample before it
+            if self._writer is not None:
+                self._writer.close()
+                self._writer = None
 
     def _close_series(self, write: bool = True) -> None:
         """Write what is held and every open bucket's summary (``write``); a failure is kept (the run

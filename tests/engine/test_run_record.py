@@ -19,6 +19,7 @@ import pytest
 from engine.contract import events
 from engine.contract.run_folder import RunFolder
 from engine.control.run_record import FLUSH_S, RunRecord
+from engine.observe.run_reader import read_events
 from tests import kit
 from tests.conftest import require
 
@@ -300,4 +301,22 @@ def test_samples_go_to_the_tiers_and_a_deleted_folder_is_not_recreated_by_them(f
     record.check_folder()
     assert not folder.path.exists()
     assert len(run.failures) == 1 and "vanished" in run.failures[0]
+    record.close()
+
+
+def test_the_runs_end_reaches_events_jsonl_only_after_every_sample_before_it_is_in_the_tiers(
+        folder: RunFolder, run: Recorded) -> None:
+    """A follower (attach, a remote front end) stops once it reads the run's end and reads the tiers one last
+    time: the samples held for the tiers (written every half second, not when the queue runs dry) are
+    written before the end is."""
+    record = record_of(folder, run)
+    record.write_event(events.make("status", "worker:0", state="running"))
+    record.catch_up(lambda: True)
+    for n in range(1, 31):
+        record.write_event(events.make("step", "worker:0", replica=0, step=n, loss=1.0 / n))
+    record.write_event(events.make("run", "launcher", state="finished"))
+    record.catch_up(lambda: True)  # the queue ran dry: the end is written at once, and the samples with it
+    assert [e["kind"] for e in lines(folder.events)] == ["status", "run"]
+    steps = [e["step"] for e in read_events(folder.path) if e["kind"] == "step"]
+    assert steps == list(range(1, 31))
     record.close()
