@@ -386,8 +386,10 @@ def ask_for_stacks(run: Any, core: RunCore, action: lc.Action) -> None:  # run: 
 
 def resubmit(run: Any, core: RunCore) -> bool:
     """A whole-run restart: transports holding a scheduler's allocation (``resubmit_on_restart``, Slurm)
-    give it back and queue a new one; the run is then planned on the new nodes. False: stopped meanwhile."""
-    again = [t for t in core.prepared if getattr(t, "resubmit_on_restart", False)]
+    give it back and queue a new one; those that place the run themselves (``replan_on_restart``: Slurm, also
+    inside the batch job it adopted) place it again, on fresh ports. False: stopped meanwhile."""
+    again = [t for t in core.prepared if getattr(t, "resubmit_on_restart", False)
+             or getattr(t, "replan_on_restart", False)]
     if not again:
         return True
     drawn = core.drawn_config
@@ -395,7 +397,7 @@ def resubmit(run: Any, core: RunCore) -> bool:
                                     folder=run.folder, stop=core.stop_asked, emit=core.queue.put)
     try:
         for transport in core.transports.values():
-            if transport in again:
+            if transport in again and getattr(transport, "resubmit_on_restart", False):
                 transport.release()
             ctx.config = transport.prepare(ctx)
     except transports.TransportStopped:

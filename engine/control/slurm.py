@@ -616,6 +616,9 @@ class SlurmTransport(transports.BaseTransport):
     #: The launcher calls release() and prepare() again on a whole-run restart (a new allocation); not when the
     #: allocation is the batch job this launcher runs in (:data:`ADOPT_ENV`): the run restarts inside it.
     resubmit_on_restart = True
+    #: Either way the run is placed again on a whole-run restart, with ports chosen afresh on the nodes: a port of
+    #: the last generation may still be held there (a task srun has not reaped yet, a connection's port).
+    replan_on_restart = True
 
     def __init__(self, adopt: str | None = None) -> None:
         self.allocations: dict[str, Allocation] = {}

@@ -361,6 +361,9 @@ def test_a_whole_run_restart_stays_inside_the_batch_job_and_counts_against_the_r
     lines = slurm_batch.executions(folder)
     assert [e["kind"] for e in lines] == ["start", "run_restart", "end"], lines
     assert slurm_batch.restarts_used(lines) == 1  # a requeue now would find no restart left
+    # each generation was placed with ports chosen then: none the last one may still hold
+    placed = [e["message"] for e in run_events(folder, "info") if " running on " in str(e.get("message"))]
+    assert len(placed) == 2 and placed[0] != placed[1], placed
     status, _ = slurm.final_status(job)
     assert status is not None and status.state == "COMPLETED"
 
