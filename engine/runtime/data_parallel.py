@@ -15,10 +15,11 @@ measured group timed (a peer late to start a group makes the others wait in its 
 figures and a stop come per group, and a worker lost in the middle of a group leaves the others'
 variables part-way through it (the restart resumes from the last checkpoint, as without groups).
 
-The step breakdown is measured on a sample of the steps, chosen by step number so that every worker
-runs the same functions (one step in :data:`BREAKDOWN_EVERY`, or one group in :data:`BREAKDOWN_GROUPS`);
-a report carries the last measured step's or group's. Timestamps in every step cost a small model about 1 % of its steps/s
-(``bench/breakdown_cost.py``).
+The step breakdown is measured in every step of a run shorter than :data:`SAMPLE_FROM_STEPS` steps
+(timestamps in every step cost a small model about 1 % of its steps/s: ``bench/breakdown_cost.py``). A longer
+run measures it on a sample of the steps, chosen by step number so that every worker runs the same functions
+(one step in :data:`BREAKDOWN_EVERY`, or one group in :data:`BREAKDOWN_GROUPS`), and pays a second trace of
+its step functions for it once; a report carries the last measured step's or group's.
 """
 
 from __future__ import annotations
@@ -70,6 +71,11 @@ def make_strategy(ctx: TaskContext, setup: DeviceSetup) -> tf.distribute.Strateg
 #: few steps old (at 20 reports a second, a straggler's excess still shows for as long as it lasts).
 BREAKDOWN_EVERY = 8
 BREAKDOWN_GROUPS = 4
+#: Only a run with at least this many steps to take samples its breakdown; a shorter one measures every step. A
+#: sampled run traces its step functions twice (measured and not), which took each worker of ``data-2workers`` about
+#: 1 CPU-second (0.4 s of its training's wall time, ~6 % of a 1,500-step run) while timestamps in every step cost
+#: about 1 % of a step: sampling pays back only over tens of thousands of steps (docs/benchmarks.md 1b).
+SAMPLE_FROM_STEPS = 20_000
 
 
 class MirroredAdapter:
@@ -120,6 +126,7 @@ class MirroredAdapter:
         self.result: tuple[Any, bool] | None = None
         self.breakdown_result: tuple[Any, bool] | None = None
         self.last_step = 0  # the last step taken
+        self.sampled = False  # the breakdown measured on a sample of the steps (SAMPLE_FROM_STEPS), else on every one
         plain = tf_compat.SyncTimer()
 
         def run(batch: Any, measured: bool) -> Any:
@@ -210,9 +217,12 @@ class MirroredAdapter:
 
     def restore(self) -> Restored | None:
         latest = self.checkpoints.restore()
+        start = self._optimizer_steps() if latest is not None else 0
+        # every worker restores the same checkpoint: they sample alike (their functions' collectives must match)
+        self.sampled = self.ctx.config.total_steps() - start >= SAMPLE_FROM_STEPS
         if latest is None:
             return None
-        return Restored(self._optimizer_steps(), latest)
+        return Restored(start, latest)
 
     def run_step(self, step: int, *, last: bool) -> None:
         self.pending += 1
@@ -228,7 +238,7 @@ class MirroredAdapter:
         # which steps measure the breakdown: the same on every worker (a function's collectives must match theirs)
         # (workers cut their groups alike): the first, and those holding a multiple of the period
         period = BREAKDOWN_EVERY if self.per_execution == 1 else BREAKDOWN_GROUPS * self.per_execution
-        measured = self.timed and (self.breakdown_result is None
+        measured = self.timed and (not self.sampled or self.breakdown_result is None
                                    or self.last_step // period != (self.last_step - n) // period)
         if n == 1:
             result = (self._step_functions(measured)[0](self.iterator), False)

@@ -100,3 +100,53 @@ def test_a_slow_worker_is_named_compute_bound(runs_root: Path, monkeypatch: pyte
     assert "worker:1" in causes and causes["worker:1"].startswith("compute"), causes
     assert statistics.median(e["input_wait"] for e in steps if e["task"] == "worker:1" and e["step"] > 10) < 0.02
     assert os.environ["CLUSTERDECK_TEST_STEP_DELAY"]
+
+
+SAMPLING_SCRIPT = """
+import json, sys
+from dataclasses import replace
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from engine.contract import config as config_mod
+from engine.contract.presets import resolve_preset
+from engine.runtime import data_parallel
+from engine.runtime.context import TaskContext
+from engine.runtime.emitter import Emitter
+
+out = {}
+for name, steps in (("short", 160), ("long", data_parallel.SAMPLE_FROM_STEPS)):
+    cfg = config_mod.load(resolve_preset("data-1worker-2gpus"))
+    cfg = replace(cfg, training=replace(cfg.training, steps=steps, epochs=None, steps_per_execution=16))
+    root = Path(sys.argv[2]) / name
+    root.mkdir()
+    ctx = TaskContext(config=cfg, task="worker:0", role="worker", index=0, run_dir=root,
+                      emitter=Emitter("worker:0", None), devices=2, gpus_assigned=False)
+    adapter = data_parallel.MirroredAdapter(ctx, telemetry=False)
+    adapter.restore()
+    measured = []
+    for step in range(1, 161):
+        before = adapter.breakdown_result
+        adapter.run_step(step, last=step % 16 == 0)
+        if step % 16 == 0:
+            measured.append(adapter.breakdown_result is not before)
+    out[name] = {"forms": sorted(adapter._functions), "measured": measured}
+print(json.dumps(out))
+"""
+
+
+def test_a_run_shorter_than_the_sampling_threshold_measures_every_group_with_one_traced_form(tmp_path: Path) -> None:
+    """A short run's breakdown is in every group and its step function traced once (a second trace, measured and
+    not, costs a worker about a CPU-second); a long run samples one group in BREAKDOWN_GROUPS, both forms traced."""
+    import json
+    import subprocess
+    import sys
+
+    from tests.conftest import ROOT
+
+    done = subprocess.run([sys.executable, "-c", SAMPLING_SCRIPT, str(ROOT), str(tmp_path)], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
+    assert done.returncode == 0, done.stderr[-3000:]
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["short"] == {"forms": [True], "measured": [True] * 10}
+    assert got["long"]["forms"] == [False, True]
+    assert got["long"]["measured"] == [True, False, False, True, False, False, False, True, False, False]
