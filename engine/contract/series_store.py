@@ -203,11 +203,12 @@ class Block:
             count = self.count[c][order]
             last_at = np.maximum.reduceat(np.where(count > 0, position, -1), starts)
             last = self.last[c][order][np.maximum(last_at, 0)]
-            with np.errstate(invalid="ignore"):  # fmin/fmax: a bucket's NaNs (no sample) are passed over
+            # fmin/fmax: a bucket's NaNs (no sample) are passed over; a sum of +inf and -inf samples is NaN, as said
+            with np.errstate(invalid="ignore"):
                 lo = np.fmin.reduceat(self.min[c][order], starts)
                 hi = np.fmax.reduceat(self.max[c][order], starts)
-            out._set(c, lo, hi, np.where(last_at >= 0, last, np.float32(np.nan)).astype(np.float32),
-                     np.add.reduceat(self.sum[c][order], starts),
+                total = np.add.reduceat(self.sum[c][order], starts)
+            out._set(c, lo, hi, np.where(last_at >= 0, last, np.float32(np.nan)).astype(np.float32), total,
                      np.add.reduceat(count, starts).astype(np.uint32))
         return out
 
