@@ -9,9 +9,10 @@ arming with a line naming the task, its pid and its main thread (``# clusterdeck
 marker line first (:mod:`engine.control.doctor`). A fatal signal (SIGSEGV, SIGABRT: a crash inside TensorFlow)
 appends a last dump to the same file, headed ``Fatal Python error``.
 
-**Profiles.** :class:`ProfileRequests` polls ``RUN/profile/request.json`` (``{"id", "ms", "t"}``) every
-:data:`POLL_S` seconds on a daemon thread; for a new, recent request it captures a TensorFlow profile of
-``ms`` milliseconds while the task trains on, writes it in TensorBoard's profile layout
+**Profiles.** :class:`ProfileRequests` looks for ``RUN/profile/request.json`` (``{"id", "ms", "t"}``) at most
+every :data:`POLL_S` seconds, each time the task writes an event (its reports, at ``training.metrics_hz``), or from
+an idle main loop (:func:`look`); for a new, recent request it captures, on a thread that lasts as long as the
+capture, a TensorFlow profile of ``ms`` milliseconds while the task trains on, writes it in TensorBoard's profile layout
 (``RUN/tensorboard/plugins/profile/<id>/<task>.xplane.pb``: one "host" per task), then its summary
 ``RUN/profile/<id>/<task>.summary.json`` (:func:`summarize`: the top ops and op types by self time, and the
 ops' time by category: compute, collective, input), read back by front ends without
@@ -19,6 +20,10 @@ TensorFlow (``engine.control.profiling``), and last ``RUN/profile/<id>/<task>.do
 ops, where the summary is, or the error). Before its first capture a task guards TensorFlow 2.21's trace
 collection (:func:`guard_trace_collection`): unguarded, ``profiler.stop()`` wrote into freed memory on a
 multi-worker task and killed it about one capture in ten.
+
+No thread waits for requests: a task that kept one (asleep in ``time.sleep`` between looks, or for a whole
+minute) trained its 1,500 data-mode steps about 10 % slower than without it, though the thread's own work was
+~2 ms a run (docs/benchmarks.md 1b); the cause in TensorFlow's runtime is not known.
 """
 
 from __future__ import annotations
@@ -33,7 +38,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, NoReturn
 
 from engine.contract.run_folder import RunFolder, task_folder_name
 
@@ -88,23 +93,46 @@ class ProfileRequests:
         self.task = task
         self.emit_info = emit_info  # ``emitter.info`` or None
         self.seen: set[str] = set()
+        self._lock = threading.Lock()
+        self._looked_at = -POLL_S  # the monotonic clock's time of the last look
+        self._capture_thread: threading.Thread | None = None
 
     @property
     def request_file(self) -> Path:
         return self.folder.path / "profile" / "request.json"
 
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._poll_forever, name="profile-requests", daemon=True)
+    def look(self) -> threading.Thread | None:
+        """A look for a request, at most every :data:`POLL_S` seconds whoever calls (any thread; it never waits);
+        a new request is captured on a thread of its own, returned, which ends with the capture."""
+        now = time.monotonic()
+        if not self._lock.acquire(blocking=False):
+            return None
+        try:
+            busy = self._capture_thread is not None and self._capture_thread.is_alive()
+            if busy or now - self._looked_at < POLL_S:
+                return None
+            self._looked_at = now
+            try:
+                request = self.pending()
+            except Exception as exc:  # noqa: BLE001 - diagnostics must never end the task
+                self._say(f"profile request failed: {exc!r}")
+                return None
+            if request is None:
+                return None
+            self.seen.add(request[0])
+            thread = self._capture_thread = threading.Thread(target=self.take, args=request, name="profile-capture",
+                                                             daemon=True)
+        finally:
+            self._lock.release()
         thread.start()
         return thread
 
-    def _poll_forever(self) -> None:
-        while True:
-            time.sleep(POLL_S)
-            try:
-                self.poll_once()
-            except Exception as exc:  # noqa: BLE001 - diagnostics must never end the task
-                self._say(f"profile request failed: {exc!r}")
+    def pending(self) -> tuple[str, int] | None:
+        """The request to capture now, once TensorFlow is imported (until then it waits: its "t" bounds how long)."""
+        tf = sys.modules.get("tensorflow")
+        if tf is None or not hasattr(tf, "profiler"):
+            return None
+        return self.read_request()
 
     def read_request(self) -> tuple[str, int] | None:
         """The pending request's ``(id, ms)``, or None (no file, malformed, stale, seen or done)."""
@@ -130,26 +158,29 @@ class ProfileRequests:
         return self.folder.tensorboard / "plugins" / "profile" / rid / f"{task_folder_name(self.task)}.xplane.pb"
 
     def poll_once(self) -> bool:
-        """Capture the pending request, if any (True when one was taken)."""
-        tf = sys.modules.get("tensorflow")
-        if tf is None or not hasattr(tf, "profiler"):
-            return False  # TensorFlow not imported yet: the request waits (its "t" bounds how long)
-        request = self.read_request()
+        """Capture the pending request, if any, on this thread (True when one was taken)."""
+        request = self.pending()
         if request is None:
             return False
-        rid, ms = request
-        self.seen.add(rid)
-        result: dict[str, Any] = {"task": self.task, "id": rid, "ms": ms}
-        try:
-            result.update(self._capture(tf, rid, ms))
-        except Exception as exc:  # noqa: BLE001 - reported in the done file
-            result["error"] = f"{type(exc).__name__}: {exc}"[:600]
-        done = self.done_file(rid)
-        self.folder.private_dir(done.parent)
-        tmp = done.with_suffix(".tmp")
-        tmp.write_text(json.dumps(result), encoding="utf-8")
-        os.replace(tmp, done)
+        self.seen.add(request[0])
+        self.take(*request)
         return True
+
+    def take(self, rid: str, ms: int) -> None:
+        """Capture request ``rid`` and write its done file (an error is written there too, or said)."""
+        try:
+            result: dict[str, Any] = {"task": self.task, "id": rid, "ms": ms}
+            try:
+                result.update(self._capture(sys.modules["tensorflow"], rid, ms))
+            except Exception as exc:  # noqa: BLE001 - reported in the done file
+                result["error"] = f"{type(exc).__name__}: {exc}"[:600]
+            done = self.done_file(rid)
+            self.folder.private_dir(done.parent)
+            tmp = done.with_suffix(".tmp")
+            tmp.write_text(json.dumps(result), encoding="utf-8")
+            os.replace(tmp, done)
+        except Exception as exc:  # noqa: BLE001 - diagnostics must never end the task
+            self._say(f"profile request failed: {exc!r}")
 
     def _capture(self, tf: Any, rid: str, ms: int) -> dict[str, Any]:
         raw = self.folder.path / "profile" / rid / f"raw-{task_folder_name(self.task)}"
@@ -278,13 +309,34 @@ def top_ops(xplane: Path, limit: int = TOP_OPS) -> list[dict[str, Any]]:
     return list(summarize(xplane, limit)["top_ops"])
 
 
+#: This task's profile requests, once :func:`arm` ran.
+_requests: ProfileRequests | None = None
+
+
+def look() -> None:
+    """This task's look for a profile request (see :meth:`ProfileRequests.look`); nothing before :func:`arm`. Called
+    after each event the task writes, and by main loops with no events to write (a server's)."""
+    requests = _requests
+    if requests is not None:
+        requests.look()
+
+
+def wait_forever() -> NoReturn:
+    """The main thread of a task that only serves (its server's threads do the work): it looks for profile
+    requests, which no event of its own would bring, until the launcher ends the process."""
+    while True:
+        time.sleep(POLL_S)
+        look()
+
+
 def arm(run_dir: Path, task: str, emit_info: Any = None) -> None:
-    """Both, for a supervised task: stacks on ``SIGUSR1`` and profile requests (call after the SIGTERM set-up,
-    before TensorFlow is imported)."""
+    """Both, for a supervised task: stacks on ``SIGUSR1`` and profile requests, looked for by :func:`look` (call
+    after the SIGTERM set-up, before TensorFlow is imported)."""
+    global _requests
     folder = RunFolder(run_dir)
     try:
         task_dir = folder.private_dir(folder.task_dir(task))
     except OSError:
         return  # the task's folder is refused (a planted link): no dumps, and the task says so elsewhere
     arm_stack_dumps(task_dir, task)
-    ProfileRequests(run_dir, task, emit_info).start()
+    _requests = ProfileRequests(run_dir, task, emit_info)

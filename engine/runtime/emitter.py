@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,6 +30,9 @@ class Emitter:
         self._file = events.EventWriter(path, keep_going=True) if path else None
         self._fd = fd
         self._batch = threading.local()  # a thread's lines held by batch(), or none
+        #: called after each write (from the writing thread, outside the lock): the task's look for a profile
+        #: request (``engine.runtime.diagnostics``) rides on the events it sends anyway, with no thread of its own
+        self.after_write: Callable[[], None] | None = None
 
     def emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = events.make(kind, self.task, **fields)
@@ -68,6 +71,12 @@ class Emitter:
                     os.write(self._fd, piped.encode("utf-8"))
                 except OSError:
                     self._fd = None
+        after = self.after_write
+        if after is not None:
+            try:
+                after()
+            except Exception:  # noqa: BLE001 - an event written matters more than what rides on it
+                pass
 
     def status(self, state: str, **fields: Any) -> None:
         self.emit("status", state=state, pid=os.getpid(), **fields)

@@ -16,7 +16,7 @@ from typing import Any
 import keras
 import tensorflow as tf
 
-from engine.runtime import compiled
+from engine.runtime import compiled, diagnostics
 from engine.runtime import data as data_mod
 from engine.runtime.context import TaskContext
 from engine.runtime.stop import Stopped
@@ -49,6 +49,7 @@ def main(ctx: TaskContext) -> dict[str, Any]:
         latest = tf.train.latest_checkpoint(str(ctx.checkpoint_dir))
         if not latest or latest == last_seen:
             time.sleep(POLL_S)
+            diagnostics.look()  # waiting, it writes no event that would bring a profile request
             continue
         last_seen = latest
         try:

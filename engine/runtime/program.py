@@ -245,8 +245,9 @@ def serve(ctx: TaskContext) -> dict[str, Any]:
     server = tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                                   task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc", start=True)
     ctx.emitter.status("running", target=server.target)
-    server.join()  # never returns
-    return {}
+    from engine.runtime import diagnostics
+
+    diagnostics.wait_forever()  # the launcher stops this process when the run ends
 
 
 def _setup_devices(ctx: TaskContext) -> None:

@@ -144,6 +144,7 @@ def main(argv: list[str] | None = None) -> int:
         from engine.runtime import diagnostics
 
         diagnostics.arm(run_dir, task, emitter.info)
+        emitter.after_write = diagnostics.look
     code = 0
     try:
         config = load_config(run_dir / "config.yaml")

@@ -194,3 +194,44 @@ def test_the_profilers_trace_collection_is_guarded_and_cross_thread_events_come_
     assert re.search(r"^again: (.*)$", out, re.M).group(1) == guard.group(1), out  # type: ignore[union-attr]
     assert int(re.search(r"^relocations: (\d+)$", out, re.M).group(1)) > 0, out  # type: ignore[union-attr]
     assert int(re.search(r"^merged: (\d+)$", out, re.M).group(1)) > 0, out  # type: ignore[union-attr]
+
+
+def test_a_request_is_looked_for_at_most_every_poll_s_and_captured_on_a_thread_that_ends(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread waits for requests (one asleep cost a data run ~10 %): a look rides on the task's events, at most
+    every POLL_S seconds, and a request found is captured on a thread of its own that ends with the capture."""
+    import types
+
+    taken: list[tuple[str, int]] = []
+    requests = diagnostics.ProfileRequests(tmp_path, "worker:0")
+    monkeypatch.setitem(sys.modules, "tensorflow", types.SimpleNamespace(profiler=object()))
+    monkeypatch.setattr(requests, "take", lambda rid, ms: (time.sleep(0.2), taken.append((rid, ms))))
+    before = threading.active_count()
+    assert requests.look() is None  # no request: no thread
+    requests.request_file.parent.mkdir(parents=True)
+    requests.request_file.write_text(json.dumps({"id": "r1", "ms": 50, "t": time.time()}))
+    assert requests.look() is None  # looked less than POLL_S ago
+    time.sleep(diagnostics.POLL_S)
+    thread = requests.look()
+    assert thread is not None and thread.name == "profile-capture"
+    time.sleep(diagnostics.POLL_S)
+    assert requests.look() is None  # one capture at a time, and r1 is seen
+    thread.join(5)
+    assert taken == [("r1", 50)] and threading.active_count() == before
+    time.sleep(diagnostics.POLL_S)
+    assert requests.look() is None  # r1 is not taken twice
+
+
+def test_a_task_looks_for_requests_after_each_write_of_its_events(tmp_path: Path) -> None:
+    from engine.runtime.emitter import Emitter
+
+    looks: list[int] = []
+    emitter = Emitter("worker:0", None)
+    emitter.after_write = lambda: looks.append(1)
+    emitter.info("one")
+    with emitter.batch():
+        emitter.info("two")
+        emitter.info("three")
+    assert len(looks) == 2  # once per write, a batch being one
+    emitter.after_write = lambda: 1 / 0
+    emitter.info("a failing look loses no event")  # raises nothing
