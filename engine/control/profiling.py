@@ -1,7 +1,7 @@
 """Profiles of every task of a live run at once, asked for and read back without TensorFlow.
 
 A front end writes ``RUN/profile/request.json`` (``{"id", "ms", "t"}``, :func:`request_profile`); every task
-polls for it (``engine.runtime.diagnostics``), captures ``ms`` milliseconds of TensorFlow profile while it
+looks for it (``engine.runtime.diagnostics``), captures ``ms`` milliseconds of TensorFlow profile while it
 trains on, writes the trace in TensorBoard's profile layout (``RUN/tensorboard/plugins/profile/<id>/<task>
 .xplane.pb``: one "host" per task), its summary (``RUN/profile/<id>/<task>.summary.json``: top ops and op
 types by self time, the ops' time by category) and last ``RUN/profile/<id>/<task>.done``.
@@ -25,8 +25,8 @@ from engine.control import doctor
 
 #: Bounds of a capture, milliseconds (``engine.runtime.diagnostics.MIN_MS`` / ``MAX_MS``).
 MIN_MS, MAX_MS = 10, 60_000
-#: Seconds a capture may take beyond its length (a task notices a request within 0.5 s; writing and
-#: summarising the trace takes a few seconds on a busy machine).
+#: Seconds a capture may take beyond its length (a task notices a request at its next report, or within 0.5 s
+#: where it only serves; writing and summarising the trace takes a few seconds on a busy machine).
 PROFILE_SLACK_S = 30.0
 #: Under ``RUN/``: the request file and one folder per capture.
 PROFILE_DIR = "profile"
