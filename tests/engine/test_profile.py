@@ -73,6 +73,24 @@ def test_every_task_profiles_at_once_and_the_run_finishes(runs_root: Path, capsy
     print(out)
 
 
+@pytest.mark.cluster
+def test_an_async_runs_servers_profile_too_though_they_write_no_events(runs_root: Path, capsys: Any) -> None:
+    """The ps and the workers only serve (no event of theirs brings the request): their idle main loop looks."""
+    cfg = config_mod.load(PRESETS / "async-1ps.yaml")
+    cfg = replace(cfg, training=replace(cfg.training, steps=100_000, checkpoint_every=0))
+    run = Run(cfg, runs_root=runs_root)
+    stepping = threading.Event()
+    run.add_listener(lambda e: stepping.set() if e["kind"] == "step" else None)
+    run.start()
+    try:
+        assert stepping.wait(120), run.state.summary()
+        assert doctor_cli.main(["profile", str(run.run_dir), "--ms", "300"]) == 0, capsys.readouterr()
+    finally:
+        run.stop()
+    xplanes = sorted(p.name for p in (run.run_dir / "tensorboard" / "plugins" / "profile").glob("*/*.xplane.pb"))
+    assert xplanes == ["chief-0.xplane.pb", "ps-0.xplane.pb", "worker-0.xplane.pb", "worker-1.xplane.pb"], xplanes
+
+
 def test_thread_events_are_relocated_with_their_events_left_where_they_are() -> None:
     """tf_compat.relocate_thread_events, on ThreadEvents laid out as libstdc++ lays them out: a name kept in its
     local buffer is pointed at its new buffer, a heap name and the deque's pointers are carried over as they are
