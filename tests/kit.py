@@ -78,6 +78,22 @@ def run_to_end(config: Any, runs_root: Any, timeout: float = 120.0) -> list[dict
     return seen
 
 
+def start_stepping(config: Any, runs_root: Any, timeout: float = 120.0) -> Any:
+    """Launch ``config`` for real and return its ``Run`` once a first step event came (the caller stops it)."""
+    import threading
+
+    from engine.control.launcher import Run
+
+    run = Run(config, runs_root=runs_root)
+    stepping = threading.Event()
+    run.add_listener(lambda e: stepping.set() if e["kind"] == "step" else None)
+    run.start()
+    if not stepping.wait(timeout):
+        run.stop()
+        raise AssertionError(f"no step within {timeout:.0f} s: {run.state.summary()}")
+    return run
+
+
 class ScriptedRun:
     """A started run whose events the test gives, as the app's session watches a real one
     (``gui.run_session.WatchedRun``: ``done``, ``add_listener``, ``stop``, ``pids``).

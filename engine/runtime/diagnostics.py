@@ -157,15 +157,6 @@ class ProfileRequests:
     def xplane_file(self, rid: str) -> Path:
         return self.folder.tensorboard / "plugins" / "profile" / rid / f"{task_folder_name(self.task)}.xplane.pb"
 
-    def poll_once(self) -> bool:
-        """Capture the pending request, if any, on this thread (True when one was taken)."""
-        request = self.pending()
-        if request is None:
-            return False
-        self.seen.add(request[0])
-        self.take(*request)
-        return True
-
     def take(self, rid: str, ms: int) -> None:
         """Capture request ``rid`` and write its done file (an error is written there too, or said)."""
         try:

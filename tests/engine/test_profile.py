@@ -22,8 +22,8 @@ from engine.cli import doctor as doctor_cli
 from engine.contract import config as config_mod
 from engine.contract.run_folder import RunFolder
 from engine.control import doctor
-from engine.control.launcher import Run
 from engine.runtime import diagnostics
+from tests import kit
 from tests.conftest import PRESETS, ROOT
 
 
@@ -53,11 +53,7 @@ def test_profile_refuses_a_folder_without_run_json_and_a_bad_ms(tmp_path: Path, 
 def test_every_task_profiles_at_once_and_the_run_finishes(runs_root: Path, capsys: Any) -> None:
     cfg = config_mod.load(PRESETS / "data-2workers.yaml")
     cfg = replace(cfg, training=replace(cfg.training, steps=2500, checkpoint_every=0))
-    run = Run(cfg, runs_root=runs_root)
-    stepping = threading.Event()
-    run.add_listener(lambda e: stepping.set() if e["kind"] == "step" else None)
-    run.start()
-    assert stepping.wait(120), run.state.summary()
+    run = kit.start_stepping(cfg, runs_root)
     deadline = time.monotonic() + 10  # run.json names the tasks' pids within a flush or two
     while len(doctor.run_task_pids(RunFolder(run.run_dir))) < 2 and time.monotonic() < deadline:
         time.sleep(0.2)
@@ -78,12 +74,8 @@ def test_an_async_runs_servers_profile_too_though_they_write_no_events(runs_root
     """The ps and the workers only serve (no event of theirs brings the request): their idle main loop looks."""
     cfg = config_mod.load(PRESETS / "async-1ps.yaml")
     cfg = replace(cfg, training=replace(cfg.training, steps=100_000, checkpoint_every=0))
-    run = Run(cfg, runs_root=runs_root)
-    stepping = threading.Event()
-    run.add_listener(lambda e: stepping.set() if e["kind"] == "step" else None)
-    run.start()
+    run = kit.start_stepping(cfg, runs_root)
     try:
-        assert stepping.wait(120), run.state.summary()
         assert doctor_cli.main(["profile", str(run.run_dir), "--ms", "300"]) == 0, capsys.readouterr()
     finally:
         run.stop()

@@ -9,7 +9,6 @@ import json
 import re
 import statistics
 import textwrap
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -23,7 +22,6 @@ from engine.cli.live_view import LiveView, bar_cells, breakdown_text
 from engine.contract import config as config_mod
 from engine.contract.run_folder import RunFolder
 from engine.control import profiling
-from engine.control.launcher import Run
 from engine.observe.telemetry import Breakdowns, RunState, breakdown_of
 from engine.runtime import diagnostics
 from tests import kit
@@ -203,12 +201,8 @@ def test_a_two_worker_profile_writes_a_trace_and_a_summary_per_task(runs_root: P
     task of such a run about one capture in ten (``tf_compat.keep_trace_events_in_place``), and the run goes on."""
     cfg = config_mod.load(PRESETS / "data-2workers.yaml")
     cfg = replace(cfg, training=replace(cfg.training, steps=100_000, checkpoint_every=0))
-    run = Run(cfg, runs_root=runs_root)
-    stepping = threading.Event()
-    run.add_listener(lambda e: stepping.set() if e["kind"] == "step" else None)
-    run.start()
+    run = kit.start_stepping(cfg, runs_root)
     try:
-        assert stepping.wait(120), run.state.summary()
         deadline = time.monotonic() + 10  # run.json names the tasks' pids within a flush or two
         while len(profiling.live_tasks(run.run_dir)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
