@@ -131,7 +131,7 @@ def free_port() -> int:
 def task_threads(tasks: int, env: dict[str, str]) -> str:
     """``TF_NUM_INTRAOP_THREADS`` as ClusterDeck's supervisor gives each of ``tasks`` tasks on this machine:
     the environment's value where it sets one, else an even share of the cores."""
-    from engine.contract.plan import INTRA_OP_ENV, intra_op_threads
+    from engine.contract.task_plan import INTRA_OP_ENV, intra_op_threads
     from engine.control import machine_fit
 
     return env.get(INTRA_OP_ENV) or str(intra_op_threads(tasks, machine_fit.cpu_count()))
@@ -141,7 +141,7 @@ def core_shares(plans: Sequence[Any]) -> dict[str, Any]:
     """The cores and thread settings ClusterDeck's supervisor gives each of ``plans`` (one host's tasks) on
     this machine (``engine.contract.plan.share_cores``); none where this environment chooses the intra-op
     threads, as the supervisor then leaves the tasks' placement to the kernel."""
-    from engine.contract.plan import INTRA_OP_ENV, share_cores
+    from engine.contract.task_plan import INTRA_OP_ENV, share_cores
     from engine.control import machine_fit
 
     if os.environ.get(INTRA_OP_ENV):

@@ -70,8 +70,9 @@ from _common import (  # noqa: E402
 from _stats import MIN_ROUNDS, goal_verdict, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract.plan import INTRA_OP_ENV, plan_tasks, resolve_ports  # noqa: E402
+from engine.contract.plan import plan_tasks, resolve_ports  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
+from engine.contract.task_plan import INTRA_OP_ENV
 from engine.control.launcher import Run  # noqa: E402
 
 MODES = ("data", "async", "model")

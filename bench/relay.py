@@ -59,7 +59,7 @@ def feed(n_events: int, replicas: int = 8) -> bytes:
 def one(n_events: int) -> dict[str, float | int | str]:
     """This process's supervisor relaying ``n_events`` lines: µs of CPU per event, lines out."""
     import engine
-    from engine.contract.plan import TaskPlan
+    from engine.contract.task_plan import TaskPlan
     from engine.control.supervisor import Supervisor, TaskProcess
 
     data = feed(n_events)

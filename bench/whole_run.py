@@ -65,8 +65,8 @@ from _common import (  # noqa: E402
 from _stats import MIN_ROUNDS, Ratio, goal_verdict, paired_difference, paired_ratio, rotated, rounds_note  # noqa: E402
 
 from engine.contract import config as config_mod  # noqa: E402
-from engine.contract.plan import INTRA_OP_ENV  # noqa: E402
 from engine.contract.presets import load_preset  # noqa: E402
+from engine.contract.task_plan import INTRA_OP_ENV  # noqa: E402
 
 SIDES = ("clusterdeck", "hand")
 #: also against the hand-written loop with ClusterDeck's settings: its steps grouped as the preset groups them

@@ -21,7 +21,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
-from engine.contract.plan import TaskPlan
+from engine.contract.task_plan import TaskPlan
 
 #: The version of the spec's fields; bumped by any change a supervisor of another version would misread.
 SPEC_VERSION = 1

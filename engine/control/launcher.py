@@ -34,10 +34,11 @@ from typing import IO, Any
 from engine.contract import config as config_mod
 from engine.contract import datasets, events
 from engine.contract.config import ConfigError, Host, Problem, RunConfig
-from engine.contract.plan import TaskPlan, plan_tasks, resolve_ports
+from engine.contract.plan import plan_tasks, resolve_ports
 from engine.contract.records import TERMINAL
 from engine.contract.run_folder import RunFolder, default_runs_root, launcher_identity
 from engine.contract.supervisor_spec import SupervisorSpec
+from engine.contract.task_plan import TaskPlan
 from engine.control import background, netns, preflight, transports, unchosen_code
 from engine.control import lifecycle as lc
 from engine.control.host_watch import HostWatch

@@ -42,6 +42,7 @@ from engine.contract.config import (
     RunConfig,
     Task,
 )
+from engine.contract.task_plan import cpus
 
 #: Estimates are multiplied by this before they are held against what the machine has.
 SAFETY_FACTOR = 1.25
@@ -314,14 +315,6 @@ def _refusal(config: RunConfig, name: str, why: str) -> Problem:
 
 
 # --------------------------------------------------------------------------- CPUs
-
-
-def cpus() -> list[int]:
-    """The CPUs this process may run on (its affinity: a Slurm step's, a taskset's), in order."""
-    try:
-        return sorted(os.sched_getaffinity(0)) or [0]
-    except (AttributeError, OSError):
-        return list(range(max(1, os.cpu_count() or 1)))
 
 
 def cpu_count() -> int:

@@ -41,19 +41,12 @@ import selectors
 import signal
 import sys
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from engine.contract import events
-from engine.contract.plan import (
-    INTRA_OP_ENV,
-    CoreShare,
-    intra_op_threads,
-    share_cores,
-)
 from engine.contract.records import TERMINAL
 from engine.contract.run_folder import (
     OVERLONG,
@@ -66,7 +59,8 @@ from engine.contract.supervisor_spec import (  # noqa: F401
     SpecError,
     SupervisorSpec,
 )
-from engine.control import background, machine_fit, netns, process_end
+from engine.contract.task_plan import INTRA_OP_ENV, CoreShare, cpus, intra_op_threads, share_cores
+from engine.control import background, netns, process_end
 from engine.control.gpu import GpuSampler
 from engine.control.process_end import (  # noqa: F401 - also read from here (doctor, tests)
     RUN_DIR_ENV,
@@ -115,7 +109,7 @@ class Supervisor:
         self.tasks = {plan.name: TaskProcess(plan) for plan in spec.tasks}
         # the host's cores, shared evenly by its tasks (TensorFlow would give each task all of them), unless
         # the user chose the threads: its affinity (a Slurm step's CPUs, a taskset), each training task's own
-        self.cpus = machine_fit.cpus()
+        self.cpus = cpus()
         self.cores = len(self.cpus)
         self.shares_chosen = INTRA_OP_ENV in os.environ or INTRA_OP_ENV in self.extra_env
         self.shares: dict[str, CoreShare] = ({} if self.shares_chosen else
@@ -138,7 +132,7 @@ class Supervisor:
         self.bad_commands = 0
         self.template: Template | None = None
         self.subreaper = False
-        self.token = f"{self.host}/{os.getpid()}-{uuid.uuid4().hex[:8]}"  # this supervisor's mark on its tasks
+        self.token = f"{self.host}/{os.getpid()}-{os.urandom(4).hex()}"  # this supervisor's mark on its tasks
         self.takeover = spec.takeover
         for name, count in spec.restarts.items():  # a host started again keeps its tasks' counts
             if name in self.tasks and isinstance(count, int):

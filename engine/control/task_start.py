@@ -21,8 +21,8 @@ from typing import Any
 import psutil
 
 from engine.contract import events, parent_death, warm_start
-from engine.contract.plan import CUDA_ORDER, CUDA_ORDER_ENV, INTER_OP_ENV, INTRA_OP_ENV, TaskPlan
 from engine.contract.run_folder import STOP_MARKERS_ENV, LineSplitter
+from engine.contract.task_plan import CUDA_ORDER, CUDA_ORDER_ENV, INTER_OP_ENV, INTRA_OP_ENV, TaskPlan
 from engine.control import background
 from engine.control.gpu import driver_present
 from engine.control.process_end import RUN_DIR_ENV, SUPERVISOR_ENV

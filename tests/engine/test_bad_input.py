@@ -164,7 +164,7 @@ def test_launcher_reader_counts_and_skips_garbage(chunks: list[bytes]) -> None:
 
 
 def test_supervisor_relays_good_lines_and_counts_bad_ones() -> None:
-    from engine.contract.plan import TaskPlan
+    from engine.contract.task_plan import TaskPlan
     from engine.control.supervisor import Supervisor, TaskProcess
 
     out = io.BytesIO()

@@ -10,19 +10,17 @@ import pytest
 
 from engine.contract.config import Cluster, Host, Parallelism, RunConfig, Task, Training, validate
 from engine.contract.plan import (
-    TaskPlan,
     cluster_spec,
     connect_address,
     dtensor_env,
     free_port,
     gpu_assignment,
-    intra_op_threads,
     plan_tasks,
     resolve_ports,
-    share_cores,
     tf_config,
     tf_config_json,
 )
+from engine.contract.task_plan import TaskPlan, intra_op_threads, share_cores
 
 
 def data_2workers(ports: tuple[int | None, int | None] = (None, None)) -> Cluster:

@@ -15,7 +15,7 @@ import pytest
 
 from engine.contract import config as config_mod
 from engine.contract import events
-from engine.contract.plan import TaskPlan
+from engine.contract.task_plan import TaskPlan
 from engine.control.supervisor import Supervisor, TaskProcess
 from engine.runtime import async_ps
 from engine.runtime import emitter as emitter_mod

@@ -19,7 +19,8 @@ import yaml
 
 from engine.contract import config as config_mod
 from engine.contract.config import ConfigError, RunConfig
-from engine.contract.plan import gpu_assignment, plan_tasks, share_cores
+from engine.contract.plan import gpu_assignment, plan_tasks
+from engine.contract.task_plan import share_cores
 from engine.control import export
 from tests.conftest import ROOT
 

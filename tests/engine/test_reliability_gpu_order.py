@@ -6,7 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from engine.contract import config as config_mod
-from engine.contract.plan import CUDA_ORDER, CUDA_ORDER_ENV, plan_tasks, resolve_ports
+from engine.contract.plan import plan_tasks, resolve_ports
+from engine.contract.task_plan import CUDA_ORDER, CUDA_ORDER_ENV
 from engine.control.gpu import GpuSampler, cuda_order, task_gpu_figures
 from tests.conftest import PRESETS
 from tests.engine.test_gpu import _Memory, _Process, _Util  # the NVML stand-in's records

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.contract.plan import TaskPlan
 from engine.contract.supervisor_spec import SPEC_VERSION, SpecError, SupervisorSpec
+from engine.contract.task_plan import TaskPlan
 from engine.control import transports
 
 PLAN = TaskPlan(name="worker:0", role="worker", index=0, host="local", port=1234, gpu_ids=(), devices=1, env={"A": "1"})
@@ -85,3 +85,14 @@ def test_the_spec_line_is_read_whole_and_what_follows_it_is_kept() -> None:
     os.close(w)
     assert read_first_line(r) is None
     os.close(r)
+
+
+def test_a_supervisor_imports_neither_the_config_model_nor_yaml() -> None:
+    """Every host of a launch starts a supervisor: it needs the task plans of its spec, not the config model (a
+    fifth of its start's CPU, docs/benchmarks.md 4d)."""
+    code = ("import sys, engine.control.supervisor\n"
+            "print(sorted(m for m in sys.modules if m in ('yaml', 'engine.contract.config', 'engine.contract.plan')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=Path(__file__).resolve().parents[2])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
