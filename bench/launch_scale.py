@@ -25,8 +25,14 @@ timers and the events' own times (every host is this machine: one clock):
 - *task start* (the forked task's own start) to its ``running``; *first step* to its first ``step`` event;
 - *through the launcher* (the supervisor's relay, ssh, the launcher's reader and dispatcher) to the listener.
 
+The floor (side ``bare``): what any launch of these tasks over ssh costs, ClusterDeck or not, on the same hosts in
+the same rounds: per host one ``ssh`` (the same config, a fresh login) whose login shell runs one Python (this
+interpreter, its ``site`` and all) that forks ``--per-host`` children, each printing its line at once; timed to
+the last line received. Its key exchanges, login shells and interpreters are the part of the launch that is not
+ClusterDeck's: ClusterDeck's own share is the paired difference, ClusterDeck's launch less the floor.
+
 Sides, in rounds (order rotating, ``bench/_stats.py``): the 64-task launch and the reference of one host x 8
-tasks, each for this tree and, with ``--against REV``, for that git revision (a temporary worktree), so a
+tasks, each for this tree, the floor and, with ``--against REV``, for that git revision (a temporary worktree), so a
 change is measured before/after in the same rounds; ``--variant nomux`` adds this tree with a switch
 (``CLUSTERDECK_SSH_MUX=0``: no shared ssh connection) on the 64-task launch. Medians with bootstrap 95 %
 intervals; before/after as the paired difference per round. Also per run: the CPU-seconds this machine was busy
@@ -111,6 +117,7 @@ CPU_GROUPS = (
     ("shell", "the hosts' login shells (bash and its rc files' commands: this machine's `pyenv init`)"),
     ("supervisor", "ClusterDeck: supervisors (python start, imports, work; the shell before it exec'd them)"),
     ("template", "ClusterDeck: warm-start templates and the tasks forked from them"),
+    ("bare", "the floor's Python (one per host) and its forks"),
     ("other", "anything else on the machine"),
 )
 
@@ -128,6 +135,8 @@ def _cpu_group(pid: int, name: str, cmdline: str) -> str:
         return "supervisor"
     if "engine.runtime.task" in cmdline:
         return "template"
+    if BARE_MARK in cmdline:
+        return "bare"
     return "other"
 
 
@@ -158,7 +167,7 @@ def cpu_spent(before: dict[tuple[int, float], tuple[str, float, float]],
         # ran before that shell exec'd the supervisor's command line (its tasks and template live on: not reaped);
         # an sshd session's (`sshd: user@notty`), the login shells of its sessions that ended (a `true`)
         spent["sshd" if group == "sshd@" else group] += own - own0
-        spent[{"launcher": "ssh", "supervisor": "shell", "sshd@": "shell"}.get(group, group)] += reaped - reaped0
+        spent[{"launcher": "ssh", "supervisor": "shell", "sshd@": "shell", "bare": "shell"}.get(group, group)] += reaped - reaped0
     return spent
 
 
@@ -276,6 +285,60 @@ def child(tree: Path, hosts: int, per_host: int, step_s: float) -> dict[str, Any
             "detail": detail}
 
 
+#: What the floor's Python runs on each host (its first line marks its processes for the CPU split).
+BARE_MARK = "# launch-scale floor"
+BARE_CODE = f"""{BARE_MARK}
+import os, sys
+for i in range(int(sys.argv[1])):
+    if os.fork() == 0:
+        os.write(1, f"step {{i}}\\n".encode())
+        os._exit(0)
+for _ in range(int(sys.argv[1])):
+    os.wait()
+sys.stdin.read()  # lives on until the launcher has counted the CPU (a live process's CPU is its own group's)
+"""
+
+
+def bare_child(hosts: int, per_host: int) -> dict[str, Any]:
+    """The floor: per host one ssh login whose shell runs one Python forking ``per_host`` children that each say a
+    line; the time until every line is here, and the CPU the machine spent meanwhile."""
+    import selectors
+    import shlex
+
+    config = str(LAB_DIR / "ssh_config")
+    remote = shlex.join([sys.executable, "-c", BARE_CODE, str(per_host)])
+    processes0 = cpu_by_process()
+    cpu0 = busy_cpu_s()
+    t0 = time.time()
+    procs = [subprocess.Popen(["ssh", "-F", config, "-T", "-o", "BatchMode=yes", f"lab{n}", remote],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+             for n in range(1, hosts + 1)]
+    sel = selectors.DefaultSelector()
+    for proc in procs:
+        assert proc.stdout is not None
+        os.set_blocking(proc.stdout.fileno(), False)
+        sel.register(proc.stdout, selectors.EVENT_READ, proc)
+    lines, n_tasks, deadline = 0, hosts * per_host, t0 + 120
+    while lines < n_tasks and sel.get_map() and time.time() < deadline:
+        for key, _ in sel.select(1.0):
+            chunk = os.read(key.fd, 65536)
+            if not chunk:
+                sel.unregister(key.fileobj)
+            lines += chunk.count(b"\n")
+    total = time.time() - t0
+    cpu = busy_cpu_s() - cpu0
+    cpu_by = cpu_spent(processes0, cpu_by_process())
+    for proc in procs:
+        assert proc.stdin is not None
+        proc.stdin.close()  # the floor's Python reads its end: it leaves, and its session
+        proc.wait(30)
+    if lines < n_tasks:
+        raise SystemExit(f"the floor's launch said {lines} of {n_tasks} lines: "
+                         + "; ".join((p.stderr.read() or b"").decode(errors="replace")[-300:] for p in procs if p.stderr))
+    return {"total": total, "phases": {}, "last": "", "host": "", "stop": 0.0, "first_any": 0.0, "ssh_max": 0.0,
+            "tasks": n_tasks, "cpu": cpu, "cpu_by": cpu_by, "detail": {}}
+
+
 # --------------------------------------------------------------------------- the rounds
 
 
@@ -295,7 +358,15 @@ def prepare_tree(rev: str) -> Path:
 VARIANTS = {"nomux": {"CLUSTERDECK_SSH_MUX": "0"}}
 
 
-def one(tree: Path, hosts: int, per_host: int, step_s: float, extra: dict[str, str]) -> dict[str, Any]:
+def one(tree: Path | None, hosts: int, per_host: int, step_s: float, extra: dict[str, str]) -> dict[str, Any]:
+    """One run of a side in a fresh process: ClusterDeck's launch from ``tree``, or the floor where it is None."""
+    if tree is None:
+        out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--bare-child", "--hosts", str(hosts),
+                              "--per-host", str(per_host)], capture_output=True, text=True, timeout=400)
+        for line in reversed(out.stdout.splitlines()):
+            if line.startswith("{"):
+                return dict(json.loads(line))
+        raise SystemExit(f"the floor's run failed ({out.returncode}): {out.stderr[-3000:]}")
     env = dict(os.environ, PYTHONPATH=str(tree), CLUSTERDECK_SSH_CONFIG=str(LAB_DIR / "ssh_config"),
                TF_CPP_MIN_LOG_LEVEL="2", **extra)
     out = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", str(tree), "--hosts", str(hosts),
@@ -322,11 +393,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--no-reference", action="store_true", help="leave out the 1 host x 8 tasks reference")
     parser.add_argument("--variant", action="append", default=[],
                         help=f"also this tree with a switch, on the large launch: {', '.join(VARIANTS)}")
+    parser.add_argument("--no-floor", action="store_true", help="leave out the floor (a bare launch over ssh)")
     parser.add_argument("--child", type=Path, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--bare-child", action="store_true", help=argparse.SUPPRESS)
     add_doc_flags(parser)
     args = parser.parse_args(argv)
     if args.child is not None:
         print(json.dumps(child(args.child, args.hosts, args.per_host, args.step_s)), flush=True)
+        return {}
+    if args.bare_child:
+        print(json.dumps(bare_child(args.hosts, args.per_host)), flush=True)
         return {}
     rounds = args.rounds or (2 if args.quick else 10)
     brought_up = False
@@ -340,7 +416,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     shapes = {str(n): (args.hosts, args.per_host)} if args.no_reference else {
         str(n): (args.hosts, args.per_host), str(args.per_host): (1, args.per_host)}
     variants = [v for v in args.variant if v in VARIANTS]
-    sides = [f"{shape}/{tree}" for shape in shapes for tree in trees]
+    sides = [f"{shape}/{tree}" for shape in shapes for tree in [*trees, *([] if args.no_floor else ["bare"])]]
     sides += [f"{next(iter(shapes))}/{v}" for v in variants]  # the switches: on the large launch only
     got: dict[str, list[dict[str, Any]]] = {s: [] for s in sides}
     print(f"{args.hosts} hosts x {args.per_host} simulated tasks (and 1 x {args.per_host}), {rounds} round(s), "
@@ -349,7 +425,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for r in range(rounds):
             for side in rotated(sides, r):
                 shape, tree = side.split("/")
-                res = one(trees.get(tree, ROOT), *shapes[shape], args.step_s, VARIANTS.get(tree, {}))
+                res = one(None if tree == "bare" else trees.get(tree, ROOT), *shapes[shape], args.step_s,
+                          VARIANTS.get(tree, {}))
                 got[side].append(res)
                 ph = res["phases"]
                 by = ", ".join(f"{g} {v:.2f}" for g, v in res.get("cpu_by", {}).items())
@@ -367,7 +444,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for side, results in got.items():
         totals = [x["total"] for x in results]
         figures["sides"][side] = {"total": bootstrap_median(totals),
-                                  "phases": {k: bootstrap_median([x["phases"][k] for x in results]) for k, _ in PHASES},
+                                  "phases": {k: bootstrap_median([x["phases"][k] for x in results]) for k, _ in PHASES
+                                             if all(k in x["phases"] for x in results)},
                                   "stop": bootstrap_median([x["stop"] for x in results]),
                                   "cpu": bootstrap_median([x["cpu"] for x in results]),
                                   "cpu_by": {g: bootstrap_median([x["cpu_by"][g] for x in results])
@@ -376,6 +454,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"{side}: Run.start() to every task stepping {ci(totals)} s{rounds_note(rounds)}")
     pairs = [(f"{shape}/this", f"{shape}/base") for shape in shapes if "base" in trees]
     pairs += [(f"{next(iter(shapes))}/this", f"{next(iter(shapes))}/{v}") for v in variants]
+    pairs += [(f"{shape}/this", f"{shape}/bare") for shape in shapes if not args.no_floor]
     figures["diffs"] = {}
     for a, b in pairs:
         diff = paired_difference([x["total"] for x in got[a]], [x["total"] for x in got[b]])
@@ -406,6 +485,9 @@ def _doc(args: Any, figures: dict[str, Any], got: dict[str, list[dict[str, Any]]
     for key, label in PHASES:
         cells = []
         for s in names:
+            if key not in figures["sides"][s]["phases"]:  # the floor has no phases of ClusterDeck's
+                cells.append("—")
+                continue
             med, low, high = figures["sides"][s]["phases"][key]
             cells.append(f"{med:.2f} [{low:.2f}, {high:.2f}]")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
@@ -421,14 +503,21 @@ def _doc(args: Any, figures: dict[str, Any], got: dict[str, list[dict[str, Any]]
             lines.append(f"| &nbsp;&nbsp;of it: {label} | " + " | ".join(
                 "{:.2f} [{:.2f}, {:.2f}]".format(*figures["sides"][s]["cpu_by"][group]) for s in names) + " |")
     lines.append("| `Run.stop()` (returns once the run's processes are gone) | " + " | ".join(
-        "{:.2f} [{:.2f}, {:.2f}]".format(*figures["sides"][s]["stop"]) for s in names) + " |")
+        "—" if s.endswith("/bare") else "{:.2f} [{:.2f}, {:.2f}]".format(*figures["sides"][s]["stop"])
+        for s in names) + " |")
     this = figures["sides"].get(f"{n}/this")
     if this is not None:
         med, low, high = this["total"]
-        verdict = goal_verdict(Ratio(med, low, high), GOAL_S, at_most=True)
-        lines += ["", f"ClusterDeck's own share of launching {n} tasks over {args.hosts} hosts (the simulated tasks' "
-                      f"TensorFlow start is nil): **{med:.2f} [{low:.2f}, {high:.2f}] s**, goal <= {GOAL_S:g} s beyond "
-                      f"the slowest task's TensorFlow start: {verdict}."]
+        lines += ["", f"Launching {n} tasks over {args.hosts} hosts, `Run.start()` to every task stepping (the simulated "
+                      f"tasks' TensorFlow start is nil): **{med:.2f} [{low:.2f}, {high:.2f}] s**."]
+        share = figures["diffs"].get((f"{n}/this", f"{n}/bare"))
+        if share is not None:
+            verdict = goal_verdict(Ratio(share.median, share.low, share.high), GOAL_S, at_most=True)
+            bmed, blow, bhigh = figures["sides"][f"{n}/bare"]["total"]
+            lines.append(f"The floor (the same hosts' ssh logins, login shells and one Python per host forking its "
+                         f"tasks): **{bmed:.2f} [{blow:.2f}, {bhigh:.2f}] s**. ClusterDeck's own share, the launch less "
+                         f"the floor (paired per round): **{share.text(2)} s**, goal <= {GOAL_S:g} s beyond the slowest "
+                         f"task's TensorFlow start: {verdict}.")
     for (a, b), diff in figures["diffs"].items():
         lines.append(f"`{a}` - `{b}` (paired per round): **{diff.text(2)} s**.")
     return "\n".join(lines)
