@@ -22,6 +22,8 @@ sys.path.insert(0, str(ROOT / "bench"))
 import _handwritten  # noqa: E402
 import _stats  # noqa: E402
 
+from tests.engine.lab import lab_fixture, lab_session_fixture  # noqa: E402,F401 - fixtures
+
 
 def run_bench(name: str, tmp_path: Path, *args: str, timeout: float = 900, section: str | None = None
               ) -> tuple[str, str]:
@@ -271,3 +273,18 @@ def test_hand_written_tasks_take_the_cores_and_threads_the_benchmark_gives_them(
     assert run("worker:0") == f"{cpus} None"  # not named: untouched
     for name in ("mwms_loop.py", "pss_chief.py", "pss_server.py"):
         assert _handwritten.FILES[name].lstrip().startswith(_handwritten._CORES.strip())
+
+
+@pytest.mark.cluster
+def test_launch_scale_launches_over_the_lab_and_measures_its_floor_in_the_same_rounds(
+        tmp_path: Path, lab: Any) -> None:
+    """Two lab hosts x 2 simulated tasks, one round: ClusterDeck's launch and the floor (a bare launch of the same
+    tasks over the same ssh), and the share between them in the section."""
+    out, doc = run_bench("launch_scale", tmp_path, "--rounds", "1", "--hosts", "2", "--per-host", "2",
+                         "--no-reference", timeout=300)
+    assert re.search(r"round 1\s+4/this: [0-9.]+ s, [0-9.]+ CPU-s busy \(launcher", out), out
+    floor = re.search(r"round 1\s+4/bare: [0-9.]+ s, [0-9.]+ CPU-s busy \(.*bare ([0-9.]+), other", out)
+    assert floor and float(floor.group(1)) > 0, out  # the floor's Pythons ran and were counted
+    assert "4/this - 4/bare:" in out
+    assert "## 4d. Launch at scale" in doc and "| `4/this` | `4/bare` |" in doc
+    assert re.search(r"ClusterDeck's own share, the launch less the floor \(paired per round\): \*\*-?[0-9.]+", doc)
