@@ -208,25 +208,45 @@ _figure_lines = live_view.figure_lines
 
 def cmd_validate(args: argparse.Namespace) -> int:
     """Each preset's config rules, its data files, the user's script (the same check as ``run``: in a
-    subprocess, as it imports TensorFlow) and the user's program (its file, and that it compiles)."""
+    subprocess, as it imports TensorFlow) and the user's program (its file, and that it compiles).
+
+    The presets are checked in order, but their scripts' checks (each a process importing TensorFlow, seconds
+    each) run side by side, as many at once as this process has CPUs; each preset is said in the order given."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from engine.control import reachability, script_check
     from engine.control.preflight import preflight
     from engine.control.preflight import warnings as preflight_warnings
 
-    code = 0
+    checked: list[tuple[str, config_mod.RunConfig | None, list[Problem] | ConfigError]] = []
     for preset in args.presets:
         try:
             cfg = load_preset(preset)
-            problems = _missing_scripts(cfg) or preflight(cfg, scripts=True)
-            if problems:
-                raise ConfigError(problems, preset)
         except ConfigError as exc:
-            print(str(exc), file=sys.stderr)
+            checked.append((preset, None, exc))
+            continue
+        checked.append((preset, cfg, _missing_scripts(cfg) or preflight(cfg, scripts=False)))
+    scripted = [(i, cfg) for i, (_, cfg, found) in enumerate(checked)
+                if cfg is not None and found == [] and script_check.uses_script(cfg)]
+    if scripted:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        with ThreadPoolExecutor(max_workers=max(1, min(len(scripted), cpus)), thread_name_prefix="script-check") as pool:
+            for (i, scripted_cfg), problems in zip(scripted, pool.map(lambda s: script_check.check(s[1]), scripted),
+                                                   strict=True):
+                if problems:  # refused: the logins its preflight left end now (as preflight does)
+                    reachability.close_logins(scripted_cfg)
+                checked[i] = (checked[i][0], scripted_cfg, problems)
+    code = 0
+    for name, ok_cfg, found in checked:
+        if isinstance(found, ConfigError) or found or ok_cfg is None:
+            print(str(found if isinstance(found, ConfigError) else ConfigError(list(found), name)), file=sys.stderr)
             code = 2
             continue
-        _warn(preflight_warnings(cfg), False)
-        steps = f"program {Path(cfg.program.script).name}" if cfg.program else _count(cfg.total_steps(), 'step')
-        print(f"{preset}: ok ({cfg.parallelism.mode}, {_count(len(cfg.cluster.tasks()), 'task')}, "
-              f"{_count(cfg.num_replicas(), 'replica')}, {steps})")
+        _warn(preflight_warnings(ok_cfg), False)
+        steps = (f"program {Path(ok_cfg.program.script).name}" if ok_cfg.program
+                 else _count(ok_cfg.total_steps(), 'step'))
+        print(f"{name}: ok ({ok_cfg.parallelism.mode}, {_count(len(ok_cfg.cluster.tasks()), 'task')}, "
+              f"{_count(ok_cfg.num_replicas(), 'replica')}, {steps})")
     return code
 
 

@@ -413,3 +413,45 @@ def test_run_detach_reports_what_the_launcher_refused_and_leaves_no_run_folder(t
     assert not runs.exists() or not any(runs.iterdir()), list(runs.iterdir())
     out = cli(tmp_path, "ls")
     assert out.returncode == 0 and "no runs" in out.stdout, out.stdout
+
+
+def test_validate_checks_many_scripted_presets_side_by_side_and_says_each_in_the_order_given(tmp_path: Path) -> None:
+    """The script checks (each a process importing TensorFlow) run at once: two presets' model scripts each wait
+    for the other's mark, which only comes where both checks run together. What is said keeps the presets' order,
+    a broken script is named with its own error, and a preset that is not there does not stop the others."""
+    import os
+
+    import yaml
+
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("one CPU: the checks run one after the other")
+    example = ROOT / "examples" / "user_script.py"
+    marks = tmp_path / "marks"
+    marks.mkdir()
+
+    def preset(name: str, body: str) -> Path:
+        script = tmp_path / f"{name}_model.py"
+        script.write_text(body, encoding="utf-8")
+        loaded = yaml.safe_load((ROOT / "presets" / "data-user-script.yaml").read_text(encoding="utf-8"))
+        loaded.update(name=name)
+        loaded["model"]["script"] = str(script)
+        loaded["data"]["path"] = str(example)
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(loaded), encoding="utf-8")
+        return path
+
+    def waits_for(me: str, other: str) -> str:
+        return (f"import pathlib, time\nmarks = pathlib.Path({str(marks)!r})\n(marks / {me!r}).touch()\n"
+                f"deadline = time.monotonic() + 40\n"
+                f"while not (marks / {other!r}).exists() and time.monotonic() < deadline:\n    time.sleep(0.05)\n"
+                f"(marks / '{me}-saw').write_text(str((marks / {other!r}).exists()))\n"
+                f"exec(compile(open({str(example)!r}).read(), {str(example)!r}, 'exec'))\n")
+
+    first, second = preset("first", waits_for("first", "second")), preset("second", waits_for("second", "first"))
+    broken = preset("broken", "raise RuntimeError('this model file is broken on purpose')\n")
+    out = cli(tmp_path, "validate", str(first), str(broken), "no-such-preset", str(second), timeout=240)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert [line.split(":")[0] for line in out.stdout.splitlines()] == [str(first), str(second)], out.stdout
+    assert (marks / "first-saw").read_text() == "True" and (marks / "second-saw").read_text() == "True"
+    assert "this model file is broken on purpose" in out.stderr and "model.script" in out.stderr, out.stderr
+    assert out.stderr.index("this model file is broken") < out.stderr.index("no-such-preset"), out.stderr
