@@ -139,7 +139,7 @@ def task_threads(tasks: int, env: dict[str, str]) -> str:
 
 def core_shares(plans: Sequence[Any]) -> dict[str, Any]:
     """The cores and thread settings ClusterDeck's supervisor gives each of ``plans`` (one host's tasks) on
-    this machine (``engine.contract.plan.share_cores``); none where this environment chooses the intra-op
+    this machine (``engine.contract.task_plan.share_cores``); none where this environment chooses the intra-op
     threads, as the supervisor then leaves the tasks' placement to the kernel."""
     from engine.contract.task_plan import INTRA_OP_ENV, share_cores
     from engine.control import machine_fit

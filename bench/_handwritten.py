@@ -28,7 +28,7 @@ benchmarks, add measurements without changing the loop:
   ``min(50, steps // 5)`` steps, then the time to the last step).
 
 A third, ``CD_BENCH_CORES`` (JSON: ``{"worker:0": {"cores": [0], "env": {...}}, ...}``), gives a task
-the cores and thread settings ClusterDeck's supervisor gives it (``engine.contract.plan.share_cores``),
+the cores and thread settings ClusterDeck's supervisor gives it (``engine.contract.task_plan.share_cores``),
 before TensorFlow is imported: the benchmarks' "ClusterDeck's settings" sides.
 """
 

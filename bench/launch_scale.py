@@ -7,8 +7,9 @@ each with its own sshd, pinned to one core (8 hosts on this machine's cores). A 
 processes, event pipes, the launcher's dispatcher) except the training: each task is *simulated*
 (``CLUSTERDECK_TEST_SIMULATE``, :mod:`engine.runtime.fault_hooks`): it imports no TensorFlow, says ``running``,
 then emits a ``step`` event every 0.1 s, as a training task does from its start (its host's warm-start template
-imports no TensorFlow either). So the figure is ClusterDeck's own share of a launch: what it adds beyond the
-slowest task's TensorFlow start (the import a template does once per host, a task's model build, its first step).
+imports no TensorFlow either). So the figure is a launch without the slowest task's TensorFlow start (the import a
+template does once per host, a task's model build, its first step): ClusterDeck's own share, and what any launch
+over ssh of the same tasks costs on these hosts (the floor, below), which is not ClusterDeck's.
 
 Per run (one fresh process per run, importing the tree it measures: its remote supervisors and tasks too, through
 a ``python`` wrapper that puts that tree first on their path): ``Run.start()`` to the last task's first ``step``
@@ -117,7 +118,7 @@ CPU_GROUPS = (
     ("shell", "the hosts' login shells (bash and its rc files' commands: this machine's `pyenv init`)"),
     ("supervisor", "ClusterDeck: supervisors (python start, imports, work; the shell before it exec'd them)"),
     ("template", "ClusterDeck: warm-start templates and the tasks forked from them"),
-    ("bare", "the floor's Python (one per host) and its forks"),
+    ("bare", "the floor's Python (one per host; the shell before it exec'd it) and the tasks it forked"),
     ("other", "anything else on the machine"),
 )
 
@@ -292,10 +293,11 @@ import os, sys
 for i in range(int(sys.argv[1])):
     if os.fork() == 0:
         os.write(1, f"step {{i}}\\n".encode())
+        while os.read(0, 4096):  # each task lives on until the launcher has counted the CPU (a live process's
+            pass  # CPU is its own group's: a task reaped earlier would be counted as its parent's)
         os._exit(0)
 for _ in range(int(sys.argv[1])):
     os.wait()
-sys.stdin.read()  # lives on until the launcher has counted the CPU (a live process's CPU is its own group's)
 """
 
 
@@ -319,19 +321,26 @@ def bare_child(hosts: int, per_host: int) -> dict[str, Any]:
         os.set_blocking(proc.stdout.fileno(), False)
         sel.register(proc.stdout, selectors.EVENT_READ, proc)
     lines, n_tasks, deadline = 0, hosts * per_host, t0 + 120
+    pending = {proc.stdout.fileno(): b"" for proc in procs if proc.stdout is not None}
     while lines < n_tasks and sel.get_map() and time.time() < deadline:
         for key, _ in sel.select(1.0):
             chunk = os.read(key.fd, 65536)
             if not chunk:
                 sel.unregister(key.fileobj)
-            lines += chunk.count(b"\n")
+            *whole, pending[key.fd] = (pending[key.fd] + chunk).split(b"\n")
+            lines += sum(1 for line in whole if line.startswith(b"step "))  # not what a login shell's rc prints
     total = time.time() - t0
     cpu = busy_cpu_s() - cpu0
     cpu_by = cpu_spent(processes0, cpu_by_process())
     for proc in procs:
         assert proc.stdin is not None
-        proc.stdin.close()  # the floor's Python reads its end: it leaves, and its session
-        proc.wait(30)
+        proc.stdin.close()  # the floor's tasks read its end: they leave, then their Python, then its session
+    for proc in procs:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
     if lines < n_tasks:
         raise SystemExit(f"the floor's launch said {lines} of {n_tasks} lines: "
                          + "; ".join((p.stderr.read() or b"").decode(errors="replace")[-300:] for p in procs if p.stderr))
@@ -475,7 +484,8 @@ def _doc(args: Any, figures: dict[str, Any], got: dict[str, list[dict[str, Any]]
         f"{n} data-mode workers over {args.hosts} lab hosts (network namespaces on a bridge of this machine, each "
         f"with its own sshd, pinned to one core: `.ci/services/lab.sh`), launched over ssh; every task *simulated* "
         f"(`CLUSTERDECK_TEST_SIMULATE`: no TensorFlow, `running` then a step every {args.step_s:g} s), so what is "
-        f"timed is ClusterDeck's own share of the launch. {rounds} rounds, sides in rotating order, one fresh launcher "
+        f"timed is a launch without TensorFlow's start: ClusterDeck's own share and what any ssh launch of these tasks "
+        f"costs here (`bare`, the floor). {rounds} rounds, sides in rotating order, one fresh launcher "
         f"process per run; medians with bootstrap 95 % intervals{rounds_note(rounds)}; {machine_line()}.",
         "",
     ]

@@ -332,7 +332,7 @@ def doc_section(results: dict[str, dict[str, Any]], steps: int, rounds: int) -> 
         "sides run with the TensorFlow settings ClusterDeck gives its tasks (`TF_CPU_ALLOCATOR_USE_BFC=1`; the "
         "machine's cores shared evenly by the tasks, `TF_NUM_INTRAOP_THREADS`) and on the cores it gives them (the "
         "training tasks, where there are enough cores, each on cores of its own; `share_cores` in "
-        "`engine/contract/plan.py`).",
+        "`engine/contract/task_plan.py`).",
         "",
         "| mode (preset) | bare side | bare ex/s (median) | ClusterDeck ex/s (median) | ClusterDeck / bare "
         "[95 % CI] | goal |",

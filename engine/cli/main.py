@@ -206,12 +206,17 @@ _print_summary = live_view.print_summary
 _figure_lines = live_view.figure_lines
 
 
+#: The most script checks ``clusterdeck validate`` runs at once (each a process importing TensorFlow, ~0.5 GB).
+MAX_PARALLEL_CHECKS = 4
+
+
 def cmd_validate(args: argparse.Namespace) -> int:
     """Each preset's config rules, its data files, the user's script (the same check as ``run``: in a
     subprocess, as it imports TensorFlow) and the user's program (its file, and that it compiles).
 
     The presets are checked in order, but their scripts' checks (each a process importing TensorFlow, seconds
-    each) run side by side, as many at once as this process has CPUs; each preset is said in the order given."""
+    each) run side by side, as many at once as this process has CPUs (at most :data:`MAX_PARALLEL_CHECKS`);
+    each preset is said in the order given."""
     from concurrent.futures import ThreadPoolExecutor
 
     from engine.control import reachability, script_check
@@ -219,23 +224,38 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from engine.control.preflight import warnings as preflight_warnings
 
     checked: list[tuple[str, config_mod.RunConfig | None, list[Problem] | ConfigError]] = []
+    scripted: list[tuple[int, config_mod.RunConfig]] = []  # the presets whose script is checked, as ``run`` would
     for preset in args.presets:
         try:
             cfg = load_preset(preset)
         except ConfigError as exc:
             checked.append((preset, None, exc))
             continue
-        checked.append((preset, cfg, _missing_scripts(cfg) or preflight(cfg, scripts=False)))
-    scripted = [(i, cfg) for i, (_, cfg, found) in enumerate(checked)
-                if cfg is not None and found == [] and script_check.uses_script(cfg)]
+        missing = _missing_scripts(cfg)
+        if missing:
+            checked.append((preset, cfg, missing))
+            continue
+        problems = preflight(cfg, scripts=False)
+        reachability.close_logins(cfg)  # no supervisor follows a validation: its login checks' connections end
+        if script_check.uses_script(cfg):
+            scripted.append((len(checked), cfg))
+        checked.append((preset, cfg, problems))
     if scripted:
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        with ThreadPoolExecutor(max_workers=max(1, min(len(scripted), cpus)), thread_name_prefix="script-check") as pool:
-            for (i, scripted_cfg), problems in zip(scripted, pool.map(lambda s: script_check.check(s[1]), scripted),
-                                                   strict=True):
-                if problems:  # refused: the logins its preflight left end now (as preflight does)
-                    reachability.close_logins(scripted_cfg)
-                checked[i] = (checked[i][0], scripted_cfg, problems)
+        stop = threading.Event()
+        pool = ThreadPoolExecutor(max_workers=max(1, min(len(scripted), cpus, MAX_PARALLEL_CHECKS)),
+                                  thread_name_prefix="script-check")
+        try:
+            results = list(pool.map(lambda s: script_check.check(s[1], stop=stop), scripted))
+        except BaseException:  # Ctrl-C: the checks running now end, with their processes
+            stop.set()
+            raise
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        for (i, _), problems in zip(scripted, results, strict=True):
+            name, scripted_cfg, earlier = checked[i]
+            assert isinstance(earlier, list)
+            checked[i] = (name, scripted_cfg, earlier + problems)
     code = 0
     for name, ok_cfg, found in checked:
         if isinstance(found, ConfigError) or found or ok_cfg is None:

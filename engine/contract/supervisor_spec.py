@@ -6,7 +6,7 @@ version (or none) with a :class:`SpecError` that says which version it got, whic
 the launcher quotes that (the supervisor's stderr) as the host's failure. Fields:
 
 - ``run_dir``: the run folder on the supervisor's host; ``host``: the supervisor's group name;
-- ``tasks``: the host's task plans (:meth:`engine.contract.plan.TaskPlan.to_dict`);
+- ``tasks``: the host's task plans (:meth:`engine.contract.task_plan.TaskPlan.to_dict`);
 - ``python``: the interpreter that starts the tasks; ``env``: variables every task gets;
 - ``restart_on_failure`` / ``max_task_restarts``: tasks the supervisor restarts itself when they fail (async
   workers), and how often at most; ``restarts``: each task's count so far (a host started again keeps them);

@@ -26,7 +26,8 @@ class TaskPlan:
     gpu_ids: tuple[int, ...]
     devices: int  # replicas/devices this task trains on (emulated when there is no GPU)
     env: dict[str, str]
-    #: whether it runs training steps (chief and workers; async: the workers only), as :func:`gpu_roles` says
+    #: whether it runs training steps (chief and workers; async: the workers only), as
+    #: :func:`engine.contract.config.gpu_roles` says
     trains: bool = False
 
     def to_dict(self) -> dict[str, Any]:

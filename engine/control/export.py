@@ -12,7 +12,7 @@ config into the run folder (``$CLUSTERDECK_RUN_DIR``, default ``<workdir>/runs/<
 ``python -m engine.runtime.task --run-dir <run folder>`` for each task of the host in the background
 with its ``TF_CONFIG`` and ``CUDA_VISIBLE_DEVICES`` (and ``TF_NUM_INTRAOP_THREADS``, the host's cores shared
 evenly by its tasks, and each training task on cores of its own where there are enough, with ``taskset``:
-the supervisor's placement, :func:`engine.contract.plan.share_cores`), and stops them all on SIGINT/SIGTERM. It ends when
+the supervisor's placement, :func:`engine.contract.task_plan.share_cores`), and stops them all on SIGINT/SIGTERM. It ends when
 the host's tasks that finish by themselves have finished (chief and workers; in ``async`` mode only the
 chief), then stops its servers (ps, async workers), which never finish on their own; a host with no
 such task runs until it is stopped. The evaluator reads checkpoints from the run folder, so the run

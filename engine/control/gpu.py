@@ -4,7 +4,7 @@ Everything degrades to "no GPU figures" when the library or the driver is
 missing; the NVML module can be swapped for a stand-in in tests.
 
 Which GPU is which: a task's ``gpu_ids`` are CUDA's indices, and every task runs with
-``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:data:`engine.contract.plan.CUDA_ORDER_ENV`), so CUDA counts GPUs in
+``CUDA_DEVICE_ORDER=PCI_BUS_ID`` (:data:`engine.contract.task_plan.CUDA_ORDER_ENV`), so CUDA counts GPUs in
 PCI bus order. NVML's own index need not follow that order (on a host of mixed models CUDA's default
 puts the fastest first), so the sampler matches NVML's handles to CUDA's indices by PCI bus id
 (:func:`cuda_order`), never by NVML's index.

@@ -15,6 +15,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 import uuid
 from pathlib import Path
 
@@ -52,8 +54,10 @@ def script_file_problem(field: str, path: str) -> Problem | None:
     return None
 
 
-def check(config: RunConfig, *, timeout: float | None = None, python: str | None = None) -> list[Problem]:
-    """Problems of the config's script (empty when it names none, or when the script passes)."""
+def check(config: RunConfig, *, timeout: float | None = None, python: str | None = None,
+          stop: threading.Event | None = None) -> list[Problem]:
+    """Problems of the config's script (empty when it names none, or when the script passes). ``stop``, set from
+    another thread (checks run side by side: ``clusterdeck validate``), ends the check and its processes at once."""
     if not uses_script(config):
         return []
     config = _absolute(config)
@@ -84,7 +88,16 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
             proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True)
         try:
-            proc.wait(timeout=limit)
+            if stop is None:
+                proc.wait(timeout=limit)
+            else:
+                deadline = time.monotonic() + limit
+                while proc.poll() is None:
+                    if stop.is_set():
+                        return [Problem(scripts[0][0], f"{named!r}: the check of the script was stopped")]
+                    if time.monotonic() >= deadline:
+                        raise subprocess.TimeoutExpired(cmd, limit)
+                    stop.wait(0.1)
         except subprocess.TimeoutExpired:
             return [Problem(scripts[0][0], f"{named!r}: the check of the script did not finish within "
                                            f"{limit:g} s (importing it, building the model or the first batch)")]

@@ -449,7 +449,7 @@ def test_validate_checks_many_scripted_presets_side_by_side_and_says_each_in_the
 
     first, second = preset("first", waits_for("first", "second")), preset("second", waits_for("second", "first"))
     broken = preset("broken", "raise RuntimeError('this model file is broken on purpose')\n")
-    out = cli(tmp_path, "validate", str(first), str(broken), "no-such-preset", str(second), timeout=240)
+    out = cli(tmp_path, "validate", str(first), str(second), str(broken), "no-such-preset", timeout=240)
     assert out.returncode == 2, out.stdout + out.stderr
     assert [line.split(":")[0] for line in out.stdout.splitlines()] == [str(first), str(second)], out.stdout
     assert (marks / "first-saw").read_text() == "True" and (marks / "second-saw").read_text() == "True"
