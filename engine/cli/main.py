@@ -220,6 +220,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from concurrent.futures import ThreadPoolExecutor
 
     from engine.control import reachability, script_check
+    from engine.control.machine_fit import cpu_count
     from engine.control.preflight import preflight
     from engine.control.preflight import warnings as preflight_warnings
 
@@ -241,9 +242,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
             scripted.append((len(checked), cfg))
         checked.append((preset, cfg, problems))
     if scripted:
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         stop = threading.Event()
-        pool = ThreadPoolExecutor(max_workers=max(1, min(len(scripted), cpus, MAX_PARALLEL_CHECKS)),
+        pool = ThreadPoolExecutor(max_workers=max(1, min(len(scripted), cpu_count(), MAX_PARALLEL_CHECKS)),
                                   thread_name_prefix="script-check")
         try:
             results = list(pool.map(lambda s: script_check.check(s[1], stop=stop), scripted))

@@ -88,16 +88,14 @@ def check(config: RunConfig, *, timeout: float | None = None, python: str | None
             proc = subprocess.Popen(cmd, cwd=tmp, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
                                     start_new_session=True)
         try:
-            if stop is None:
-                proc.wait(timeout=limit)
-            else:
-                deadline = time.monotonic() + limit
-                while proc.poll() is None:
-                    if stop.is_set():
-                        return [Problem(scripts[0][0], f"{named!r}: the check of the script was stopped")]
-                    if time.monotonic() >= deadline:
-                        raise subprocess.TimeoutExpired(cmd, limit)
-                    stop.wait(0.1)
+            waiting = stop or threading.Event()  # one nobody sets where the caller cannot stop the check
+            deadline = time.monotonic() + limit
+            while proc.poll() is None:
+                if waiting.is_set():
+                    return [Problem(scripts[0][0], f"{named!r}: the check of the script was stopped")]
+                if time.monotonic() >= deadline:
+                    raise subprocess.TimeoutExpired(cmd, limit)
+                waiting.wait(0.1)
         except subprocess.TimeoutExpired:
             return [Problem(scripts[0][0], f"{named!r}: the check of the script did not finish within "
                                            f"{limit:g} s (importing it, building the model or the first batch)")]
