@@ -187,8 +187,8 @@ class WindowLayout(QObject):
         screen = window.screen() or QGuiApplication.primaryScreen()
         available = screen.availableGeometry().size() if screen is not None else FIRST_SIZE
         geometry = settings.value("window/geometry")
-        if isinstance(geometry, QByteArray) and not geometry.isEmpty():
-            window.restoreGeometry(geometry)
+        # Qt refuses a geometry it cannot place (one saved on another screen, or unreadable): a first start's size
+        if isinstance(geometry, QByteArray) and not geometry.isEmpty() and window.restoreGeometry(geometry):
             window.resize(screen_fit_size(window.size(), available))  # the screen may be smaller now
         else:
             size = first_size(available)

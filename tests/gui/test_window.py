@@ -36,6 +36,26 @@ def test_window_layout_is_remembered(qtbot: Any, runs_root: Path, qt_settings: P
         second.close()
 
 
+def test_a_remembered_geometry_qt_cannot_restore_gives_the_first_starts_size(qtbot: Any, runs_root: Path,
+                                                                             qt_settings: Path) -> None:
+    """A geometry saved on another screen may be refused by Qt (restoreGeometry is False): the window then takes the
+    size a first start gives on this screen, not Qt's default of a few hundred pixels."""
+    from PySide6.QtCore import QByteArray
+
+    from gui.window_layout import first_size
+
+    app_settings().setValue("window/geometry", QByteArray(b"not a geometry Qt can read"))
+    window = MainWindow(Controller(runs_root=runs_root))
+    window.show()
+    qtbot.waitExposed(window)
+    try:
+        wanted = first_size(window.screen().availableGeometry().size())
+        # (this offscreen screen is narrower than the window's least width: the height is the one to compare)
+        assert window.height() == wanted.height() and window.width() >= wanted.width(), (window.size(), wanted)
+    finally:
+        window.close()
+
+
 def test_standard_shortcuts_and_tooltips(window: Any) -> None:
     assert window.commands["new"].shortcut() == QKeySequence(QKeySequence.StandardKey.New)
     assert window.commands["open"].shortcut() == QKeySequence(QKeySequence.StandardKey.Open)
